@@ -1,0 +1,238 @@
+"""Benchmark cases and the per-platform registries that declare them.
+
+A registry is a directory of TOML files, each a list of `[[case]]` tables validated by
+`schemas/case.schema.json`. As sglang selects its NPU config module on NPU, the cases of a
+platform are those of `common.toml` plus `<platform>.toml` (`cuda`, `rocm`, `npu`, `cpu`).
+
+Ids are unique across the files of a platform. Two identical definitions of one id
+collapse to one; two different definitions are an error naming both files (sglang keeps
+the first silently, which hides an edit made in the wrong file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from perfguard.errors import PerfguardError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ENV_CASES = "PERFGUARD_CASES"
+TOGGLES = ("glm_prior_drop_inplace", "qwen_modulation_cache", "qwen_varlen_host_meta")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark case: a workload at a model size with its sampling parameters.
+
+    `prompt_lengths` gives one text length per batch row; rows shorter than the longest
+    are padded, which is what exercises the masked joint-attention path. Optimization
+    `toggles` default on; a case turns one off to measure the reference behaviour.
+    """
+
+    id: str
+    workload: str
+    preset: str
+    height: int = 64
+    width: int = 64
+    steps: int = 4
+    batch: int = 1
+    guidance_scale: float = 4.0
+    serial_cfg: bool = True
+    prompt_lengths: tuple[int, ...] = (16,)
+    num_devices: int = 1
+    dtype: str = "float32"
+    seed: int = 0
+    tags: tuple[str, ...] = ()
+    description: str = ""
+    estimated_time_s: float | None = None
+    toggles: dict[str, bool] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    tolerance_overrides: dict[str, dict[str, float]] = field(default_factory=dict)
+    source: str = field(default="", compare=False)
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def toggle(self, name: str) -> bool:
+        """Whether optimization `name` is on (default on)."""
+        if name not in TOGGLES:
+            raise KeyError(f"unknown optimization toggle {name!r}")
+        return bool(self.toggles.get(name, True))
+
+    @property
+    def cfg(self) -> bool:
+        """Classifier-free guidance runs a second (uncond) pass per step."""
+        return self.guidance_scale > 1.0
+
+    def with_toggles(self, **toggles: bool) -> Case:
+        """A copy with some toggles set (used by A/B runs)."""
+        merged = {**self.toggles, **toggles}
+        for name in toggles:
+            if name not in TOGGLES:
+                raise PerfguardError(f"unknown toggle {name!r}: choose from {', '.join(TOGGLES)}")
+        return Case(**{**self.definition(), "toggles": merged, "source": self.source})
+
+    def definition(self) -> dict[str, Any]:
+        """The case as plain data, without where it came from."""
+        data = asdict(self)
+        data.pop("source")
+        data["prompt_lengths"] = list(self.prompt_lengths)
+        data["tags"] = list(self.tags)
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.definition(), "source": self.source}
+
+
+@lru_cache(maxsize=1)
+def case_schema() -> dict[str, Any]:
+    text = resources.files("perfguard").joinpath("schemas/case.schema.json").read_text()
+    return json.loads(text)
+
+
+def _json_path(parts: Iterable[Any]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(case)"
+
+
+def parse_case(raw: dict[str, Any], source: str) -> Case:
+    """Validate one `[[case]]` table and build the `Case`; errors name file, id and field."""
+    case_id = raw.get("id", "?") if isinstance(raw, dict) else "?"
+    validator = jsonschema.Draft202012Validator(case_schema())
+    errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        where = _json_path(err.absolute_path)
+        raise PerfguardError(f"{source}: case {case_id!r}: {where}: {err.message}")
+    data = dict(raw)
+    lengths = data.get("prompt_lengths")
+    batch = data.get("batch", 1)
+    if lengths is None:
+        lengths = [16] * batch
+    if len(lengths) != batch:
+        raise PerfguardError(
+            f"{source}: case {case_id!r}: prompt_lengths: has {len(lengths)} entries "
+            f"but batch is {batch}"
+        )
+    data["prompt_lengths"] = tuple(lengths)
+    data["tags"] = tuple(data.get("tags", ()))
+    if data.get("options", {}).get("cuda_graph") and data.get("num_devices", 1) > 1:
+        raise PerfguardError(
+            f"{source}: case {case_id!r}: options.cuda_graph: not supported with num_devices > 1"
+        )
+    return Case(**data, source=source)
+
+
+def load_file(path: Path) -> list[Case]:
+    """Parse one registry file; a malformed file is one `PerfguardError` naming it."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PerfguardError(f"{display_path(path)}: cannot read: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise PerfguardError(f"{display_path(path)}: malformed TOML: {exc}") from exc
+    unknown = set(doc) - {"case"}
+    if unknown:
+        raise PerfguardError(
+            f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))}: expected [[case]]"
+        )
+    tables = doc.get("case", [])
+    if not isinstance(tables, list):
+        raise PerfguardError(f"{path}: 'case' must be an array of tables ([[case]])")
+    return [parse_case(t, display_path(path)) for t in tables]
+
+
+def display_path(path: Path) -> str:
+    """`path` relative to the working directory when under it (shorter, stable in reports)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def default_cases_dir() -> Path:
+    """`$PERFGUARD_CASES`, else `./cases`, else the `cases/` beside the perfguard sources."""
+    env = os.environ.get(ENV_CASES)
+    if env:
+        return Path(env)
+    here = Path.cwd() / "cases"
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parent.parent / "cases"
+
+
+def registry_files(directory: Path, platform: str) -> list[Path]:
+    return [p for p in (directory / "common.toml", directory / f"{platform}.toml") if p.is_file()]
+
+
+def load_registry(platform: str, directory: str | os.PathLike[str] | None = None) -> list[Case]:
+    """All cases for `platform` from the registry `directory`, deduplicated by id."""
+    root = Path(directory) if directory is not None else default_cases_dir()
+    if not root.is_dir():
+        raise PerfguardError(f"{root}: case registry directory does not exist (see --cases)")
+    files = registry_files(root, platform)
+    if not files:
+        raise PerfguardError(
+            f"{root}: no case registry for platform {platform!r} "
+            f"(expected common.toml or {platform}.toml)"
+        )
+    by_id: dict[str, Case] = {}
+    for path in files:
+        for case in load_file(path):
+            seen = by_id.get(case.id)
+            if seen is None:
+                by_id[case.id] = case
+            elif seen != case:
+                raise PerfguardError(
+                    f"case {case.id!r} is defined differently in {seen.source} and {case.source}"
+                )
+    return list(by_id.values())
+
+
+def select(
+    cases: Sequence[Case],
+    ids: Sequence[str] = (),
+    match: str | None = None,
+    tags: Sequence[str] = (),
+) -> list[Case]:
+    """Cases named by `ids` (each must exist), whose id matches `match`, with any of `tags`.
+
+    The three filters combine with AND; an empty filter selects everything.
+    """
+    known = {c.id: c for c in cases}
+    missing = [i for i in ids if i not in known]
+    if missing:
+        raise PerfguardError(
+            f"unknown case id(s): {', '.join(missing)} (see `perfguard list-cases`)"
+        )
+    try:
+        pattern = re.compile(match) if match else None
+    except re.error as exc:
+        raise PerfguardError(f"--match: invalid regular expression {match!r}: {exc}") from exc
+    out = []
+    for case in cases:
+        if ids and case.id not in ids:
+            continue
+        if pattern and not pattern.search(case.id):
+            continue
+        if tags and not set(tags) & set(case.tags):
+            continue
+        out.append(case)
+    return out

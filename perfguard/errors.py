@@ -1,0 +1,36 @@
+"""The one user-facing error type and the exit codes it maps to.
+
+Every command ends in one of these codes; the CLI maps a `PerfguardError` to its code
+in exactly one place (`perfguard.cli.main`), so library code never calls `sys.exit`.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+"""No regression (and every case ran)."""
+EXIT_REGRESSION = 1
+"""At least one metric regressed beyond its tolerance band."""
+EXIT_USAGE = 2
+"""Usage, configuration or data error: bad flag, bad TOML/JSON, schema violation, ..."""
+EXIT_CASE_FAILED = 3
+"""A case failed to run (raised, ran out of memory, timed out) and nothing regressed."""
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 no regression; 1 at least one regression; "
+    "2 usage, configuration or data error; 3 a case failed to run (and no regression)."
+)
+
+
+class PerfguardError(Exception):
+    """A user-facing error: a one-line reason and the exit code it ends the command with.
+
+    The message should name the file and the field at fault, e.g.
+    ``cases/cpu.toml: case 'qwen_tiny': steps: -1 is less than the minimum of 1``.
+    """
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __str__(self) -> str:  # one line, always
+        return " ".join(str(self.args[0]).split()) if self.args else ""

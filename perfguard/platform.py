@@ -1,0 +1,394 @@
+"""Which accelerator this process runs on, and how to time and measure on it.
+
+`probe()` picks one of four platforms, in sglang's order: Ascend NPU (when `torch_npu`
+imports and reports a device), ROCm (`torch.version.hip` is set), CUDA, else CPU.
+`--platform` and `PERFGUARD_PLATFORM` override the choice; naming a platform that is not
+available is a usage error (exit 2) rather than a silent fallback, because a baseline
+measured on the wrong platform is worse than no baseline.
+
+Each `Platform` knows how to synchronize, how to time on the device and how to read
+peak memory. Device timing uses events recorded on the current stream (`mark()`), which
+are resolved once at the end of a run (`elapsed_ms()` after `synchronize()`): a host
+clock would measure kernel *launch* time on an asynchronous device, and a sync per stage
+would serialize the host with the device and change what is measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import platform as _pyplatform
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from perfguard import __version__
+from perfguard.errors import PerfguardError
+
+PLATFORM_NAMES = ("cuda", "rocm", "npu", "cpu")
+ENV_PLATFORM = "PERFGUARD_PLATFORM"
+
+
+def slugify(text: str) -> str:
+    """`NVIDIA H200` -> `nvidia-h200`; `Ascend910B3` -> `ascend910b3`; safe in file names."""
+    text = re.sub(r"\((r|tm|c)\)", "", text.lower())
+    text = re.sub(r"\b(cpu|processor|with radeon graphics)\b", "", text)
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown"
+
+
+@dataclass
+class Platform:
+    """The CPU platform; the device platforms below override what differs.
+
+    CPU timing is `time.perf_counter_ns()` (monotonic, ns resolution; CPU work is
+    synchronous so the host clock is the device clock). CPU peak memory is the process's
+    peak resident set size (`VmHWM` in /proc/self/status), reset per run by writing `5` to
+    /proc/self/clear_refs (Linux >= 4.0). Where that reset is not possible the figure is
+    `ru_maxrss`, the peak since the process started, and `peak_memory_resettable` is False.
+    It counts the whole process (interpreter, torch, model weights), not tensors alone.
+    """
+
+    name: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+    visible_devices_env: str = ""
+
+    # ---- devices -------------------------------------------------------------------------
+    def device(self, index: int = 0) -> torch.device:
+        return torch.device("cpu")
+
+    def device_count(self) -> int:
+        return 1
+
+    def device_name(self) -> str:
+        return _cpu_model_name()
+
+    def hardware_slug(self) -> str:
+        return slugify(self.device_name())
+
+    # ---- timing --------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Nothing to wait for: CPU kernels have finished when they return."""
+
+    def mark(self) -> Any:
+        """A point in time on the device's timeline; compare two with `elapsed_ms`."""
+        return time.perf_counter_ns()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return (end - start) / 1e6
+
+    # ---- memory --------------------------------------------------------------------------
+    @property
+    def peak_memory_resettable(self) -> bool:
+        return _clear_refs_works()
+
+    @property
+    def stage_memory(self) -> bool:
+        """Whether peak memory per stage is cheap enough to read at every stage boundary."""
+        return False
+
+    def reset_peak_memory(self) -> None:
+        if _clear_refs_works():
+            Path("/proc/self/clear_refs").write_text("5")
+
+    def peak_memory_bytes(self) -> int | None:
+        hwm = _proc_status_kb("VmHWM")
+        if hwm is not None:
+            return hwm * 1024
+        try:
+            import resource
+
+            # ru_maxrss is KiB on Linux, bytes on macOS.
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return rss if sys.platform == "darwin" else rss * 1024
+        except Exception:  # pragma: no cover - Windows
+            return None
+
+    # ---- environment ---------------------------------------------------------------------
+    def versions(self) -> dict[str, str | None]:
+        return {}
+
+
+class _DeviceEventsMixin:
+    """Event-based timing and allocator statistics shared by CUDA, ROCm and NPU."""
+
+    module: Any  # torch.cuda or torch.npu
+
+    def device_count(self) -> int:
+        return int(self.module.device_count())
+
+    def device_name(self) -> str:
+        return str(self.module.get_device_name(self.module.current_device()))
+
+    def device(self, index: int = 0) -> torch.device:
+        return torch.device(self.name, index) if self.name == "npu" else torch.device("cuda", index)
+
+    def synchronize(self) -> None:
+        self.module.synchronize()
+
+    def mark(self) -> Any:
+        # Recorded on the current stream: the event completes when the work queued before
+        # it does, so event-to-event time is device time, not launch time.
+        event = self.module.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end))
+
+    @property
+    def peak_memory_resettable(self) -> bool:
+        return True
+
+    @property
+    def stage_memory(self) -> bool:
+        return True
+
+    def reset_peak_memory(self) -> None:
+        self.module.reset_peak_memory_stats()
+
+    def peak_memory_bytes(self) -> int | None:
+        return int(self.module.max_memory_allocated())
+
+
+@dataclass
+class CudaPlatform(_DeviceEventsMixin, Platform):
+    """NVIDIA GPUs through torch.cuda: CUDA events, caching-allocator peak statistics."""
+
+    name: str = "cuda"
+    visible_devices_env: str = "CUDA_VISIBLE_DEVICES"
+
+    @property
+    def module(self) -> Any:
+        return torch.cuda
+
+    def versions(self) -> dict[str, str | None]:
+        return {"cuda": torch.version.cuda, "driver": _nvidia_driver()}
+
+
+@dataclass
+class RocmPlatform(CudaPlatform):
+    """AMD GPUs: ROCm builds of torch expose HIP through the torch.cuda API."""
+
+    name: str = "rocm"
+    visible_devices_env: str = "HIP_VISIBLE_DEVICES"
+
+    def versions(self) -> dict[str, str | None]:
+        return {"hip": getattr(torch.version, "hip", None)}
+
+
+@dataclass
+class NpuPlatform(_DeviceEventsMixin, Platform):
+    """Ascend NPUs through torch_npu, which installs `torch.npu` mirroring torch.cuda."""
+
+    name: str = "npu"
+    visible_devices_env: str = "ASCEND_RT_VISIBLE_DEVICES"
+
+    @property
+    def module(self) -> Any:
+        return torch.npu  # type: ignore[attr-defined]
+
+    def hardware_slug(self) -> str:
+        return slugify(self.device_name())
+
+    def versions(self) -> dict[str, str | None]:
+        torch_npu = sys.modules.get("torch_npu")
+        cann = getattr(getattr(torch, "version", None), "cann", None)
+        return {
+            "torch_npu": getattr(torch_npu, "__version__", None),
+            "cann": cann or _cann_version(),
+        }
+
+
+# ---- probe ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a platform can be used here, and if not, why not (kept for `perfguard env`)."""
+
+    name: str
+    available: bool
+    reason: str
+
+
+def _npu_available() -> Availability:
+    try:
+        importlib.import_module("torch_npu")
+    except ImportError as exc:
+        return Availability("npu", False, f"torch_npu is not installed ({exc})")
+    except Exception as exc:  # a broken CANN install raises all sorts of things at import
+        return Availability("npu", False, f"importing torch_npu raised {type(exc).__name__}: {exc}")
+    npu = getattr(torch, "npu", None)
+    if npu is None:
+        return Availability("npu", False, "torch_npu imported but torch.npu is missing")
+    try:
+        if not npu.is_available():
+            return Availability("npu", False, "torch.npu.is_available() is False")
+    except Exception as exc:
+        return Availability("npu", False, f"torch.npu.is_available() raised {exc}")
+    return Availability("npu", True, "torch_npu imported and reports a device")
+
+
+def availability() -> dict[str, Availability]:
+    """Every platform with whether it is usable in this process, and why."""
+    out: dict[str, Availability] = {"npu": _npu_available()}
+    hip = getattr(torch.version, "hip", None)
+    cuda_ok = False
+    try:
+        cuda_ok = bool(torch.cuda.is_available())
+    except Exception:  # pragma: no cover - broken driver
+        cuda_ok = False
+    if hip:
+        out["rocm"] = Availability(
+            "rocm", cuda_ok, f"torch.version.hip={hip}" + ("" if cuda_ok else ", no device")
+        )
+        out["cuda"] = Availability("cuda", False, "this is a ROCm (HIP) build of torch")
+    else:
+        out["rocm"] = Availability("rocm", False, "torch.version.hip is not set")
+        out["cuda"] = Availability("cuda", cuda_ok, "torch.cuda.is_available() is " + str(cuda_ok))
+    out["cpu"] = Availability("cpu", True, "always available")
+    return out
+
+
+_CLASSES: dict[str, type[Platform]] = {
+    "cuda": CudaPlatform,
+    "rocm": RocmPlatform,
+    "npu": NpuPlatform,
+    "cpu": Platform,
+}
+
+
+def probe(requested: str | None = None) -> Platform:
+    """Pick the platform: `requested`, else `$PERFGUARD_PLATFORM`, else NPU > ROCm > CUDA > CPU.
+
+    Raises `PerfguardError` (exit 2) when the requested platform is unknown or unavailable.
+    """
+    requested = requested or os.environ.get(ENV_PLATFORM) or None
+    avail = availability()
+    notes = [f"{a.name}: {a.reason}" for a in avail.values() if not a.available]
+    if requested:
+        requested = requested.strip().lower()
+        if requested not in _CLASSES:
+            raise PerfguardError(
+                f"unknown platform {requested!r}: choose one of {', '.join(PLATFORM_NAMES)}"
+            )
+        if not avail[requested].available:
+            usable = ", ".join(n for n, a in avail.items() if a.available)
+            raise PerfguardError(
+                f"platform {requested!r} is not available here: {avail[requested].reason} "
+                f"(available: {usable})"
+            )
+        return _CLASSES[requested](notes=notes)
+    for name in ("npu", "rocm", "cuda", "cpu"):
+        if avail[name].available:
+            return _CLASSES[name](notes=notes)
+    raise AssertionError("cpu is always available")  # pragma: no cover
+
+
+# ---- environment fingerprint -----------------------------------------------------------------
+
+
+def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
+    """The commit of the repository holding `path` (default: the working directory)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=path or os.getcwd(),
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
+
+
+def fingerprint(platform: Platform) -> dict[str, Any]:
+    """What a baseline or report needs to say where its figures came from."""
+    try:
+        name, count = platform.device_name(), platform.device_count()
+    except Exception as exc:  # pragma: no cover - a device that vanished
+        name, count = f"unknown ({exc})", 0
+    return {
+        "platform": platform.name,
+        "hardware": platform.hardware_slug(),
+        "device_name": name,
+        "device_count": count,
+        "torch": torch.__version__,
+        "versions": {k: v for k, v in platform.versions().items()},
+        "python": _pyplatform.python_version(),
+        "perfguard": __version__,
+        "git_commit": git_commit(),
+        "hostname": socket.gethostname(),
+        "os": f"{_pyplatform.system()} {_pyplatform.release()}",
+        "cpu": _cpu_model_name(),
+        "notes": list(platform.notes),
+    }
+
+
+# ---- small readers ---------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_model_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    return _pyplatform.processor() or _pyplatform.machine() or "cpu"
+
+
+def _proc_status_kb(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _clear_refs_works() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _proc_status_kb("VmHWM") is not None
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.stdout.strip().splitlines()
+    return first[0].strip() if out.returncode == 0 and first else None
+
+
+def _cann_version() -> str | None:
+    home = os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
+    for rel in ("version.cfg", "ascend_toolkit_install.info"):
+        path = Path(home) / rel
+        with contextlib.suppress(OSError):
+            match = re.search(r"version\s*[=:]\s*([\w.\-]+)", path.read_text())
+            if match:
+                return match.group(1)
+    return None

@@ -1,0 +1,261 @@
+"""Stage and denoising-step timing on the device, with an ambient current timer.
+
+Model and pipeline code mark their stages with the module-level `stage(name)` and
+`step(index)`; they reach whichever `StageTimer` is active in this context (a
+`contextvars.ContextVar`), so the timer need not be threaded through every call. With no
+timer active, or a disabled one, both return a shared do-nothing context manager: a
+pipeline can stay instrumented in production at the cost of one context-variable read.
+
+Why events and one resolution at the end: on CUDA/NPU a host clock measures how long it
+took to *enqueue* kernels, not to run them. Each boundary records a device event on the
+current stream instead, and `record()` synchronizes once and reads the event pairs. A sync
+per stage (`sync="stage"`) is available for debugging and for code whose host work
+overlaps badly with the device, but it serializes host and device and so changes what is
+measured; it is not the default. On CPU the marks are `perf_counter_ns()` integers.
+
+Peak memory: the device allocators (CUDA/NPU) give it per stage; the peak counter is
+reset at every stage boundary and folded into every open span, so nested stages each get
+their own peak and the run keeps the overall one. On CPU only the run's peak is recorded
+(a process-level measure, see `perfguard.platform.Platform`), because reading it costs
+tens of microseconds, too much to pay at every boundary.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from perfguard.platform import Platform
+
+SyncPolicy = Literal["none", "stage"]
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One measured run of one case: what the timer saw, in milliseconds and MB.
+
+    Nested stages are named by their path, `Outer/Inner`. A stage entered more than once
+    in a run accumulates (its figure is the sum). Steps are in the order they ran.
+    """
+
+    stages_ms: dict[str, float]
+    steps_ms: list[float]
+    e2e_ms: float
+    peak_memory_mb: float | None = None
+    stage_peak_memory_mb: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def avg_step_ms(self) -> float | None:
+        return statistics.fmean(self.steps_ms) if self.steps_ms else None
+
+    @property
+    def median_step_ms(self) -> float | None:
+        return statistics.median(self.steps_ms) if self.steps_ms else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stages_ms": dict(self.stages_ms),
+            "steps_ms": list(self.steps_ms),
+            "e2e_ms": self.e2e_ms,
+            "avg_step_ms": self.avg_step_ms,
+            "median_step_ms": self.median_step_ms,
+            "peak_memory_mb": self.peak_memory_mb,
+            "stage_peak_memory_mb": dict(self.stage_peak_memory_mb),
+        }
+
+
+class _NullSpan:
+    """The do-nothing span returned by a disabled (or absent) timer."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL_SPAN = _NullSpan()
+
+
+class _Span:
+    __slots__ = ("_step", "_timer", "name", "peak", "start")
+
+    def __init__(self, timer: StageTimer, name: str, step: bool) -> None:
+        self._timer = timer
+        self._step = step
+        self.name = name
+        self.peak = 0
+
+    def __enter__(self) -> _Span:
+        timer = self._timer
+        if timer._memory:
+            timer._fold_peak()
+        if not self._step:
+            stack = timer._stack
+            if stack:
+                self.name = stack[-1].name + "/" + self.name
+            stack.append(self)
+        if timer._sync:
+            timer.platform.synchronize()
+        self.start = timer.platform.mark()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        timer = self._timer
+        if timer._sync:
+            timer.platform.synchronize()
+        end = timer.platform.mark()
+        if self._step:
+            timer._steps.append((self.start, end))
+        else:
+            timer._stack.pop()
+            timer._spans.append((self.name, self.start, end))
+        if timer._memory:
+            timer._fold_peak()
+            if not self._step:
+                timer._stage_peaks[self.name] = max(timer._stage_peaks.get(self.name, 0), self.peak)
+
+
+class StageTimer:
+    """Times named stages and denoising steps of one run on one platform.
+
+    Use as a context manager around the whole run; while it is open it is the ambient
+    timer that `perfguard.timer.stage()` / `step()` reach::
+
+        with StageTimer(platform) as timer:
+            with stage("TextEncodingStage"):
+                ...
+            with stage("DenoisingStage"):
+                for i in range(steps):
+                    with step(i):
+                        ...
+        record = timer.record()
+
+    `enabled=False` makes every call a no-op (the timer still activates, so code that
+    asks for `current_timer()` gets it). `track_memory` reads the device allocator's peak
+    per stage where the platform supports it cheaply.
+    """
+
+    def __init__(
+        self,
+        platform: Platform | None = None,
+        *,
+        enabled: bool = True,
+        sync: SyncPolicy = "none",
+        track_memory: bool = True,
+    ) -> None:
+        if sync not in ("none", "stage"):
+            raise ValueError(f"sync must be 'none' or 'stage', not {sync!r}")
+        self.platform = platform or Platform()
+        self.enabled = enabled
+        self._sync = sync == "stage"
+        self._track_memory = track_memory and enabled
+        self._memory = self._track_memory and self.platform.stage_memory
+        self._stack: list[_Span] = []
+        self._spans: list[tuple[str, Any, Any]] = []
+        self._steps: list[tuple[Any, Any]] = []
+        self._stage_peaks: dict[str, int] = {}
+        self._run_peak = 0
+        self._start: Any = None
+        self._end: Any = None
+        self._token: contextvars.Token[StageTimer] | None = None
+
+    # ---- spans ---------------------------------------------------------------------------
+    def stage(self, name: str) -> _Span | _NullSpan:
+        """A context manager timing the named pipeline stage (nestable)."""
+        if not self.enabled:
+            return _NULL_SPAN
+        return _Span(self, name, False)
+
+    def step(self, index: int) -> _Span | _NullSpan:
+        """A context manager timing one denoising step; steps must be entered in order."""
+        if not self.enabled:
+            return _NULL_SPAN
+        if index != len(self._steps):
+            raise ValueError(f"denoising step {index} entered, expected {len(self._steps)}")
+        return _Span(self, "", True)
+
+    # ---- run -----------------------------------------------------------------------------
+    def __enter__(self) -> StageTimer:
+        self._token = _CURRENT.set(self)
+        if self.enabled:
+            if self._track_memory:
+                self.platform.reset_peak_memory()
+            if self._sync:
+                self.platform.synchronize()
+            self._start = self.platform.mark()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            if self._sync:
+                self.platform.synchronize()
+            self._end = self.platform.mark()
+            if self._track_memory:
+                self._fold_peak()
+        if self._token is not None:
+            _CURRENT.reset(self._token)
+            self._token = None
+
+    def _fold_peak(self) -> None:
+        """Fold the allocator's peak since the last reset into every open span, then reset.
+
+        Resetting at each boundary is what gives each stage its own peak; folding into
+        all open spans (and the run) is what keeps nesting and the overall peak right.
+        """
+        peak = self.platform.peak_memory_bytes() or 0
+        for span in self._stack:
+            if peak > span.peak:
+                span.peak = peak
+        if peak > self._run_peak:
+            self._run_peak = peak
+        if self._memory:
+            self.platform.reset_peak_memory()
+
+    def record(self) -> RunRecord:
+        """Resolve the marks (one device sync) into a `RunRecord`."""
+        if not self.enabled:
+            return RunRecord(stages_ms={}, steps_ms=[], e2e_ms=0.0)
+        if self._start is None or self._end is None:
+            raise RuntimeError("StageTimer.record() called before the timed run finished")
+        if self._stack:
+            raise RuntimeError(f"stage {self._stack[-1].name!r} is still open")
+        self.platform.synchronize()
+        elapsed = self.platform.elapsed_ms
+        stages: dict[str, float] = {}
+        for name, start, end in self._spans:
+            stages[name] = stages.get(name, 0.0) + elapsed(start, end)
+        peak = self._run_peak / MB if self._track_memory and self._run_peak else None
+        return RunRecord(
+            stages_ms=stages,
+            steps_ms=[elapsed(s, e) for s, e in self._steps],
+            e2e_ms=elapsed(self._start, self._end),
+            peak_memory_mb=peak,
+            stage_peak_memory_mb={k: v / MB for k, v in self._stage_peaks.items()},
+        )
+
+
+_DISABLED = StageTimer(enabled=False)
+_CURRENT: contextvars.ContextVar[StageTimer] = contextvars.ContextVar(
+    "perfguard_timer", default=_DISABLED
+)
+
+
+def current_timer() -> StageTimer:
+    """The active timer in this context, or a disabled one when none is active."""
+    return _CURRENT.get()
+
+
+def stage(name: str) -> _Span | _NullSpan:
+    """Time `name` on the ambient timer: `with stage("DecodingStage"): ...`."""
+    return _CURRENT.get().stage(name)
+
+
+def step(index: int) -> _Span | _NullSpan:
+    """Time denoising step `index` on the ambient timer."""
+    return _CURRENT.get().step(index)
