@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextvars
 import statistics
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -107,6 +109,8 @@ class _Span:
 
     def __exit__(self, *exc: object) -> None:
         timer = self._timer
+        if timer._inject and not self._step and self.name in timer._inject:
+            timer._slow_down(self)
         if timer._sync:
             timer.platform.synchronize()
         end = timer.platform.mark()
@@ -136,6 +140,10 @@ class StageTimer:
                         ...
         record = timer.record()
 
+    `inject` maps stage names to a fraction (0.10 = +10 %) by which that stage is slowed
+    with real busy work, for the gate self-test (`perfguard.inject`); it is empty in
+    normal runs and costs one falsy check per stage exit.
+
     `enabled=False` makes every call a no-op (the timer still activates, so code that
     asks for `current_timer()` gets it). `track_memory` reads the device allocator's peak
     per stage where the platform supports it cheaply.
@@ -148,6 +156,7 @@ class StageTimer:
         enabled: bool = True,
         sync: SyncPolicy = "none",
         track_memory: bool = True,
+        inject: Mapping[str, float] | None = None,
     ) -> None:
         if sync not in ("none", "stage"):
             raise ValueError(f"sync must be 'none' or 'stage', not {sync!r}")
@@ -164,6 +173,7 @@ class StageTimer:
         self._start: Any = None
         self._end: Any = None
         self._token: contextvars.Token[StageTimer] | None = None
+        self._inject = dict(inject or {})
 
     # ---- spans ---------------------------------------------------------------------------
     def stage(self, name: str) -> _Span | _NullSpan:
@@ -201,6 +211,22 @@ class StageTimer:
         if self._token is not None:
             _CURRENT.reset(self._token)
             self._token = None
+
+    def _slow_down(self, span: _Span) -> None:
+        """Busy-wait for `fraction` of the stage's own elapsed time before it ends.
+
+        The device is synchronized first so the stage's real (device) time is known; the
+        wait then spins on the host, which the end event (recorded after it on an idle
+        stream) includes. Spinning rather than sleeping keeps the delay accurate at the
+        sub-millisecond scale of tiny CPU stages.
+        """
+        self.platform.synchronize()
+        now = self.platform.mark()
+        self.platform.synchronize()
+        elapsed_s = self.platform.elapsed_ms(span.start, now) / 1e3
+        deadline = time.perf_counter() + elapsed_s * self._inject[span.name]
+        while time.perf_counter() < deadline:
+            pass
 
     def _fold_peak(self) -> None:
         """Fold the allocator's peak since the last reset into every open span, then reset.

@@ -1,0 +1,47 @@
+"""Fault injection for the gate self-test: slow one named stage by a known fraction.
+
+`PERFGUARD_INJECT='DenoisingStage=+10%'` (or `--inject` on `run` / `check`) makes the
+stage timer busy-wait for 10 % of that stage's own measured time at the end of the stage,
+so a CI owner can prove that the gate catches a slowdown of that size. It is off by
+default and `gen-baselines` refuses it: a baseline must never contain injected time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from perfguard.errors import PerfguardError
+
+ENV_INJECT = "PERFGUARD_INJECT"
+_ITEM = re.compile(r"^\s*([A-Za-z0-9_./-]+)\s*=\s*\+?\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def parse_inject(spec: str | None) -> dict[str, float]:
+    """`'DenoisingStage=+10%,DecodingStage=+5%'` -> `{'DenoisingStage': 0.1, ...}`."""
+    if not spec or not spec.strip():
+        return {}
+    out: dict[str, float] = {}
+    for item in spec.split(","):
+        m = _ITEM.match(item)
+        if not m:
+            raise PerfguardError(
+                f"inject: cannot parse {item.strip()!r}: expected STAGE=+N% "
+                "(e.g. DenoisingStage=+10%)"
+            )
+        fraction = float(m.group(2)) / 100.0
+        if fraction <= 0 or fraction > 10:
+            raise PerfguardError(f"inject: {item.strip()!r}: fraction must be in (0, 1000] %")
+        out[m.group(1)] = fraction
+    return out
+
+
+def inject_from(option: str | None) -> dict[str, float]:
+    """The injection asked for by a CLI option, else by `$PERFGUARD_INJECT`."""
+    return parse_inject(option if option is not None else os.environ.get(ENV_INJECT))
+
+
+def describe(inject: dict[str, float]) -> str | None:
+    if not inject:
+        return None
+    return ",".join(f"{k}=+{v * 100:g}%" for k, v in sorted(inject.items()))

@@ -1,0 +1,104 @@
+"""Reading and writing perfguard's JSON files: strict on the way in, atomic on the way out.
+
+Every reader error is a `PerfguardError` (exit 2) whose one line names the file and, for
+schema violations, the JSON path of the offending field. NaN and Infinity are refused:
+`json` accepts them by default, but a timing that is not a finite number is a bug
+upstream, and letting it through would make every comparison with it quietly false.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from perfguard.errors import PerfguardError
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid number here")
+
+
+def loads(text: str, source: str) -> Any:
+    """Parse JSON text from `source` (a file name for messages)."""
+    if not text.strip():
+        raise PerfguardError(f"{source}: empty file, expected a JSON object")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise PerfguardError(
+            f"{source}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from exc
+    except ValueError as exc:
+        raise PerfguardError(f"{source}: {exc}") from exc
+
+
+def read_json(path: str | os.PathLike[str], *, expect_object: bool = True) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise PerfguardError(f"{path}: no such file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PerfguardError(f"{path}: cannot read: {exc}") from exc
+    data = loads(text, str(path))
+    if expect_object and not isinstance(data, dict):
+        raise PerfguardError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+@cache
+def schema(name: str) -> dict[str, Any]:
+    """A JSON Schema shipped in `perfguard/schemas/<name>.schema.json`."""
+    text = resources.files("perfguard").joinpath(f"schemas/{name}.schema.json").read_text()
+    return json.loads(text)
+
+
+def json_path(parts: Any) -> str:
+    """`["scenarios", "x", "stages_ms"]` -> `$.scenarios.x.stages_ms`."""
+    out = "$"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def validate(data: Any, schema_name: str, source: str) -> None:
+    """Validate against a shipped schema; the first error (deepest path first) is raised."""
+    validator = jsonschema.Draft202012Validator(schema(schema_name))
+    errors = list(validator.iter_errors(data))
+    if errors:
+        err = max(errors, key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
+        raise PerfguardError(f"{source}: {json_path(err.absolute_path)}: {err.message}")
+
+
+def dumps(data: Any) -> str:
+    """Deterministic JSON text: sorted keys, two-space indent, trailing newline."""
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write through a temporary file in the same directory, fsync, then `os.replace`.
+
+    Readers never see a half-written file and a crash leaves the previous file intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = dumps(data)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

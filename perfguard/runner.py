@@ -1,0 +1,301 @@
+"""Run cases: warm-up, measured repeats, every sample of every metric, errors kept per case.
+
+Why warm-up runs: the first calls of a model pay one-off costs (allocator growth, kernel
+selection and autotuning, lazy module initialisation, page faults on fresh weights) that
+a serving process pays once, not per request. They are run untimed and dropped.
+
+Why every sample: a verdict on a noisy machine needs the spread, not one number, and a
+later, better rule can only be applied to data that was kept. Results therefore hold each
+metric's list of samples (one per measured run), which `perfguard.verdict` summarizes.
+
+A case that raises (out-of-memory included) or runs past its timeout is recorded as an
+error with its message and the remaining cases still run: one broken case must not hide
+the regressions of the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import gc
+import hashlib
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from perfguard.cases import Case
+from perfguard.errors import PerfguardError
+from perfguard.inject import describe
+from perfguard.metrics import metrics_of_run
+from perfguard.platform import Platform, fingerprint
+from perfguard.timer import RunRecord, StageTimer
+
+RESULTS_KIND = "perfguard.results"
+RESULTS_SCHEMA_VERSION = 1
+
+
+class CaseTimeout(Exception):
+    """Raised inside a case that ran past `--timeout`."""
+
+
+@dataclass
+class CaseResult:
+    """What the runner measured for one case (or why it could not)."""
+
+    case_id: str
+    status: str = "ok"  # "ok" or "error"
+    error: str | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    output_hash: str | None = None
+    deterministic: bool | None = None
+    load_ms: float | None = None
+    warmup: int = 0
+    repeats: int = 0
+    case: dict[str, Any] = field(default_factory=dict)
+
+    def add_run(self, record: RunRecord) -> None:
+        for name, value in metrics_of_run(record.to_dict()).items():
+            self.samples.setdefault(name, []).append(value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "error": self.error,
+            "samples": self.samples,
+            "output_hash": self.output_hash,
+            "deterministic": self.deterministic,
+            "load_ms": self.load_ms,
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "case": self.case,
+        }
+
+    @classmethod
+    def from_json(cls, case_id: str, data: dict[str, Any]) -> CaseResult:
+        return cls(
+            case_id=case_id,
+            status=data.get("status", "ok"),
+            error=data.get("error"),
+            samples={k: [float(x) for x in v] for k, v in data.get("samples", {}).items()},
+            output_hash=data.get("output_hash"),
+            deterministic=data.get("deterministic"),
+            load_ms=data.get("load_ms"),
+            warmup=int(data.get("warmup", 0)),
+            repeats=int(data.get("repeats", 0)),
+            case=dict(data.get("case", {})),
+        )
+
+
+@dataclass
+class Results:
+    """A results file: the environment and one `CaseResult` per case id."""
+
+    environment: dict[str, Any]
+    settings: dict[str, Any]
+    cases: dict[str, CaseResult] = field(default_factory=dict)
+    created: str = field(default_factory=lambda: utc_now())
+
+    @property
+    def platform(self) -> str:
+        return str(self.environment.get("platform", "unknown"))
+
+    @property
+    def hardware(self) -> str:
+        return str(self.environment.get("hardware", "unknown"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": RESULTS_KIND,
+            "schema_version": RESULTS_SCHEMA_VERSION,
+            "created": self.created,
+            "environment": self.environment,
+            "settings": self.settings,
+            "cases": {cid: r.to_json() for cid, r in sorted(self.cases.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Results:
+        return cls(
+            environment=dict(data.get("environment", {})),
+            settings=dict(data.get("settings", {})),
+            cases={cid: CaseResult.from_json(cid, r) for cid, r in data["cases"].items()},
+            created=str(data.get("created", "")),
+        )
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def tensor_hash(tensor: torch.Tensor) -> str:
+    """A short content hash of an output, to make a change in results visible in reports."""
+    data = tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    """Raise `CaseTimeout` in this thread after `seconds` (SIGALRM; main thread only).
+
+    This interrupts Python code between bytecodes, which covers CPU cases; a kernel that
+    hangs on a device cannot be interrupted from inside the process: `--isolate` runs each
+    case in a subprocess that is killed instead.
+    """
+    usable = (
+        seconds
+        and seconds > 0
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+    )
+    if not usable:
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise CaseTimeout(f"timed out after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, float(seconds))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+PipelineFactory = Callable[[Case, Platform], Callable[[], torch.Tensor]]
+
+
+def _default_factory(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
+    from perfguard.workloads.pipeline import build_pipeline
+
+    return build_pipeline(case, platform)
+
+
+def run_case(
+    case: Case,
+    platform: Platform,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    timeout: float | None = None,
+    sync: str = "none",
+    inject: dict[str, float] | None = None,
+    factory: PipelineFactory | None = None,
+    on_run: Callable[[CaseResult], None] | None = None,
+) -> CaseResult:
+    """Build the case's pipeline once, run it `warmup` + `repeats` times, keep every sample."""
+    if repeats < 1 or warmup < 0:
+        raise PerfguardError("--repeats must be >= 1 and --warmup >= 0")
+    result = CaseResult(case_id=case.id, warmup=warmup, repeats=0, case=case.definition())
+    hashes: list[str] = []
+    pipeline = None
+    try:
+        with _deadline(timeout):
+            t0 = time.perf_counter()
+            pipeline = (factory or _default_factory)(case, platform)
+            platform.synchronize()
+            result.load_ms = (time.perf_counter() - t0) * 1e3
+            for _ in range(warmup):
+                pipeline()
+            for _ in range(repeats):
+                with StageTimer(platform, sync=sync, inject=inject) as timer:  # type: ignore[arg-type]
+                    output = pipeline()
+                result.add_run(timer.record())
+                hashes.append(tensor_hash(output))
+                result.repeats += 1
+                if on_run is not None:
+                    on_run(result)
+    except Exception as exc:
+        result.status = "error"
+        oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+        kind = "out of memory" if oom else type(exc).__name__
+        result.error = f"{kind}: {exc}".strip().splitlines()[0][:500]
+        result.case["traceback_tail"] = traceback.format_exc().strip().splitlines()[-1][:500]
+    finally:
+        del pipeline
+        gc.collect()
+        if platform.name != "cpu":
+            with contextlib.suppress(Exception):
+                platform.module.empty_cache()  # type: ignore[attr-defined]
+    if hashes:
+        result.output_hash = hashes[0]
+        result.deterministic = len(set(hashes)) == 1
+    return result
+
+
+def run_cases(
+    cases: Sequence[Case],
+    platform: Platform,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    timeout: float | None = None,
+    sync: str = "none",
+    inject: dict[str, float] | None = None,
+    factory: PipelineFactory | None = None,
+    progress: bool | None = None,
+    on_case: Callable[[CaseResult], None] | None = None,
+) -> Results:
+    """Run every case in turn; `on_case` sees each result as soon as it is complete."""
+    results = Results(
+        environment=fingerprint(platform),
+        settings={
+            "repeats": repeats,
+            "warmup": warmup,
+            "timeout": timeout,
+            "sync": sync,
+            "inject": describe(inject or {}),
+        },
+    )
+    with _progress(len(cases), progress) as advance:
+        for case in cases:
+            advance(case.id, 0)
+            res = run_case(
+                case,
+                platform,
+                repeats=repeats,
+                warmup=warmup,
+                timeout=timeout,
+                sync=sync,
+                inject=inject,
+                factory=factory,
+            )
+            results.cases[case.id] = res
+            if on_case is not None:
+                on_case(res)
+            advance(case.id, 1)
+    return results
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool | None) -> Iterator[Callable[[str, int], None]]:
+    """A rich progress bar on an interactive terminal; silent in CI logs."""
+    import sys
+
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        yield lambda _id, _n: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("cases", total=total)
+
+        def advance(case_id: str, n: int) -> None:
+            bar.update(task, description=case_id, advance=n)
+
+        yield advance
