@@ -1,0 +1,198 @@
+"""StageTimer: nesting, steps, the ambient accessor, disabled mode, CPU timing sanity."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from perfguard.platform import Platform
+from perfguard.timer import StageTimer, current_timer, stage, step
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_cpu_timing_matches_a_known_sleep() -> None:
+    with StageTimer(Platform()) as timer, stage("DecodingStage"):
+        time.sleep(0.05)
+    rec = timer.record()
+    assert 49.0 <= rec.stages_ms["DecodingStage"] < 150.0
+    assert rec.e2e_ms >= rec.stages_ms["DecodingStage"]
+
+
+def test_nested_stages_are_named_by_path_and_contain_their_children() -> None:
+    with StageTimer() as timer:
+        with stage("DenoisingStage"):
+            _spin(0.002)
+            with stage("CFG"):
+                _spin(0.004)
+        with stage("DecodingStage"):
+            pass
+    rec = timer.record()
+    assert set(rec.stages_ms) == {"DenoisingStage", "DenoisingStage/CFG", "DecodingStage"}
+    assert rec.stages_ms["DenoisingStage"] > rec.stages_ms["DenoisingStage/CFG"] >= 4.0
+
+
+def test_a_stage_entered_twice_accumulates() -> None:
+    with StageTimer() as timer:
+        for _ in range(2):
+            with stage("TextEncodingStage"):
+                _spin(0.003)
+    assert timer.record().stages_ms["TextEncodingStage"] >= 6.0
+
+
+def test_steps_are_recorded_in_order_with_aggregates() -> None:
+    with StageTimer() as timer, stage("DenoisingStage"):
+        for i, seconds in enumerate((0.001, 0.003, 0.002)):
+            with step(i):
+                _spin(seconds)
+    rec = timer.record()
+    assert len(rec.steps_ms) == 3
+    assert rec.steps_ms[1] > rec.steps_ms[2] > rec.steps_ms[0]
+    assert rec.median_step_ms == rec.steps_ms[2]
+    assert rec.avg_step_ms == pytest.approx(sum(rec.steps_ms) / 3)
+    assert rec.stages_ms["DenoisingStage"] >= sum(rec.steps_ms)
+
+
+def test_steps_out_of_order_are_refused() -> None:
+    with StageTimer() as timer, pytest.raises(ValueError, match="step 1 entered, expected 0"):
+        timer.step(1)
+
+
+def test_the_ambient_timer_is_the_active_one_and_restored_after() -> None:
+    assert not current_timer().enabled
+    with StageTimer() as outer:
+        assert current_timer() is outer
+        with StageTimer() as inner:
+            assert current_timer() is inner
+        assert current_timer() is outer
+    assert not current_timer().enabled
+
+
+def test_stage_without_an_active_timer_does_nothing() -> None:
+    with stage("InputValidationStage") as span:
+        assert span is None
+    with step(5):  # no order check when disabled
+        pass
+
+
+def test_disabled_timer_records_nothing() -> None:
+    with StageTimer(enabled=False) as timer:
+        with stage("DenoisingStage"):
+            _spin(0.001)
+        assert current_timer() is timer
+    rec = timer.record()
+    assert rec.stages_ms == {} and rec.steps_ms == [] and rec.e2e_ms == 0.0
+
+
+def test_record_before_the_run_ends_is_an_error() -> None:
+    timer = StageTimer()
+    with pytest.raises(RuntimeError, match="before the timed run finished"):
+        timer.record()
+
+
+def test_cpu_records_a_run_level_peak_memory() -> None:
+    with StageTimer(Platform()) as timer:
+        blob = bytearray(32 * 1024 * 1024)
+        blob[::4096] = b"x" * len(blob[::4096])
+    rec = timer.record()
+    del blob
+    assert rec.peak_memory_mb is not None and rec.peak_memory_mb > 32
+    assert rec.stage_peak_memory_mb == {}  # per stage only where the allocator gives it
+
+
+class _CountingDevice(Platform):
+    """A device-like platform: event marks, allocator peak per stage, counted syncs."""
+
+    def __init__(self) -> None:
+        super().__init__(name="fake")
+        self.syncs = 0
+        self.allocated = 0
+        self.peak = 0
+
+    @property
+    def stage_memory(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def reset_peak_memory(self) -> None:
+        self.peak = self.allocated
+
+    def peak_memory_bytes(self) -> int:
+        return self.peak
+
+    def alloc(self, mb: int) -> None:
+        self.allocated += mb * 1024 * 1024
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, mb: int) -> None:
+        self.allocated -= mb * 1024 * 1024
+
+
+def test_device_timing_syncs_once_at_the_end_by_default() -> None:
+    dev = _CountingDevice()
+    with StageTimer(dev) as timer:
+        for name in ("TextEncodingStage", "DenoisingStage", "DecodingStage"):
+            with stage(name):
+                pass
+    assert dev.syncs == 0
+    timer.record()
+    assert dev.syncs == 1
+
+
+def test_sync_policy_stage_syncs_at_every_boundary() -> None:
+    dev = _CountingDevice()
+    with StageTimer(dev, sync="stage") as timer:
+        with stage("A"):
+            pass
+        with stage("B"):
+            pass
+    assert dev.syncs == 2 + 4  # run start/end + two per stage
+    timer.record()
+
+
+def test_peak_memory_per_stage_with_nesting() -> None:
+    dev = _CountingDevice()
+    with StageTimer(dev) as timer:
+        with stage("TextEncodingStage"):
+            dev.alloc(100)
+            dev.free(100)
+        with stage("DenoisingStage"):
+            dev.alloc(10)
+            with stage("Inner"):
+                dev.alloc(50)
+                dev.free(50)
+            dev.free(10)
+        with stage("DecodingStage"):
+            dev.alloc(20)
+            dev.free(20)
+    rec = timer.record()
+    assert rec.stage_peak_memory_mb == {
+        "TextEncodingStage": 100,
+        "DenoisingStage/Inner": 60,
+        "DenoisingStage": 60,
+        "DecodingStage": 20,
+    }
+    assert rec.peak_memory_mb == 100
+
+
+def test_injection_slows_the_named_stage_by_its_own_time() -> None:
+    with StageTimer(inject={"DenoisingStage": 0.5}) as timer:
+        with stage("DenoisingStage"):
+            _spin(0.02)
+        with stage("DecodingStage"):
+            _spin(0.02)
+    rec = timer.record()
+    assert rec.stages_ms["DenoisingStage"] >= 29.0
+    assert rec.stages_ms["DecodingStage"] < rec.stages_ms["DenoisingStage"]
+
+
+def test_bad_sync_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="sync must be"):
+        StageTimer(sync="always")  # type: ignore[arg-type]
