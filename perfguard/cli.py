@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from perfguard import __version__
@@ -166,3 +167,90 @@ def list_cases(
             c.source,
         )
     console().print(table)
+
+
+# ---- ab ----------------------------------------------------------------------------------------
+
+
+@cli.command("ab", context_settings=CONTEXT_SETTINGS)
+@platform_option
+@click.argument("case_id")
+@click.option(
+    "--cases",
+    "cases_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    envvar="PERFGUARD_CASES",
+    help="Case registry directory.",
+)
+@click.option(
+    "--toggle",
+    "toggles",
+    multiple=True,
+    help="Optimization to measure: A = off (reference), B = on (repeatable).",
+)
+@click.option("--a", "spec_a", default=None, help="Variant A as 'key=value,...'.")
+@click.option("--b", "spec_b", default=None, help="Variant B as 'key=value,...'.")
+@click.option("--pairs", default=10, show_default=True, help="A/B pairs, run in ABBA order.")
+@click.option("--warmup", default=1, show_default=True, help="Untimed runs of each variant.")
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the comparison (with every sample) to this JSON file.",
+)
+def ab_command(
+    platform_name: str | None,
+    case_id: str,
+    cases_dir: str | None,
+    toggles: tuple[str, ...],
+    spec_a: str | None,
+    spec_b: str | None,
+    pairs: int,
+    warmup: int,
+    json_out: str | None,
+) -> int:
+    """Compare two variants of CASE_ID, interleaved ABBA in one process.
+
+    Prints per metric the medians, the ratio B/A with a 95 % bootstrap confidence
+    interval, and a Mann-Whitney p-value. A ratio below 1 means B is faster.
+    """
+    from perfguard.ab import parse_variant, run_ab, toggle_variants
+    from perfguard.jsonio import write_json_atomic
+
+    if toggles and (spec_a or spec_b):
+        raise PerfguardError("use either --toggle or --a/--b, not both")
+    if toggles:
+        variant_a, variant_b = toggle_variants(toggles)
+    elif spec_a is not None and spec_b is not None:
+        variant_a, variant_b = parse_variant(spec_a), parse_variant(spec_b)
+    else:
+        raise PerfguardError("give --toggle NAME, or both --a and --b")
+    platform = probe(platform_name)
+    (case,) = select(load_registry(platform.name, cases_dir), [case_id])
+    result = run_ab(case, variant_a, variant_b, platform, pairs=pairs, warmup=warmup)
+    fmt = lambda v: ",".join(f"{k}={v}" for k, v in v.items()) or "(case as is)"  # noqa: E731
+    table = Table(
+        title=escape(
+            f"A/B {case.id}: A[{fmt(variant_a)}] vs B[{fmt(variant_b)}], {pairs} pairs ABBA"
+        )
+    )
+    for col in ("metric", "A median", "B median", "B/A", "95% CI", "p"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for comp in result.comparisons():
+        unit = "MB" if comp.metric == "peak_memory" else "ms"
+        table.add_row(
+            comp.metric,
+            f"{comp.median_a:.3f} {unit}",
+            f"{comp.median_b:.3f} {unit}",
+            f"{comp.estimate.ratio:.3f}",
+            f"[{comp.estimate.low:.3f}, {comp.estimate.high:.3f}]",
+            f"{comp.p_value:.3g}",
+        )
+    console().print(table)
+    same = len(set(result.hashes.values())) == 1
+    console().print(escape(f"outputs identical: {'yes' if same else 'NO'} ({result.hashes})"))
+    if json_out:
+        write_json_atomic(json_out, result.to_json())
+    return 0

@@ -86,6 +86,9 @@ class Platform:
         return (end - start) / 1e6
 
     # ---- memory --------------------------------------------------------------------------
+    def empty_cache(self) -> None:
+        """Return cached allocator blocks between cases (nothing to do on CPU)."""
+
     @property
     def peak_memory_resettable(self) -> bool:
         return _clear_refs_works()
@@ -154,6 +157,9 @@ class _DeviceEventsMixin:
 
     def reset_peak_memory(self) -> None:
         self.module.reset_peak_memory_stats()
+
+    def empty_cache(self) -> None:
+        self.module.empty_cache()
 
     def peak_memory_bytes(self) -> int | None:
         return int(self.module.max_memory_allocated())

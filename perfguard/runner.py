@@ -221,9 +221,7 @@ def run_case(
     finally:
         del pipeline
         gc.collect()
-        if platform.name != "cpu":
-            with contextlib.suppress(Exception):
-                platform.module.empty_cache()  # type: ignore[attr-defined]
+        platform.empty_cache()
     if hashes:
         result.output_hash = hashes[0]
         result.deterministic = len(set(hashes)) == 1

@@ -1,0 +1,96 @@
+"""A/B runs: ABBA order, variant parsing, and ratio estimates on real and fake pipelines."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfguard.ab import abba_order, apply_variant, parse_variant, run_ab, toggle_variants
+from perfguard.cases import load_registry, select
+from perfguard.errors import PerfguardError
+from perfguard.platform import Platform
+from perfguard.stats import ratio_of_medians, slower_p_value, summarize
+from perfguard.timer import stage
+
+REPO = Path(__file__).resolve().parent.parent
+CASE = select(load_registry("cpu", REPO / "cases"), ids=["qwen_image_t2i_smoke"])[0]
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _factory(case, platform):  # type: ignore[no-untyped-def]
+    slow = 1.3 if case.toggle("qwen_modulation_cache") else 1.0
+
+    def pipeline() -> torch.Tensor:
+        with stage("DenoisingStage"):
+            _spin(0.004 * slow)
+        with stage("DecodingStage"):
+            _spin(0.002)
+        return torch.zeros(1)
+
+    return pipeline
+
+
+def test_abba_order_alternates_blocks() -> None:
+    assert "".join(abba_order(4)) == "ABBAABBA"
+    assert "".join(abba_order(3)) == "ABBAAB"
+
+
+def test_variant_parsing_and_errors() -> None:
+    assert parse_variant("qwen_modulation_cache=off, serial_cfg=true, steps=8") == {
+        "qwen_modulation_cache": False,
+        "serial_cfg": True,
+        "steps": 8,
+    }
+    for bad in ("nonsense", "turbo=1", "steps=many", "qwen_varlen_host_meta=maybe"):
+        with pytest.raises(PerfguardError):
+            parse_variant(bad)
+    with pytest.raises(PerfguardError):
+        toggle_variants(["turbo"])
+    assert toggle_variants(["qwen_varlen_host_meta"]) == (
+        {"qwen_varlen_host_meta": False},
+        {"qwen_varlen_host_meta": True},
+    )
+
+
+def test_apply_variant_sets_toggles_and_fields() -> None:
+    case = apply_variant(CASE, {"qwen_modulation_cache": False, "batch": 3})
+    assert not case.toggle("qwen_modulation_cache") and case.batch == 3
+    assert len(case.prompt_lengths) == 3
+
+
+def test_a_real_slowdown_has_a_ci_above_one_and_identity_brackets_one() -> None:
+    res = run_ab(
+        CASE, *toggle_variants(["qwen_modulation_cache"]), Platform(), pairs=8, factory=_factory
+    )
+    by = {c.metric: c for c in res.comparisons()}
+    slow = by["stage:DenoisingStage"]
+    assert slow.estimate.low > 1.1 and slow.p_value < 0.01
+    same = by["stage:DecodingStage"]
+    assert same.estimate.low < 1.15 and same.estimate.high > 0.87
+    assert res.order == abba_order(8)
+
+
+def test_ab_on_a_real_case_keeps_outputs_identical() -> None:
+    res = run_ab(CASE, *toggle_variants(["qwen_varlen_host_meta"]), Platform(), pairs=2)
+    doc = res.to_json()
+    assert doc["outputs_identical"] and doc["order"] == "ABBA"
+    assert {c["metric"] for c in doc["comparisons"]} >= {"e2e", "stage:DenoisingStage"}
+
+
+def test_ratio_and_p_value_on_synthetic_samples() -> None:
+    old = [10.0, 10.2, 9.9, 10.1, 10.05, 9.95]
+    new = [x * 1.2 for x in old]
+    est = ratio_of_medians(old, new)
+    assert est.ratio == pytest.approx(1.2) and est.low > 1.1
+    assert slower_p_value(old, new) < 0.01
+    assert slower_p_value(old, old) > 0.3
+    assert slower_p_value([], new) == 1.0
+    assert summarize(old).n == 6 and summarize([5.0]).stdev == 0.0
