@@ -1,0 +1,54 @@
+"""Breakable CUDA-graph capture region flag.
+
+sglang's multimodal_gen runtime captures the denoiser with a *breakable* CUDA graph: the
+step is recorded as a chain of graph segments and the capture is split ("broken") only at
+a few whitelisted points. Inside such a region the model must not issue work whose shape
+or control flow depends on tensor *data*, because that work is recorded once and replayed
+verbatim:
+
+* ops that synchronise with the host to learn a size -- ``nonzero()``, ``.item()``,
+  ``.tolist()``, boolean-mask indexing -- are illegal during stream capture;
+* in-place index writes with a data-dependent shape (``x[mask] *= 0``) lower to
+  ``nonzero`` + ``index_put_`` and therefore hit the same problem;
+* python-side caches keyed on tensor identity (the Qwen modulation cache) are meaningless
+  on replay, because replay never re-enters the python code.
+
+Model code asks :func:`is_in_breakable_cuda_graph` at those lines and takes the
+static-shape reference path instead. The flag is thread-local, so a capture on one thread
+never changes what an eager forward on another thread does, and it nests (a counter, not
+a bool).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["breakable_cuda_graph", "is_in_breakable_cuda_graph"]
+
+_state = threading.local()
+
+
+def _depth() -> int:
+    return getattr(_state, "depth", 0)
+
+
+def is_in_breakable_cuda_graph() -> bool:
+    """True while the current thread is inside a :func:`breakable_cuda_graph` region."""
+    return _depth() > 0
+
+
+@contextmanager
+def breakable_cuda_graph() -> Iterator[None]:
+    """Mark the enclosed code as running under breakable CUDA-graph capture.
+
+    This only sets the flag read by :func:`is_in_breakable_cuda_graph`; the actual
+    capture is the serving runtime's business. Regions nest; the flag is cleared when the
+    outermost region exits, also on exceptions.
+    """
+    _state.depth = _depth() + 1
+    try:
+        yield
+    finally:
+        _state.depth = _depth() - 1
