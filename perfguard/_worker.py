@@ -1,0 +1,195 @@
+"""The subprocess side of `perfguard.workers` (not a public command).
+
+    python -m perfguard._worker serve --result-fd N
+        Report ready, then run each case requested on stdin (one JSON line:
+        {"case": ..., "options": ...}) and write {"case_id": ..., "result": ...} to fd N.
+    python -m perfguard._worker rank --request FILE --result FILE
+        One rank of a multi-device case, started by torchrun; rank 0 writes the result.
+
+Imports that pull in torch happen after the process is set up, so that the visible-device
+variable is narrowed before any device runtime reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+
+def _serve(result_fd: int) -> int:
+    from perfguard.workers import die_with_parent
+
+    die_with_parent()
+    out = os.fdopen(result_fd, "w", buffering=1, encoding="utf-8")
+
+    def send(msg: dict[str, Any]) -> None:
+        out.write(json.dumps(msg, allow_nan=False) + "\n")
+        out.flush()
+
+    # Importing torch and the runner is the slow part of a start: do it before `ready`.
+    import perfguard.runner as runner
+    from perfguard.platform import probe
+    from perfguard.workers import RunOptions, case_from_json, error_result, import_factory
+
+    send({"ready": True, "pid": os.getpid()})
+    platforms: dict[str, Any] = {}
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        case = case_from_json(request["case"])
+        options = RunOptions.from_json(request["options"])
+        try:
+            if options.platform not in platforms:
+                platforms[options.platform] = probe(options.platform)
+            factory = import_factory(options.factory) if options.factory else None
+            result = runner.run_case(
+                case,
+                platforms[options.platform],
+                repeats=options.repeats,
+                warmup=options.warmup,
+                timeout=options.timeout,
+                sync=options.sync,
+                inject=options.inject,
+                factory=factory,
+            )
+        except Exception as exc:  # a bad factory or platform: this case's error
+            result = error_result(case, f"{type(exc).__name__}: {exc}", options)
+        send({"case_id": case.id, "result": result.to_json()})
+    return 0
+
+
+def _narrow_visible_devices(platform_name: str, local_rank: int) -> None:
+    """Leave this rank only its own device, which it then sees as device 0."""
+    from perfguard.workers import visible_devices_env
+
+    var = visible_devices_env(platform_name)
+    if not var:
+        return
+    listed = [d for d in os.environ.get(var, "").split(",") if d.strip()]
+    os.environ[var] = listed[local_rank] if local_rank < len(listed) else str(local_rank)
+
+
+def _rank(request_path: str, result_path: str) -> int:
+    from perfguard.workers import die_with_parent
+
+    die_with_parent()
+    from perfguard.jsonio import read_json
+
+    request = read_json(request_path)
+    options_data = request["options"]
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    _narrow_visible_devices(options_data["platform"], local_rank)
+
+    import torch
+    import torch.distributed as dist
+
+    from perfguard.jsonio import write_json_atomic
+    from perfguard.platform import probe
+    from perfguard.runner import run_case
+    from perfguard.workers import RunOptions, case_from_json, import_factory
+
+    case = case_from_json(request["case"])
+    options = RunOptions.from_json(options_data)
+    platform = probe(options.platform)
+    backend = {"cpu": "gloo", "npu": "hccl"}.get(platform.name, "nccl")
+    device = platform.device(0)
+    if platform.name != "cpu":
+        platform.module.set_device(device)  # type: ignore[attr-defined]
+    # A collective that waits longer than the case may run is a hang, not a slow case.
+    wait = timedelta(seconds=max(60.0, 2 * options.timeout) if options.timeout else 1800.0)
+    dist.init_process_group(backend, timeout=wait)
+    dist.barrier()
+    if rank == 0:  # every rank has joined: the parent's --timeout starts now
+        Path(result_path + ".started").touch()
+    try:
+        factory = import_factory(options.factory) if options.factory else None
+        result = run_case(
+            case,
+            platform,
+            repeats=options.repeats,
+            warmup=options.warmup,
+            timeout=options.timeout,
+            sync=options.sync,
+            inject=options.inject,
+            factory=factory,
+        )
+        result = _combine(result, rank, world, device, torch, dist)
+        if rank == 0:
+            write_json_atomic(result_path, result.to_json())
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    return 0
+
+
+def _combine(result: Any, rank: int, world: int, device: Any, torch: Any, dist: Any) -> Any:
+    """Rank 0's result with every sample replaced by its maximum over the ranks.
+
+    A run of a parallel pipeline ends when its slowest rank does, so MAX is the figure a
+    user waits for. The layout (metric names, run counts, errors) is exchanged first so
+    that the all-reduce only runs when every rank measured the same things.
+    """
+    layout = {
+        "status": result.status,
+        "error": result.error,
+        "metrics": {name: len(values) for name, values in sorted(result.samples.items())},
+        "hash": result.output_hash,
+        "deterministic": result.deterministic,
+        "e2e": result.samples.get("e2e", []),
+    }
+    layouts: list[Any] = [None] * world
+    dist.all_gather_object(layouts, layout)
+    failed = [(r, lay) for r, lay in enumerate(layouts) if lay["status"] != "ok"]
+    if failed:
+        r, lay = failed[0]
+        result.status = "error"
+        result.error = result.error if r == rank else f"rank {r}: {lay['error']}"
+        return result
+    if any(lay["metrics"] != layout["metrics"] for lay in layouts):
+        result.status = "error"
+        result.error = "ranks measured different metrics; cannot combine them"
+        return result
+    names = sorted(result.samples)
+    flat = [v for name in names for v in result.samples[name]]
+    tensor = torch.tensor(flat, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    values = tensor.cpu().tolist()
+    at = 0
+    for name in names:
+        n = len(result.samples[name])
+        result.samples[name] = values[at : at + n]
+        at += n
+    result.case["ranks"] = world
+    result.case["rank_e2e_ms"] = [lay["e2e"] for lay in layouts]
+    # Every rank ends with the same output (CFG-parallel gathers both halves).
+    result.deterministic = bool(
+        all(lay["deterministic"] for lay in layouts) and len({lay["hash"] for lay in layouts}) == 1
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perfguard._worker")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    serve = sub.add_parser("serve")
+    serve.add_argument("--result-fd", type=int, required=True)
+    rank = sub.add_parser("rank")
+    rank.add_argument("--request", required=True)
+    rank.add_argument("--result", required=True)
+    args = parser.parse_args(argv)
+    if args.mode == "serve":
+        return _serve(args.result_fd)
+    return _rank(args.request, args.result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

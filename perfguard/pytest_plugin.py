@@ -1,0 +1,384 @@
+"""A pytest plugin: time stages in your own tests, gate them like `perfguard check`.
+
+Installed with perfguard (entry point `pytest11`), so any test suite can use it::
+
+    import pytest
+    from perfguard.timer import stage
+
+    @pytest.mark.perfguard(case="unet_512")
+    def test_unet_speed(perfguard_timer):
+        pipe = build_my_pipeline()
+        perfguard_timer.measure(pipe, repeats=5, warmup=1)  # or: with perfguard_timer.run(): ...
+
+Inside a measured run the timer is the ambient one, so `perfguard.timer.stage()` and
+`step()` calls in the code under test are recorded, exactly as in `perfguard run`; the
+run's wall time is `e2e`. Each test is one case (its id is the marker's `case`, else the
+test's name); its samples become a results file (`--perfguard-results`), and with
+`--perfguard-baseline` the session ends with the same judgement (`perfguard.verdict`),
+the same table and the same JSON report (`--perfguard-report`) as `perfguard check`. A
+regression makes the session exit 1, as it makes `perfguard check` exit 1; a test that
+fails while measuring is already a test failure, and its case is reported as an error.
+`--perfguard-update-baseline` stores the measured cases in the baseline file instead (as
+`perfguard gen-baselines` does), which is how that file is made in the first place.
+
+Why a judgement at session end rather than per test: a verdict is on the run as a whole
+(the missing-baseline and advisory rules look at every case), and one report per session
+is what CI uploads and `perfguard merge` combines.
+
+With pytest-xdist each worker would judge its own share: run the perf tests without -n.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from perfguard.errors import EXIT_REGRESSION, PerfguardError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfguard.platform import Platform
+    from perfguard.runner import CaseResult, Results
+    from perfguard.timer import StageTimer
+
+# perfguard's timer, runner and platform import torch; they are imported when a test first
+# asks for the fixture, so that merely having perfguard installed (this plugin loads in
+# every pytest run of the environment) costs nothing.
+
+MARKER = "perfguard"
+_STATE = pytest.StashKey["_Session"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perfguard", "perfguard stage timing and baseline gate")
+    group.addoption(
+        "--perfguard-baseline",
+        default=None,
+        help="Baseline file to check the measured cases against (as perfguard check).",
+    )
+    group.addoption(
+        "--perfguard-profile",
+        default=None,
+        help="Tolerance profile of the baseline (default: pr_test).",
+    )
+    group.addoption(
+        "--perfguard-report", default=None, help="Write the check report (JSON) to this file."
+    )
+    group.addoption(
+        "--perfguard-results",
+        default=None,
+        help="Write the measured samples as a perfguard results file.",
+    )
+    group.addoption(
+        "--perfguard-update-baseline",
+        action="store_true",
+        default=False,
+        help="Store the measured cases in --perfguard-baseline instead of checking them "
+        "(as perfguard gen-baselines; creates the file when missing).",
+    )
+    group.addoption(
+        "--perfguard-platform",
+        default=None,
+        help="Platform to time on instead of the probed one (cpu, cuda, rocm, npu).",
+    )
+    group.addoption(
+        "--perfguard-repeats", type=int, default=None, help="Default measured runs (5)."
+    )
+    group.addoption(
+        "--perfguard-warmup", type=int, default=None, help="Default untimed runs first (1)."
+    )
+    parser.addini("perfguard_baseline", "Default for --perfguard-baseline.", default=None)
+    parser.addini("perfguard_profile", "Default for --perfguard-profile.", default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(case=None, repeats=None, warmup=None, tolerance_overrides=None): "
+        "the perfguard case this test measures with the perfguard_timer fixture",
+    )
+    config.stash[_STATE] = _Session(config)
+
+
+class PerfguardTimer:
+    """What the `perfguard_timer` fixture gives a test: measured runs of one case."""
+
+    def __init__(self, session: _Session, result: CaseResult, repeats: int, warmup: int):
+        self._session = session
+        self.result = result
+        self.repeats = repeats
+        self.warmup = warmup
+        self.platform = session.platform
+
+    @property
+    def case_id(self) -> str:
+        return self.result.case_id
+
+    @contextlib.contextmanager
+    def run(self) -> Iterator[StageTimer]:
+        """One measured run: the body's wall time is `e2e`, its `stage()`s its stages."""
+        from perfguard.timer import StageTimer
+
+        with StageTimer(self.platform) as timer:
+            yield timer
+        self.result.add_run(timer.record())
+        self.result.repeats += 1
+
+    def measure(
+        self, fn: Callable[[], Any], repeats: int | None = None, warmup: int | None = None
+    ) -> Any:
+        """Call `fn` `warmup` times untimed, then `repeats` times measured; the last output.
+
+        The warm-up runs pay one-off costs (lazy initialisation, allocator growth, kernel
+        selection) that a serving process pays once, as in `perfguard run`.
+        """
+        repeats = self.repeats if repeats is None else repeats
+        warmup = self.warmup if warmup is None else warmup
+        if repeats < 1 or warmup < 0:
+            raise PerfguardError("perfguard_timer.measure: repeats must be >= 1, warmup >= 0")
+        for _ in range(warmup):
+            fn()
+        self.result.warmup += warmup
+        hashes: list[str] = []
+        output = None
+        for _ in range(repeats):
+            with self.run():
+                output = fn()
+            if _is_tensor(output):
+                from perfguard.runner import tensor_hash
+
+                hashes.append(tensor_hash(output))
+        if hashes:
+            self.result.output_hash = hashes[0]
+            self.result.deterministic = len(set(hashes)) == 1
+        return output
+
+    # The ambient helpers, for tests that do not import perfguard.timer themselves.
+    @staticmethod
+    def stage(name: str) -> Any:
+        """`with perfguard_timer.stage("DenoisingStage"): ...` (= `perfguard.timer.stage`)."""
+        from perfguard.timer import stage
+
+        return stage(name)
+
+    @staticmethod
+    def step(index: int) -> Any:
+        """`with perfguard_timer.step(i): ...` (= `perfguard.timer.step`)."""
+        from perfguard.timer import step
+
+        return step(index)
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+class _Session:
+    """The cases measured in this pytest session and, at its end, their judgement."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.results: dict[str, CaseResult] = {}
+        self.nodes: dict[str, str] = {}
+        self._platform: Platform | None = None
+        self.report: Any = None
+        self.updated: list[str] = []
+        self.error: str | None = None
+
+    def option(self, name: str) -> Any:
+        value = self.config.getoption(f"--perfguard-{name}")
+        if value is None and name in ("baseline", "profile"):
+            value = self.config.getini(f"perfguard_{name}") or None
+        return value
+
+    @property
+    def platform(self) -> Platform:
+        if self._platform is None:
+            from perfguard.platform import probe
+
+            self._platform = probe(self.option("platform"))
+        return self._platform
+
+    def new_case(self, item: pytest.Item) -> PerfguardTimer:
+        marker = item.get_closest_marker(MARKER)
+        kwargs = dict(marker.kwargs) if marker else {}
+        if marker and marker.args:
+            kwargs.setdefault("case", marker.args[0])
+        case_id = str(kwargs.get("case") or _case_id(item.name))
+        if case_id in self.nodes:
+            raise PerfguardError(
+                f"perfguard case {case_id!r} is measured by both {self.nodes[case_id]} and "
+                f"{item.nodeid}: give each test its own @pytest.mark.perfguard(case=...)"
+            )
+        self.nodes[case_id] = item.nodeid
+        definition: dict[str, Any] = {"id": case_id, "source": item.nodeid}
+        if kwargs.get("tolerance_overrides"):
+            definition["tolerance_overrides"] = dict(kwargs["tolerance_overrides"])
+        from perfguard.runner import CaseResult
+
+        result = CaseResult(case_id=case_id, case=definition)
+        self.results[case_id] = result
+        repeats = kwargs.get("repeats") or self.option("repeats") or 5
+        warmup = kwargs.get("warmup")
+        warmup = warmup if warmup is not None else self.option("warmup")
+        return PerfguardTimer(self, result, int(repeats), 1 if warmup is None else int(warmup))
+
+    def fail_case(self, case_id: str, message: str) -> None:
+        result = self.results[case_id]
+        result.status = "error"
+        lines = message.strip().splitlines()
+        result.error = lines[0][:500] if lines else "the test failed"
+
+    def to_results(self) -> Results:
+        from perfguard.platform import fingerprint
+        from perfguard.runner import Results
+
+        return Results(
+            environment=fingerprint(self.platform),
+            settings={"runner": "pytest"},
+            cases=dict(self.results),
+        )
+
+    def finish(self) -> int | None:
+        """Write the results, judge them when a baseline is given; the exit code, if any."""
+        measured = {cid: r for cid, r in self.results.items() if r.repeats or r.status != "ok"}
+        if not measured:
+            return None
+        self.results = measured
+        results = self.to_results()
+        path = self.option("results")
+        if path:
+            from perfguard.report import write_results
+
+            write_results(path, results)
+        baseline_path = self.option("baseline")
+        if not baseline_path:
+            return None
+        if self.option("update-baseline"):
+            from perfguard.baseline import record_case
+
+            for result in self.results.values():
+                if result.status == "ok":
+                    record_case(baseline_path, result, results.environment)
+            self.updated = sorted(r for r, res in self.results.items() if res.status == "ok")
+            return None
+        self.report = check(
+            results, baseline_path, self.option("profile"), report_path=self.option("report")
+        )
+        return int(self.report.exit_code)
+
+
+def check(
+    results: Results,
+    baseline_path: str | Path,
+    profile: str | None = None,
+    *,
+    report_path: str | Path | None = None,
+) -> Any:
+    """Judge `results` against a baseline file as `perfguard check` does; the Report."""
+    from perfguard import baseline as baselines
+    from perfguard.report import build, write_report
+    from perfguard.verdict import DEFAULT_PROFILE, judge
+
+    base = baselines.load(baseline_path)
+    baselines.check_platform(base, results.platform, str(baseline_path))
+    name = profile or DEFAULT_PROFILE
+    judgement = judge(results, base, name)
+    report = build(
+        judgement,
+        environment=results.environment,
+        baseline_info={
+            "path": str(baseline_path),
+            "sha256": baselines.file_sha256(baseline_path),
+            "platform": base.platform,
+            "hardware": base.hardware,
+            "updated": base.metadata.get("updated"),
+        },
+        profile=base.profile(name).to_json(),
+        settings=results.settings,
+        improvement_threshold=base.improvement_threshold,
+    )
+    if report_path:
+        write_report(report_path, report)
+    return report
+
+
+def _case_id(name: str) -> str:
+    """A test name as a case id: `test_unet[512-fp16]` -> `test_unet_512-fp16`."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "case"
+
+
+# ---- fixture and hooks -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def perfguard_timer(request: pytest.FixtureRequest) -> PerfguardTimer:
+    """Measured runs of this test's perfguard case (see `PerfguardTimer`)."""
+    session = request.config.stash[_STATE]
+    try:
+        return session.new_case(request.node)
+    except PerfguardError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    session = item.config.stash[_STATE]
+    message = call.excinfo.exconly() if call.excinfo is not None else str(report.longrepr)
+    for case_id, node in session.nodes.items():
+        if node == item.nodeid:
+            session.fail_case(case_id, message)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = session.config.stash.get(_STATE, None)
+    if state is None:
+        return
+    try:
+        code = state.finish()
+    except PerfguardError as exc:
+        state.error = str(exc)
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        return
+    if code == EXIT_REGRESSION and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is None:
+        return
+    if state.error:
+        terminalreporter.section("perfguard", red=True)
+        terminalreporter.write_line(f"perfguard: error: {state.error}")
+        return
+    if state.updated:
+        terminalreporter.section("perfguard")
+        path = state.option("baseline")
+        terminalreporter.write_line(f"perfguard: stored {len(state.updated)} case(s) in {path}")
+    if state.report is None:
+        return
+    from rich.console import Console
+
+    from perfguard.report import render_table
+
+    terminalreporter.section("perfguard", red=state.report.exit_code != 0)
+    buffer = io.StringIO()
+    render_table(state.report, Console(file=buffer, highlight=False, soft_wrap=False, width=160))
+    for line in buffer.getvalue().rstrip("\n").splitlines():
+        terminalreporter.write_line(line)
+    path = state.option("report")
+    if path:
+        terminalreporter.write_line(f"perfguard report: {path}")

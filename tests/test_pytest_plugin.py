@@ -1,0 +1,142 @@
+"""The pytest plugin: a project's own tests timed by stage and gated like `perfguard check`."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from perfguard.report import read_report, read_results, render_markdown
+
+pytest_plugins = ["pytester"]
+
+USER_TESTS = """
+import os
+import time
+
+import pytest
+import torch
+
+from perfguard.timer import stage
+
+DELAY = float(os.environ.get("PG_DELAY_S", "0.005"))
+
+
+def pipeline():
+    with stage("TextEncodingStage"):
+        time.sleep(0.001)
+    with stage("DecodingStage"):
+        time.sleep(DELAY)
+    return torch.ones(3)
+
+
+@pytest.mark.perfguard(case="my_pipeline", repeats=3)
+def test_pipeline_speed(perfguard_timer):
+    out = perfguard_timer.measure(pipeline)
+    assert out.sum() == 3
+
+
+def test_by_hand(perfguard_timer):
+    for _ in range(2):
+        with perfguard_timer.run():
+            with perfguard_timer.stage("InputValidationStage"):
+                time.sleep(0.001)
+"""
+
+
+@pytest.fixture
+def user(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(test_user=USER_TESTS)
+    return pytester
+
+
+def test_the_plugin_is_registered_as_a_pytest11_entry_point() -> None:
+    (ep,) = [e for e in entry_points(group="pytest11") if e.name == "perfguard"]
+    assert ep.value == "perfguard.pytest_plugin"
+
+
+def test_fixture_records_stages_and_e2e_as_a_results_file(user: pytest.Pytester) -> None:
+    out = user.runpytest("--perfguard-results", "results.json", "--perfguard-platform", "cpu")
+    out.assert_outcomes(passed=2)
+    results = read_results(user.path / "results.json")
+    mine = results.cases["my_pipeline"]
+    assert mine.repeats == 3 and mine.warmup == 1
+    assert len(mine.samples["e2e"]) == 3
+    assert {"stage:TextEncodingStage", "stage:DecodingStage"} <= set(mine.samples)
+    assert mine.output_hash and mine.deterministic is True
+    assert mine.case["source"].endswith("test_user.py::test_pipeline_speed")
+    by_hand = results.cases["test_by_hand"]  # no marker: the test's name is the case id
+    assert len(by_hand.samples["stage:InputValidationStage"]) == 2
+
+
+def test_baseline_gate_passes_then_fails_a_slowdown_like_perfguard_check(
+    user: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = ("--perfguard-platform", "cpu", "--perfguard-baseline", "base.json")
+    made = user.runpytest(*cpu, "--perfguard-update-baseline")
+    made.assert_outcomes(passed=2)
+    made.stdout.fnmatch_lines(["*stored 2 case(s) in base.json*"])
+    assert set(json.loads((user.path / "base.json").read_text())["scenarios"]) == {
+        "my_pipeline",
+        "test_by_hand",
+    }
+
+    same = user.runpytest(*cpu, "--perfguard-report", "ok.json")
+    assert same.ret == 0
+    same.stdout.fnmatch_lines(["*perfguard PASS*"])
+    assert read_report(user.path / "ok.json").exit_code == 0
+
+    monkeypatch.setenv("PG_DELAY_S", "0.08")  # DecodingStage 5 ms -> 80 ms
+    slow = user.runpytest(*cpu, "--perfguard-report", "slow.json")
+    slow.assert_outcomes(passed=2)  # the tests pass; the gate fails the session
+    assert slow.ret == 1
+    slow.stdout.fnmatch_lines(["*perfguard FAIL*", "*my_pipeline*DecodingStage*regression*"])
+    report = read_report(user.path / "slow.json")  # the same report schema as `check`
+    assert report.exit_code == 1
+    assert "Regressions" in render_markdown(report)
+
+
+def test_a_failing_measured_test_is_reported_as_a_case_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_breaks(perfguard_timer):
+            with perfguard_timer.run():
+                pass
+            raise RuntimeError("out of memory in decode")
+        """
+    )
+    out = pytester.runpytest("--perfguard-results", "r.json", "--perfguard-platform", "cpu")
+    out.assert_outcomes(failed=1)
+    case = read_results(pytester.path / "r.json").cases["test_breaks"]
+    assert case.status == "error"
+    assert "out of memory in decode" in (case.error or "")
+
+
+def test_two_tests_cannot_measure_the_same_case(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.perfguard(case="same")
+        def test_a(perfguard_timer):
+            pass
+
+        @pytest.mark.perfguard(case="same")
+        def test_b(perfguard_timer):
+            pass
+        """
+    )
+    out = pytester.runpytest("--perfguard-platform", "cpu")
+    out.assert_outcomes(passed=1, errors=1)
+    out.stdout.fnmatch_lines(["*'same' is measured by both*test_a*and*test_b*"])
+
+
+def test_a_session_that_measures_nothing_is_left_alone(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_plain():\n    assert True\n")
+    out = pytester.runpytest("--perfguard-baseline", str(Path("missing.json")))
+    out.assert_outcomes(passed=1)
+    assert out.ret == 0
+    assert "perfguard:" not in out.stdout.str()
+    assert not (pytester.path / "missing.json").exists()

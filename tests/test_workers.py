@@ -1,0 +1,303 @@
+"""Worker processes: one per device, one per case with `isolate`, torchrun for 2-rank cases.
+
+The pipelines here are a factory module written into the test's directory and named with
+`factory="module:function"`, the same hook users run their own pipelines with; the
+2-rank case runs the real tiny Qwen-Image pipeline, CFG-parallel over gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from perfguard import workers
+from perfguard._worker import _narrow_visible_devices
+from perfguard.cases import Case
+from perfguard.errors import PerfguardError
+from perfguard.platform import CudaPlatform, NpuPlatform, Platform, RocmPlatform, probe
+from perfguard.runner import run_case
+
+FAKE_PIPES = """
+import os
+import signal
+import time
+
+import torch
+
+from perfguard.timer import stage, step
+
+
+def _log(case, what):
+    with open(os.environ["PG_FAKE_LOG"], "a") as fh:
+        fh.write(f"{case.id} {what} {os.getpid()} {os.environ.get('OMP_NUM_THREADS')}\\n")
+
+
+def pipeline(case, platform):
+    behaviour = case.options.get("fake", "ok")
+    _log(case, "build")
+
+    def run():
+        if behaviour == "crash" or (behaviour == "crash_rank1" and os.environ.get("RANK") == "1"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if behaviour == "hang" or (behaviour == "hang_rank1" and os.environ.get("RANK") == "1"):
+            _log(case, "hang")
+            # Like a kernel stuck on a device: the runner's SIGALRM deadline cannot reach it.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(3600)
+        with stage("DenoisingStage"):
+            for i in range(2):
+                with step(i):
+                    time.sleep(0.002)
+        return torch.zeros(4)
+
+    return run
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fake pipeline module on the workers' import path; returns the log file."""
+    (tmp_path / "pg_fake_pipes.py").write_text(FAKE_PIPES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    )
+    log = tmp_path / "log.txt"
+    log.touch()
+    monkeypatch.setenv("PG_FAKE_LOG", str(log))
+    return log
+
+
+def fake_case(cid: str, behaviour: str = "ok", devices: int = 1) -> Case:
+    return Case(
+        id=cid, workload="qwen_image", preset="tiny", num_devices=devices,
+        options={"fake": behaviour},
+    )  # fmt: skip
+
+
+def log_lines(log: Path, what: str) -> list[tuple[str, int, str]]:
+    out = []
+    for line in log.read_text().splitlines():
+        cid, kind, pid, threads = line.split()
+        if kind == what:
+            out.append((cid, int(pid), threads))
+    return out
+
+
+def gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie waiting for its new parent to reap it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+CPU = Platform()
+FACTORY = "pg_fake_pipes:pipeline"
+
+
+# ---- options -----------------------------------------------------------------------------
+
+
+def test_parse_devices() -> None:
+    assert workers.parse_devices("0,1") == ["0", "1"]
+    assert workers.parse_devices(" 3 , GPU-8f3a ") == ["3", "GPU-8f3a"]
+    assert workers.parse_devices(None) is None
+    assert workers.parse_devices("") is None
+    for bad in ("0,,1", "0;1", "0,0"):
+        with pytest.raises(PerfguardError, match="--devices"):
+            workers.parse_devices(bad)
+
+
+def test_import_factory_names_what_is_wrong(fake: Path) -> None:
+    assert callable(workers.import_factory(FACTORY))
+    for spec, why in [
+        ("pg_fake_pipes", "module:function"),
+        ("no_such_module_xyz:f", "cannot import"),
+        ("pg_fake_pipes:nope", "no attribute"),
+        ("pg_fake_pipes:signal.SIGKILL", "not callable"),
+    ]:
+        with pytest.raises(PerfguardError, match=why):
+            workers.import_factory(spec)
+
+
+@pytest.mark.parametrize(
+    ("platform", "var"),
+    [
+        (CudaPlatform(), "CUDA_VISIBLE_DEVICES"),
+        (RocmPlatform(), "HIP_VISIBLE_DEVICES"),
+        (NpuPlatform(), "ASCEND_RT_VISIBLE_DEVICES"),
+    ],
+)
+def test_each_worker_and_rank_is_pinned_with_the_platforms_variable(
+    platform: Platform, var: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert workers.visible_devices_env(platform.name) == var
+    assert workers._env_for(platform, ["1"], 2)[var] == "1"
+    assert workers._env_for(platform, ["2", "3"], 1)[var] == "2,3"
+    # A rank keeps only its own device of those torchrun was given...
+    monkeypatch.setenv(var, "2,3")
+    _narrow_visible_devices(platform.name, 1)
+    assert os.environ[var] == "3"
+    # ...and with none given, the device of its local rank.
+    monkeypatch.delenv(var)
+    _narrow_visible_devices(platform.name, 1)
+    assert os.environ[var] == "1"
+
+
+def test_parallel_cpu_workers_split_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = int(workers._env_for(CPU, ["0"], 2)["OMP_NUM_THREADS"])
+    assert threads == max(1, (os.cpu_count() or 1) // 2)
+    assert "OMP_NUM_THREADS" not in workers._env_for(CPU, None, 1)
+
+
+# ---- worker processes ----------------------------------------------------------------------
+
+
+def test_devices_run_one_worker_per_device_that_keeps_running_cases(fake: Path) -> None:
+    cases = [fake_case(f"c{i}") for i in range(4)]
+    seen = []
+    results = workers.run_cases(
+        cases, CPU, devices=["0", "1"], repeats=2, warmup=1, factory=FACTORY, on_case=seen.append
+    )
+    assert sorted(results.cases) == ["c0", "c1", "c2", "c3"]
+    assert all(r.status == "ok" and len(r.samples["e2e"]) == 2 for r in results.cases.values())
+    assert sorted(r.case_id for r in seen) == sorted(results.cases)
+    builds = log_lines(fake, "build")
+    pids = {pid for _, pid, _ in builds}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert results.settings["devices"] == ["0", "1"]
+
+
+def test_a_worker_that_dies_fails_only_its_case(fake: Path) -> None:
+    cases = [fake_case("a_ok"), fake_case("b_crash", "crash"), fake_case("c_ok")]
+    results = workers.run_cases(cases, CPU, repeats=1, warmup=0, factory=FACTORY)
+    crash = results.cases["b_crash"]
+    assert crash.status == "error"
+    assert "died while running this case (killed by SIGKILL)" in (crash.error or "")
+    assert results.cases["a_ok"].status == "ok"
+    assert results.cases["c_ok"].status == "ok"
+
+
+def test_isolate_kills_a_case_that_hangs_and_runs_the_rest_in_fresh_processes(
+    fake: Path,
+) -> None:
+    cases = [fake_case("a_hang", "hang"), fake_case("b_ok")]
+    started = time.monotonic()
+    results = workers.run_cases(
+        cases, CPU, isolate=True, repeats=1, warmup=0, timeout=1.0, factory=FACTORY
+    )
+    elapsed = time.monotonic() - started
+    hang = results.cases["a_hang"]
+    assert hang.status == "error"
+    assert (hang.error or "").startswith("timeout: killed after")
+    ((_, hung_pid, _),) = log_lines(fake, "hang")
+    assert gone(hung_pid)
+    assert results.cases["b_ok"].status == "ok"
+    pids = [pid for _, pid, _ in log_lines(fake, "build")]
+    assert len(set(pids)) == 2  # one process per case
+    assert elapsed < 1.0 + workers.kill_grace_s(1.0) + 30
+
+
+def test_a_multi_device_case_needs_that_many_devices(fake: Path) -> None:
+    results = workers.run_cases(
+        [fake_case("two", devices=2)], CPU, devices=["0"], repeats=1, factory=FACTORY
+    )
+    assert results.cases["two"].error == "needs 2 devices but --devices lists 1"
+
+
+def test_a_bad_factory_is_a_usage_error_before_anything_runs(fake: Path) -> None:
+    with pytest.raises(PerfguardError, match="cannot import"):
+        workers.run_cases([fake_case("a")], CPU, factory="no_such_module_xyz:f")
+
+
+# ---- torchrun ------------------------------------------------------------------------------
+
+
+def test_a_two_device_case_runs_on_two_gloo_ranks_cfg_parallel() -> None:
+    """The real tiny Qwen-Image pipeline on 2 ranks: CFG-parallel over gloo, MAX-reduced."""
+    single = Case(
+        id="qwen_2rank", workload="qwen_image", preset="tiny", steps=2, batch=2,
+        prompt_lengths=(24, 13), guidance_scale=4.0,
+    )  # fmt: skip
+    double = Case(**{**single.definition(), "num_devices": 2})
+    results = workers.run_cases([double], CPU, repeats=2, warmup=1, timeout=120)
+    res = results.cases["qwen_2rank"]
+    assert res.status == "ok", res.error
+    assert res.case["ranks"] == 2
+    per_rank = res.case["rank_e2e_ms"]
+    assert len(per_rank) == 2
+    assert res.samples["e2e"] == [max(a, b) for a, b in zip(*per_rank, strict=True)]
+    assert "stage:DenoisingStage" in res.samples
+    # The same images as one process computing both CFG halves itself.
+    reference = run_case(single, probe("cpu"), repeats=1, warmup=0)
+    assert res.output_hash == reference.output_hash
+    assert res.deterministic is True
+
+
+def test_a_hung_rank_is_killed_with_every_rank(fake: Path) -> None:
+    results = workers.run_cases(
+        [fake_case("ranks", "hang_rank1", devices=2)],
+        CPU, repeats=1, warmup=0, timeout=1.0, factory=FACTORY,
+    )  # fmt: skip
+    res = results.cases["ranks"]
+    assert res.status == "error" and (res.error or "").startswith("timeout: killed after")
+    rank_pids = {pid for cid, pid, _ in log_lines(fake, "build") if cid == "ranks"}
+    assert len(rank_pids) == 2
+    deadline = time.monotonic() + 5
+    while not all(gone(pid) for pid in rank_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(gone(pid) for pid in rank_pids)
+
+
+def test_a_rank_that_dies_fails_the_case(fake: Path) -> None:
+    results = workers.run_cases(
+        [fake_case("ranks", "crash_rank1", devices=2)], CPU, repeats=1, warmup=0,
+        timeout=60, factory=FACTORY,
+    )  # fmt: skip
+    res = results.cases["ranks"]
+    assert res.status == "error"
+    assert "2 ranks" in (res.error or "") and "failed" in (res.error or "")
+
+
+# ---- through the CLI ---------------------------------------------------------------------------
+
+
+def test_run_with_devices_and_isolate_from_the_command_line(
+    fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfguard.cli import main
+    from perfguard.report import read_results
+
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "cpu.toml").write_text(
+        '[[case]]\nid = "hangs"\nworkload = "qwen_image"\npreset = "tiny"\n\n'
+        '[[case]]\nid = "fine"\nworkload = "qwen_image"\npreset = "tiny"\n'
+    )
+    # The registry cannot say "hang" (its options are closed): the factory picks by id.
+    (tmp_path / "pg_cli_pipes.py").write_text(
+        "import dataclasses\nimport pg_fake_pipes\n\n"
+        "def pipeline(case, platform):\n"
+        "    fake = 'hang' if case.id == 'hangs' else 'ok'\n"
+        "    return pg_fake_pipes.pipeline(dataclasses.replace(case, options={'fake': fake}), "
+        "platform)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--platform", "cpu", "--cases", "registry", "--repeats", "1",
+              "--warmup", "0", "--timeout", "1", "--devices", "0,1", "--isolate",
+              "--factory", "pg_cli_pipes:pipeline", "--out", "results.json"])  # fmt: skip
+    assert info.value.code == 3  # a case failed to run, nothing else wrong
+    results = read_results(tmp_path / "results.json")
+    assert results.cases["fine"].status == "ok"
+    assert (results.cases["hangs"].error or "").startswith("timeout: killed after")
+    assert results.settings["devices"] == ["0", "1"] and results.settings["isolate"] is True

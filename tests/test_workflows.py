@@ -1,0 +1,199 @@
+"""The GitHub workflows: actionlint-clean, in step with .ci/run, using real perfguard flags.
+
+actionlint (with shellcheck on every `run:` script) comes from the dev extra; CI must have
+it, so there its absence fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from perfguard.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+CONFIG = ROOT / ".github" / "actionlint.yaml"
+MARKER = "<!-- perfguard-report -->"
+
+
+def tool(name: str) -> str:
+    """The dev extra's binary: next to this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    if found:
+        return found
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not installed: pip install -e '.[dev]' installs it")
+    pytest.skip(f"{name} is not installed (pip install -e '.[dev]')")
+
+
+def actionlint(*files: Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    cmd = [tool("actionlint"), "-no-color", "-config-file", str(CONFIG)]
+    cmd += ["-shellcheck", tool("shellcheck"), *map(str, files)]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def load(name: str) -> dict[Any, Any]:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as True
+    return data
+
+
+def run_scripts(workflow: dict[Any, Any]) -> list[str]:
+    return [s["run"] for job in workflow["jobs"].values() for s in job["steps"] if "run" in s]
+
+
+def commands(script: str) -> list[list[str]]:
+    """The shell commands of a script, continuation lines joined, expressions blanked."""
+    text = re.sub(r"\$\{\{.*?\}\}", "EXPR", script).replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            out.append(shlex.split(line, comments=True))
+    return out
+
+
+# ---- actionlint ----------------------------------------------------------------------------
+
+
+def test_the_workflows_pass_actionlint_and_shellcheck() -> None:
+    files = sorted(WORKFLOWS.glob("*.yml"))
+    assert {f.name for f in files} >= {"ci.yml", "perf.yml"}
+    result = actionlint(*files)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+BREAKAGES = {
+    "an undefined matrix property": (
+        '--shard "$SHARD/$SHARDS"',
+        '--shard "${{ matrix.shards }}/$SHARDS"',
+        'property "shards" is not defined',
+    ),
+    "a job that needs a job that does not exist": (
+        "needs: check",
+        "needs: chek",
+        'needs job "chek" which does not exist',
+    ),
+    "a shell script with an unclosed if": (
+        'if [ ! -f "report-$SHARD.json" ]; then exit "$code"; fi',
+        'if [ ! -f "report-$SHARD.json" ]; then exit "$code"',
+        "shellcheck reported issue",
+    ),
+    "a runner label nobody configured": (
+        'runs-on: [self-hosted, "${{ matrix.runner }}"]',
+        "runs-on: [self-hosted, h200-typo]",
+        'label "h200-typo" is unknown',
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BREAKAGES))
+def test_actionlint_fails_a_broken_workflow(what: str, tmp_path: Path) -> None:
+    before, after, message = BREAKAGES[what]
+    text = (WORKFLOWS / "perf.yml").read_text()
+    assert text.count(before) == 1, f"perf.yml changed: update the {what!r} breakage"
+    broken = tmp_path / ".github" / "workflows" / "perf.yml"
+    broken.parent.mkdir(parents=True)
+    broken.write_text(text.replace(before, after))
+    result = actionlint(broken, cwd=tmp_path)
+    assert result.returncode != 0
+    assert message in result.stdout, result.stdout
+
+
+# ---- ci.yml --------------------------------------------------------------------------------
+
+
+def normalize(cmd: list[str]) -> list[str]:
+    """A command without `--quiet`: how much pip prints is not what is installed."""
+    return [t for t in cmd if t != "--quiet"]
+
+
+def is_install_lint_or_test(cmd: list[str]) -> bool:
+    if cmd[:4] == ["python", "-m", "pip", "install"]:
+        return "--upgrade" not in cmd  # upgrading pip itself is not part of the recipe
+    return cmd[:1] == ["ruff"] or cmd[:3] == ["python", "-m", "pytest"]
+
+
+def test_ci_installs_and_tests_exactly_as_ci_run() -> None:
+    """Each install, lint and test command of .ci/run is a command of ci.yml."""
+    recipe = [c for c in commands((ROOT / ".ci" / "run").read_text()) if is_install_lint_or_test(c)]
+    assert len(recipe) >= 4, recipe
+    workflow = [normalize(c) for s in run_scripts(load("ci.yml")) for c in commands(s)]
+    for cmd in recipe:
+        assert normalize(cmd) in workflow, f"ci.yml lacks {shlex.join(cmd)!r} from .ci/run"
+
+
+def test_ci_tests_python_3_10_to_3_12() -> None:
+    (job,) = load("ci.yml")["jobs"].values()
+    assert job["strategy"]["matrix"]["python"] == ["3.10", "3.11", "3.12"]
+
+
+# ---- perf.yml ------------------------------------------------------------------------------
+
+
+def test_perf_runs_on_pull_requests_and_nightly_with_the_long_term_profile() -> None:
+    perf = load("perf.yml")
+    assert "pull_request" in perf["on"] and perf["on"]["schedule"]
+    assert "schedule' && 'long_term'" in perf["env"]["PROFILE"]
+
+
+def test_perf_shards_runners_and_labels_agree() -> None:
+    perf = load("perf.yml")
+    matrix = perf["jobs"]["check"]["strategy"]["matrix"]
+    assert matrix["shard"] == list(range(1, int(perf["env"]["SHARDS"]) + 1))
+    assert perf["jobs"]["report"]["env"]["RUNNERS"].split() == matrix["runner"]
+    platforms = {i["runner"]: i["platform"] for i in matrix["include"]}
+    assert platforms == {"h100": "cuda", "mi300": "rocm", "ascend-a2": "npu"}
+    labels = yaml.safe_load(CONFIG.read_text())["self-hosted-runner"]["labels"]
+    assert set(matrix["runner"]) <= set(labels)
+
+
+def test_perf_checks_shards_merges_and_comments_once() -> None:
+    perf = load("perf.yml")
+    scripts = "\n".join(run_scripts(perf))
+    assert '--shard "$SHARD/$SHARDS"' in scripts and '--report "report-$SHARD.json"' in scripts
+    assert "perfguard merge" in scripts and "$GITHUB_STEP_SUMMARY" in scripts
+    assert MARKER in scripts
+    (comment,) = [
+        s for s in perf["jobs"]["report"]["steps"] if "github-script" in s.get("uses", "")
+    ]
+    script = comment["with"]["script"]
+    assert MARKER in script and "updateComment" in script and "createComment" in script
+    assert perf["jobs"]["report"]["permissions"]["pull-requests"] == "write"
+    assert perf["jobs"]["report"]["steps"][-1]["run"].strip().endswith('exit "$CODE"')
+
+
+def test_every_perfguard_command_in_the_workflows_exists_with_those_flags() -> None:
+    used = 0
+    for name in ("ci.yml", "perf.yml"):
+        for script in run_scripts(load(name)):
+            for cmd in commands(script):
+                if cmd[0] != "perfguard":
+                    continue
+                used += 1
+                command: click.Command = cli
+                words = iter(cmd[1:])
+                for word in words:
+                    if not isinstance(command, click.Group):
+                        break
+                    sub = command.get_command(click.Context(command), word)
+                    assert sub is not None, f"{name}: no command {word!r} in {shlex.join(cmd)!r}"
+                    command = sub
+                known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+                for token in cmd:
+                    flag = token.split("=", 1)[0]
+                    if flag.startswith("--"):
+                        assert flag in known, f"{name}: {shlex.join(cmd)!r}: unknown {flag}"
+    assert used >= 3
