@@ -18,7 +18,13 @@ from rich.table import Table
 
 from perfguard import __version__
 from perfguard.cases import Case, load_registry, select
-from perfguard.errors import EXIT_CODES_HELP, EXIT_USAGE, PerfguardError
+from perfguard.errors import (
+    EXIT_CASE_FAILED,
+    EXIT_CODES_HELP,
+    EXIT_OK,
+    EXIT_USAGE,
+    PerfguardError,
+)
 from perfguard.platform import PLATFORM_NAMES, Platform, availability, fingerprint, probe
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -79,6 +85,75 @@ def selected_cases(
     return cases
 
 
+def shard_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--shard k/n (perfguard.shard), on every command that selects cases."""
+    return click.option(
+        "--shard",
+        "shard_spec",
+        default=None,
+        metavar="K/N",
+        help="Only shard K of N (K from 1): a deterministic split balanced by expected time "
+        "(estimated_time_s, else the baseline's e2e); every case is in exactly one shard.",
+    )(fn)
+
+
+def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--devices / --isolate / --factory (perfguard.workers), for commands that run cases."""
+    options = [
+        click.option(
+            "--devices",
+            "devices_spec",
+            default=None,
+            metavar="0,1,...",
+            help="One worker process per device, pinned with CUDA_VISIBLE_DEVICES / "
+            "HIP_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES; a case with num_devices > 1 "
+            "runs through torchrun on that many of them.",
+        ),
+        click.option(
+            "--isolate",
+            is_flag=True,
+            help="Run each case in a fresh subprocess; --timeout kills it (process tree).",
+        ),
+        click.option(
+            "--factory",
+            "factory_spec",
+            default=None,
+            metavar="MODULE:FUNCTION",
+            help="Build each case's pipeline with this callable (case, platform) -> "
+            "pipeline instead of perfguard's workloads (env: PERFGUARD_FACTORY).",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def sharded(cases: list[Case], shard_spec: str | None, baseline_path: str | None) -> list[Case]:
+    """The cases of `--shard`; says so on stderr when this shard has none."""
+    from perfguard.shard import shard_selection
+
+    chosen = shard_selection(cases, shard_spec, baseline_path)
+    if shard_spec and not chosen:
+        click.echo(f"perfguard: shard {shard_spec} has no case ({len(cases)} selected)", err=True)
+    return chosen
+
+
+def run_selected(
+    cases: list[Case],
+    platform: Platform,
+    devices_spec: str | None,
+    isolate: bool,
+    factory_spec: str | None,
+    **settings: Any,
+) -> Any:
+    """Run in this process, or in worker processes (perfguard.workers.execute)."""
+    from perfguard.workers import execute, factory_from, parse_devices
+
+    devices = parse_devices(devices_spec)
+    factory = factory_from(factory_spec)
+    return execute(cases, platform, devices=devices, isolate=isolate, factory=factory, **settings)
+
+
 # ---- group -------------------------------------------------------------------------------------
 
 
@@ -136,6 +211,15 @@ def env(platform_name: str | None, as_json: bool) -> None:
 @cli.command("list-cases", context_settings=CONTEXT_SETTINGS)
 @platform_option
 @selection_options
+@shard_option
+@click.option(
+    "--baseline",
+    "baseline_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --shard: the baseline whose e2e times cases without estimated_time_s "
+    "(default: baselines/<platform>/<hardware-slug>.json, as check uses).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of case objects.")
 def list_cases(
     platform_name: str | None,
@@ -143,11 +227,16 @@ def list_cases(
     case_ids: tuple[str, ...],
     match: str | None,
     tags: tuple[str, ...],
+    shard_spec: str | None,
+    baseline_path: str | None,
     as_json: bool,
 ) -> None:
     """List the cases selected for this platform, with the file each came from."""
     platform = probe(platform_name)
     cases = select(load_registry(platform.name, cases_dir), case_ids, match, tags)
+    if shard_spec:
+        path = _baseline_path(baseline_path, platform.name, platform.hardware_slug())
+        cases = sharded(cases, shard_spec, path)
     if as_json:
         click.echo(json.dumps([c.to_json() for c in cases], indent=2, sort_keys=True))
         return
@@ -254,3 +343,739 @@ def ab_command(
     if json_out:
         write_json_atomic(json_out, result.to_json())
     return 0
+
+
+# ---- run / gen-baselines / check (baselines and reports) ---------------------------------------
+#
+# The options below are shared by the commands that run cases, so that a new one (say
+# `--shard k/n`) is added in one place: `measure_options` for how cases are run,
+# `selected_cases` for which.
+
+
+def measure_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--repeats / --warmup / --timeout / --sync / --progress, for commands that run cases."""
+    options = [
+        click.option(
+            "--repeats",
+            default=5,
+            show_default=True,
+            type=click.IntRange(min=1),
+            help="Measured runs per case.",
+        ),
+        click.option(
+            "--warmup",
+            default=1,
+            show_default=True,
+            type=click.IntRange(min=0),
+            help="Untimed runs per case first (one-off costs: allocator, autotuning).",
+        ),
+        click.option(
+            "--timeout",
+            default=None,
+            type=click.FloatRange(min=0, min_open=True),
+            help="Seconds a case may take; past it the case is an error, the others run.",
+        ),
+        click.option(
+            "--sync",
+            default="none",
+            show_default=True,
+            type=click.Choice(["none", "stage"]),
+            help="Synchronize the device at every stage boundary (debugging).",
+        ),
+        click.option(
+            "--progress/--no-progress",
+            default=None,
+            help="Progress bar (default: only on a terminal).",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def inject_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--inject",
+        default=None,
+        metavar="STAGE=+N%",
+        help="Slow a stage down by N % with real busy work, to prove the gate catches it "
+        "(env: PERFGUARD_INJECT).",
+    )(fn)
+
+
+def baseline_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--baseline",
+        "baseline_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Baseline file (default: baselines/<platform>/<hardware-slug>.json).",
+    )(fn)
+
+
+def _baseline_path(option: str | None, platform: str, hardware: str) -> str:
+    from perfguard.baseline import default_path
+
+    return option or str(default_path(platform, hardware))
+
+
+def _load_baseline(path: str) -> Any:
+    """Load the baseline a check compares with; a missing file says how to make one."""
+    import os
+
+    from perfguard import baseline as store
+
+    if not os.path.exists(path):
+        raise PerfguardError(
+            f"{path}: no baseline file: measure one with `perfguard gen-baselines` "
+            "on this hardware, or pass --baseline"
+        )
+    return store.load(path)
+
+
+def _results_table(results: Any) -> Table:
+    from perfguard.metrics import unit
+
+    table = Table(title=escape(f"results ({results.platform} / {results.hardware})"))
+    for col in ("case", "status", "e2e", "DenoisingStage", "peak memory", "n", "output"):
+        table.add_column(col, justify="left" if col in ("case", "status", "output") else "right")
+    for cid, res in sorted(results.cases.items()):
+
+        def med(metric: str, samples: dict[str, list[float]] = res.samples) -> str:
+            values = sorted(samples.get(metric, []))
+            return f"{values[len(values) // 2]:.3f} {unit(metric)}" if values else "-"
+
+        status = res.status if res.status == "ok" else f"error: {res.error}"
+        table.add_row(
+            escape(cid),
+            escape(status),
+            med("e2e"),
+            med("stage:DenoisingStage"),
+            med("peak_memory"),
+            str(res.repeats),
+            escape(res.output_hash or "-"),
+        )
+    return table
+
+
+@cli.command("run", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@platform_option
+@selection_options
+@shard_option
+@measure_options
+@worker_options
+@inject_option
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write every sample to this results file (input of `check --results`).",
+)
+def run_command(
+    platform_name: str | None,
+    cases_dir: str | None,
+    case_ids: tuple[str, ...],
+    match: str | None,
+    tags: tuple[str, ...],
+    shard_spec: str | None,
+    repeats: int,
+    warmup: int,
+    timeout: float | None,
+    sync: str,
+    progress: bool | None,
+    devices_spec: str | None,
+    isolate: bool,
+    factory_spec: str | None,
+    inject: str | None,
+    out: str | None,
+) -> int:
+    """Run the selected cases: WARMUP untimed plus REPEATS measured runs each.
+
+    Records every sample of every metric (stages, denoising steps, e2e, average and median
+    step, peak memory) and each output's hash. A case that raises or times out is recorded
+    as an error and the others still run (exit 3).
+    """
+    from perfguard.inject import inject_from
+    from perfguard.report import write_results
+
+    injection = inject_from(inject)
+    platform = probe(platform_name)
+    cases = selected_cases(platform, cases_dir, case_ids, match, tags)
+    split_by = _baseline_path(None, platform.name, platform.hardware_slug())
+    cases = sharded(cases, shard_spec, split_by)
+    results = run_selected(
+        cases,
+        platform,
+        devices_spec,
+        isolate,
+        factory_spec,
+        repeats=repeats,
+        warmup=warmup,
+        timeout=timeout,
+        sync=sync,
+        inject=injection,
+        progress=progress,
+    )
+    if out:
+        write_results(out, results)
+    console().print(_results_table(results))
+    if out:
+        console().print(escape(f"results written to {out}"))
+    failed = any(r.status != "ok" for r in results.cases.values())
+    return EXIT_CASE_FAILED if failed else EXIT_OK
+
+
+@cli.command("gen-baselines", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@platform_option
+@selection_options
+@baseline_option
+@shard_option
+@measure_options
+@worker_options
+@click.option("--tighten", is_flag=True, help="Only ever lower figures (keep lower old ones).")
+@click.option("--prune", is_flag=True, help="Drop scenarios whose case no longer exists.")
+@click.option("--inject", default=None, hidden=True)
+def gen_baselines(
+    platform_name: str | None,
+    cases_dir: str | None,
+    case_ids: tuple[str, ...],
+    match: str | None,
+    tags: tuple[str, ...],
+    baseline_path: str | None,
+    shard_spec: str | None,
+    repeats: int,
+    warmup: int,
+    timeout: float | None,
+    sync: str,
+    progress: bool | None,
+    devices_spec: str | None,
+    isolate: bool,
+    factory_spec: str | None,
+    tighten: bool,
+    prune: bool,
+    inject: str | None,
+) -> int:
+    """Measure the selected cases and store them in the baseline file.
+
+    Only the selected cases are updated; the others, and every case's notes and
+    tolerance_overrides, are kept. The file is saved after each case, under a file lock,
+    so an interrupt loses at most the case in flight. Refuses fault injection and
+    refuses to touch a baseline it cannot read.
+    """
+    from perfguard import baseline as store
+    from perfguard.inject import ENV_INJECT, inject_from
+    from perfguard.runner import CaseResult
+
+    if inject is not None or inject_from(None):
+        source = "--inject" if inject is not None else f"${ENV_INJECT}"
+        raise PerfguardError(
+            f"gen-baselines refuses fault injection ({source} is set): "
+            "a baseline must never contain injected time"
+        )
+    platform = probe(platform_name)
+    cases = selected_cases(platform, cases_dir, case_ids, match, tags)
+    path = _baseline_path(baseline_path, platform.name, platform.hardware_slug())
+    environment = fingerprint(platform)
+    with store.lock(path):
+        store.open_for_update(path, environment)  # refuse an unreadable file before measuring
+    cases = sharded(cases, shard_spec, path)
+    out = console()
+    saved: list[str] = []
+
+    def on_case(result: CaseResult) -> None:
+        if result.status != "ok":
+            out.print(escape(f"{result.case_id}: error, baseline not updated: {result.error}"))
+            return
+        store.record_case(path, result, environment, tighten=tighten)
+        saved.append(result.case_id)
+        e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
+        out.print(escape(f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}) saved"))
+
+    results = run_selected(
+        cases,
+        platform,
+        devices_spec,
+        isolate,
+        factory_spec,
+        repeats=repeats,
+        warmup=warmup,
+        timeout=timeout,
+        sync=sync,
+        progress=progress,
+        on_case=on_case,
+    )
+    if prune:
+        known = {c.id for c in load_registry(platform.name, cases_dir)}
+        dropped = store.prune(path, known)
+        if dropped:
+            out.print(escape(f"pruned {len(dropped)} scenario(s): {', '.join(dropped)}"))
+    mode = "tightened" if tighten else "updated"
+    out.print(escape(f"{path}: {mode} {len(saved)} of {len(cases)} case(s)"))
+    failed = any(r.status != "ok" for r in results.cases.values())
+    return EXIT_CASE_FAILED if failed else EXIT_OK
+
+
+def _filter_results(
+    results: Any, case_ids: tuple[str, ...], match: str | None, tags: tuple[str, ...]
+) -> Any:
+    """Apply --case / --match / --tag to a results file (tags from each result's case)."""
+    import re
+
+    unknown = [i for i in case_ids if i not in results.cases]
+    if unknown:
+        raise PerfguardError(f"unknown case id(s) in the results: {', '.join(unknown)}")
+    try:
+        pattern = re.compile(match) if match else None
+    except re.error as exc:
+        raise PerfguardError(f"--match: invalid regular expression {match!r}: {exc}") from exc
+    kept = {
+        cid: r
+        for cid, r in results.cases.items()
+        if (not case_ids or cid in case_ids)
+        and (pattern is None or pattern.search(cid))
+        and (not tags or set(tags) & set(r.case.get("tags", ())))
+    }
+    if not kept:
+        raise PerfguardError("no case of the results matches the selection")
+    results.cases = kept
+    return results
+
+
+@cli.command("check", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@platform_option
+@selection_options
+@baseline_option
+@shard_option
+@measure_options
+@worker_options
+@inject_option
+@click.option(
+    "--results",
+    "results_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Check this results file (from `perfguard run --out`) instead of running cases.",
+)
+@click.option(
+    "--sglang-perf-log",
+    "perf_log",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Check the requests of sglang's performance.log (needs --baseline).",
+)
+@click.option(
+    "--profile",
+    default="pr_test",
+    show_default=True,
+    help="Tolerance profile of the baseline: pr_test or long_term.",
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the JSON report here.",
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the Markdown report (a PR comment) here.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the results of the cases run here.",
+)
+@click.option(
+    "--fail-on-missing",
+    is_flag=True,
+    help="Missing baselines, missing and new stages fail the check (exit 1).",
+)
+@click.option("--advisory", is_flag=True, help="Report regressions but never fail on them.")
+@click.option("--all-metrics", is_flag=True, help="Show passing step metrics in the table too.")
+def check(
+    platform_name: str | None,
+    cases_dir: str | None,
+    case_ids: tuple[str, ...],
+    match: str | None,
+    tags: tuple[str, ...],
+    baseline_path: str | None,
+    shard_spec: str | None,
+    repeats: int,
+    warmup: int,
+    timeout: float | None,
+    sync: str,
+    progress: bool | None,
+    devices_spec: str | None,
+    isolate: bool,
+    factory_spec: str | None,
+    inject: str | None,
+    results_file: str | None,
+    perf_log: str | None,
+    profile: str,
+    report_path: str | None,
+    markdown_path: str | None,
+    out: str | None,
+    fail_on_missing: bool,
+    advisory: bool,
+    all_metrics: bool,
+) -> int:
+    """Run the selected cases (or read --results) and judge each metric against the baseline.
+
+    A metric regresses when its median exceeds max(b * (1 + rel), b + abs), with rel and
+    abs from the baseline's profile for the metric's class. Verdicts: pass, regression,
+    improvement (a stale baseline, never a failure), missing-baseline, missing-stage,
+    new-stage, error.
+    """
+    from perfguard import baseline as store
+    from perfguard import report as rep
+    from perfguard.inject import describe, inject_from
+    from perfguard.sglang import NOT_IN_PERF_LOG, perf_log_results, read_perf_log
+    from perfguard.verdict import judge
+
+    if results_file and perf_log:
+        raise PerfguardError("use either --results or --sglang-perf-log, not both")
+    injection = inject_from(inject) if not (results_file or perf_log) else {}
+    if inject and (results_file or perf_log):
+        raise PerfguardError("--inject needs cases to run: it cannot apply to --results")
+    if (shard_spec or devices_spec or isolate or factory_spec) and (results_file or perf_log):
+        raise PerfguardError(
+            "--shard, --devices, --isolate and --factory need cases to run: "
+            "they cannot apply to --results or --sglang-perf-log"
+        )
+    ignore_missing: tuple[str, ...] = ()
+    settings: dict[str, Any]
+    if perf_log:
+        if not baseline_path:
+            raise PerfguardError("--sglang-perf-log needs --baseline (the log names no platform)")
+        path = baseline_path
+        baseline = _load_baseline(path)
+        case_id = case_ids[0] if len(case_ids) == 1 else None
+        if len(case_ids) > 1:
+            raise PerfguardError("--sglang-perf-log takes at most one --case")
+        results = perf_log_results(
+            read_perf_log(perf_log), baseline, case_id=case_id, source=perf_log
+        )
+        ignore_missing = NOT_IN_PERF_LOG
+        settings = {"source": "sglang-perf-log", "perf_log": perf_log, "inject": None}
+    elif results_file:
+        results = _filter_results(rep.read_results(results_file), case_ids, match, tags)
+        path = _baseline_path(baseline_path, results.platform, results.hardware)
+        baseline = _load_baseline(path)
+        if results.platform != baseline.platform:
+            raise PerfguardError(
+                f"{results_file} is from platform {results.platform!r} but {path} is a "
+                f"baseline for {baseline.platform!r}"
+            )
+        settings = {
+            "source": "results",
+            "results_file": results_file,
+            "repeats": results.settings.get("repeats"),
+            "warmup": results.settings.get("warmup"),
+            "inject": results.settings.get("inject"),
+        }
+    else:
+        platform = probe(platform_name)
+        cases = selected_cases(platform, cases_dir, case_ids, match, tags)
+        path = _baseline_path(baseline_path, platform.name, platform.hardware_slug())
+        baseline = _load_baseline(path)  # before running anything: a bad file fails fast
+        store.check_platform(baseline, platform.name, path)
+        baseline.profile(profile)
+        cases = sharded(cases, shard_spec, path)
+        results = run_selected(
+            cases,
+            platform,
+            devices_spec,
+            isolate,
+            factory_spec,
+            repeats=repeats,
+            warmup=warmup,
+            timeout=timeout,
+            sync=sync,
+            inject=injection,
+            progress=progress,
+        )
+        if out:
+            rep.write_results(out, results)
+        settings = {
+            "source": "run",
+            "repeats": repeats,
+            "warmup": warmup,
+            "sync": sync,
+            "inject": describe(injection),
+            "shard": shard_spec,
+            "devices": devices_spec,
+            "isolate": isolate,
+        }
+    if results.hardware != baseline.hardware and not perf_log:
+        click.echo(
+            f"perfguard: warning: results are from hardware {results.hardware!r}, "
+            f"the baseline from {baseline.hardware!r}",
+            err=True,
+        )
+    judgement = judge(
+        results,
+        baseline,
+        profile,
+        fail_on_missing=fail_on_missing,
+        advisory=advisory,
+        ignore_missing=ignore_missing,
+    )
+    report = rep.build(
+        judgement,
+        environment=results.environment,
+        baseline_info={
+            "path": str(path),
+            "sha256": store.file_sha256(path),
+            "platform": baseline.platform,
+            "hardware": baseline.hardware,
+            "updated": baseline.metadata.get("updated"),
+        },
+        profile=baseline.profile(profile).to_json(),
+        settings=settings,
+        improvement_threshold=baseline.improvement_threshold,
+    )
+    _emit_report(report, report_path, markdown_path, all_metrics)
+    return report.exit_code
+
+
+def _emit_report(
+    report: Any, report_path: str | None, markdown_path: str | None, all_metrics: bool
+) -> None:
+    """Write the JSON / Markdown files asked for, the job summary, and the console table."""
+    from perfguard import report as rep
+
+    if report_path:
+        rep.write_report(report_path, report)
+    markdown = rep.render_markdown(report)
+    if markdown_path:
+        rep.write_markdown(markdown_path, markdown)
+    rep.append_step_summary(markdown)
+    rep.render_table(report, console(), all_metrics=all_metrics)
+
+
+# ---- baselines ---------------------------------------------------------------------------------
+
+
+@cli.group("baselines", context_settings=CONTEXT_SETTINGS)
+def baselines_group() -> None:
+    """Inspect, compare and import baseline files."""
+
+
+@baselines_group.command("validate", context_settings=CONTEXT_SETTINGS)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def baselines_validate(paths: tuple[str, ...]) -> int:
+    """Check each baseline file against the schema; exit 2 if any is invalid."""
+    from perfguard import baseline as store
+
+    bad = 0
+    for path in paths:
+        try:
+            b = store.load(path)
+        except PerfguardError as exc:
+            bad += 1
+            click.echo(f"invalid: {exc}", err=True)
+            continue
+        console().print(
+            escape(f"ok: {path} ({b.platform}/{b.hardware}, {len(b.scenarios)} scenario(s))")
+        )
+    if bad:
+        raise PerfguardError(f"{bad} of {len(paths)} baseline file(s) are invalid")
+    return EXIT_OK
+
+
+@baselines_group.command("show", context_settings=CONTEXT_SETTINGS)
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--case", "case_id", default=None, help="Only this scenario.")
+@click.option("--json", "as_json", is_flag=True, help="Print the (selected) JSON.")
+def baselines_show(path: str, case_id: str | None, as_json: bool) -> int:
+    """Print a baseline's metadata, tolerance profiles and scenarios."""
+    from perfguard import baseline as store
+    from perfguard.jsonio import dumps
+
+    b = store.load(path)
+    if case_id is not None and case_id not in b.scenarios:
+        raise PerfguardError(f"{path}: no scenario {case_id!r}")
+    ids = [case_id] if case_id else sorted(b.scenarios)
+    if as_json:
+        data = b.to_json()
+        click.echo(dumps(data["scenarios"][case_id] if case_id else data), nl=False)
+        return EXIT_OK
+    out = console()
+    meta = b.metadata
+    out.print(
+        escape(
+            f"{path}: {b.platform}/{b.hardware}, updated {meta.get('updated')}, "
+            f"git {str(meta.get('git_commit') or '-')[:12]}, {len(b.scenarios)} scenario(s)"
+            + (" [advisory]" if meta.get("advisory") else "")
+        )
+    )
+    prof = Table(title="tolerance profiles (rel / abs)")
+    prof.add_column("class")
+    for name in sorted(b.profiles):
+        prof.add_column(escape(name + (" (advisory)" if b.profiles[name].advisory else "")))
+    from perfguard.metrics import METRIC_CLASSES
+
+    for cls in METRIC_CLASSES:
+        prof.add_row(
+            cls,
+            *(
+                f"{b.profiles[n].rel[cls]:g} / {b.profiles[n].abs[cls]:g}"
+                for n in sorted(b.profiles)
+            ),
+        )
+    out.print(prof)
+    for cid in ids:
+        s = b.scenarios[cid]
+        table = Table(title=escape(cid + (f" — {s.notes}" if s.notes else "")))
+        for col in ("metric", "median", "n", "iqr", "min", "max", "override"):
+            table.add_column(col, justify="left" if col in ("metric", "override") else "right")
+        for metric, summ in s.metrics.items():
+            ov = s.tolerance_overrides.get(metric)
+
+            def f(v: float | None) -> str:
+                return "-" if v is None else f"{v:.3f}"
+
+            table.add_row(
+                escape(metric),
+                f(summ.median),
+                str(summ.n),
+                f(summ.iqr),
+                f(summ.min),
+                f(summ.max),
+                escape(json.dumps(ov)) if ov else "",
+            )
+        out.print(table)
+    return EXIT_OK
+
+
+@baselines_group.command("diff", context_settings=CONTEXT_SETTINGS)
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def baselines_diff(a: str, b: str, as_json: bool) -> int:
+    """Compare two baseline files: scenarios added / removed, medians and tolerances changed."""
+    from perfguard import baseline as store
+    from perfguard.jsonio import dumps
+
+    d = store.diff(store.load(a), store.load(b))
+    if as_json:
+        click.echo(dumps(d.to_json()), nl=False)
+        return EXIT_OK
+    out = console()
+    if d.empty:
+        out.print("no difference in scenarios, figures or tolerances")
+        return EXIT_OK
+    for label, ids in (("added", d.added), ("removed", d.removed)):
+        if ids:
+            out.print(escape(f"{label}: {', '.join(ids)}"))
+    if d.tolerance_changes:
+        out.print(escape(f"tolerances changed: {', '.join(d.tolerance_changes)}"))
+    if d.changed:
+        table = Table(title=escape(f"{a} -> {b}"))
+        for col in ("case", "metric", "old", "new", "new/old"):
+            table.add_column(col, justify="left" if col in ("case", "metric") else "right")
+        for row in d.changed:
+            ratio = row.ratio
+            table.add_row(
+                escape(row.case_id),
+                escape(row.metric),
+                "-" if row.old is None else f"{row.old:.3f}",
+                "-" if row.new is None else f"{row.new:.3f}",
+                "-" if ratio is None else f"{ratio:.3f}",
+            )
+        out.print(table)
+    return EXIT_OK
+
+
+@baselines_group.command("import-sglang", context_settings=CONTEXT_SETTINGS)
+@click.argument("src", type=click.Path(dir_okay=False))
+@click.option(
+    "--out",
+    "dst",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The perfguard baseline to write.",
+)
+@click.option(
+    "--platform",
+    "platform_name",
+    type=click.Choice(PLATFORM_NAMES),
+    default=None,
+    help="Platform of the figures (default: guessed from the file: npu, rocm, cuda).",
+)
+@click.option(
+    "--hardware", default=None, help="Hardware slug (default: from the file's metadata.hardware)."
+)
+def baselines_import_sglang(
+    src: str, dst: str, platform_name: str | None, hardware: str | None
+) -> int:
+    """Convert an sglang perf_baselines.json into a perfguard baseline, keeping every figure.
+
+    Fields with no perfguard equivalent are kept verbatim under `sglang_extra`.
+    """
+    from perfguard import baseline as store
+    from perfguard.sglang import import_file
+
+    b = import_file(src, platform=platform_name, hardware=hardware)
+    with store.lock(dst):
+        store.save(dst, b)
+    console().print(
+        escape(
+            f"{dst}: {len(b.scenarios)} scenario(s) imported from {src} ({b.platform}/{b.hardware})"
+        )
+    )
+    return EXIT_OK
+
+
+# ---- report / merge ----------------------------------------------------------------------------
+
+
+@cli.group("report", context_settings=CONTEXT_SETTINGS)
+def report_group() -> None:
+    """Render check reports."""
+
+
+@report_group.command("render", context_settings=CONTEXT_SETTINGS)
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option(
+    "--format", "fmt", type=click.Choice(["md", "table", "json"]), default="md", show_default=True
+)
+@click.option("--all-metrics", is_flag=True, help="Table: show passing step metrics too.")
+def report_render(path: str, fmt: str, all_metrics: bool) -> int:
+    """Render a JSON report as Markdown (a PR comment), a console table or JSON."""
+    from perfguard import report as rep
+
+    report = rep.read_report(path)
+    if fmt == "md":
+        click.echo(rep.render_markdown(report), nl=False)
+    elif fmt == "json":
+        click.echo(rep.render_json(report), nl=False)
+    else:
+        rep.render_table(report, console(), all_metrics=all_metrics)
+    return EXIT_OK
+
+
+@cli.command("merge", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Merged report.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the merged Markdown report here.",
+)
+def merge_command(paths: tuple[str, ...], out: str, markdown_path: str | None) -> int:
+    """Combine the reports of shards (disjoint case sets) into one; exits with its code."""
+    from perfguard import report as rep
+
+    merged = rep.merge([rep.read_report(p) for p in paths], sources=list(paths))
+    rep.write_report(out, merged)
+    if markdown_path:
+        rep.write_markdown(markdown_path, rep.render_markdown(merged))
+    console().print(escape(rep.summary_line(merged)))
+    return merged.exit_code

@@ -1,0 +1,557 @@
+"""Reports: the verdicts of one check as a versioned JSON file, and their renderings.
+
+A report is everything a reviewer needs without re-running anything: where the figures
+came from (environment), what they were compared with (the baseline file and its
+sha256), under which profile, and per case and metric the sample summary, the baseline,
+the bound, the ratio and the verdict; the output hashes; the overall verdict and exit
+code. `perfguard report render` turns it into Markdown (a PR comment), a console table
+or JSON; `perfguard merge` joins the reports of shards that ran disjoint case sets.
+
+This module renders and combines; it decides nothing. The overall verdict of a merged
+report is recomputed by `perfguard.verdict.overall`, from the same rules as a single one.
+
+Markdown is written for untrusted text: case ids, notes and error messages come from
+files anyone can edit in a PR, so every such string is escaped (HTML special characters
+as entities, Markdown punctuation with backslashes, `@` and `#` as entities so that a
+note cannot ping people or link issues) before it reaches a PR comment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shlex
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from perfguard.errors import PerfguardError
+from perfguard.jsonio import json_path, read_json, validate, write_json_atomic
+from perfguard.metrics import metric_sort_key, unit
+from perfguard.runner import Results, utc_now
+from perfguard.verdict import (
+    ERROR,
+    IMPROVEMENT,
+    MISSING,
+    MISSING_BASELINE,
+    PASS,
+    REGRESSION,
+    SEVERITY,
+    CaseVerdict,
+    Judgement,
+    MetricVerdict,
+)
+
+REPORT_KIND = "perfguard.report"
+REPORT_SCHEMA_VERSION = 1
+
+
+# ---- results files -------------------------------------------------------------------------
+
+
+def read_results(path: str | os.PathLike[str]) -> Results:
+    """Read and validate a results file written by `perfguard run --out` (or `check --out`)."""
+    return Results.from_json(_read_checked(path, "results"))
+
+
+def _read_checked(path: str | os.PathLike[str], schema_name: str) -> dict[str, Any]:
+    """Read `path`, refuse infinite numbers (`1e400`), validate against `schema_name`."""
+    from perfguard.baseline import non_finite
+
+    data = read_json(path)
+    where = non_finite(data)
+    if where is not None:
+        raise PerfguardError(f"{path}: {json_path(where)}: is not a finite number")
+    validate(data, schema_name, str(path))
+    return data
+
+
+def write_results(path: str | os.PathLike[str], results: Results) -> None:
+    data = results.to_json()
+    validate(data, "results", f"{path} (about to be written)")
+    write_json_atomic(path, data)
+
+
+# ---- model ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    """A check's verdicts with the context needed to trust them."""
+
+    judgement: Judgement
+    environment: Mapping[str, Any]
+    baseline: Mapping[str, Any]
+    profile: Mapping[str, Any]
+    settings: Mapping[str, Any]
+    improvement_threshold: float
+    created: str = field(default_factory=utc_now)
+    merged_from: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        return self.judgement.verdict
+
+    @property
+    def exit_code(self) -> int:
+        return self.judgement.exit_code
+
+    @property
+    def cases(self) -> tuple[CaseVerdict, ...]:
+        return self.judgement.cases
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": REPORT_KIND,
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "created": self.created,
+            "environment": dict(self.environment),
+            "baseline": dict(self.baseline),
+            "profile": {**self.profile, "name": self.judgement.profile},
+            "improvement_threshold": self.improvement_threshold,
+            "settings": {
+                **self.settings,
+                "fail_on_missing": self.judgement.fail_on_missing,
+                "advisory": self.judgement.advisory,
+            },
+            "cases": {c.case_id: c.to_json() for c in self.judgement.cases},
+            "counts": self.judgement.counts,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+        }
+        if self.merged_from:
+            out["merged_from"] = [dict(m) for m in self.merged_from]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Report:
+        settings = dict(data["settings"])
+        judgement = Judgement(
+            profile=str(data["profile"]["name"]),
+            cases=tuple(CaseVerdict.from_json(k, v) for k, v in sorted(data["cases"].items())),
+            fail_on_missing=bool(settings.pop("fail_on_missing", False)),
+            advisory=bool(settings.pop("advisory", False)),
+        )
+        profile = {k: v for k, v in data["profile"].items() if k != "name"}
+        return cls(
+            judgement=judgement,
+            environment=dict(data["environment"]),
+            baseline=dict(data["baseline"]),
+            profile=profile,
+            settings=settings,
+            improvement_threshold=float(data["improvement_threshold"]),
+            created=str(data["created"]),
+            merged_from=tuple(data.get("merged_from", ())),
+        )
+
+
+def read_report(path: str | os.PathLike[str]) -> Report:
+    data = _read_checked(path, "report")
+    report = Report.from_json(data)
+    if (report.verdict, report.exit_code) != (data["verdict"], data["exit_code"]):
+        raise PerfguardError(
+            f"{path}: $.verdict: says {data['verdict']!r} (exit {data['exit_code']}) but its "
+            f"cases give {report.verdict!r} (exit {report.exit_code})"
+        )
+    return report
+
+
+def write_report(path: str | os.PathLike[str], report: Report) -> None:
+    data = report.to_json()
+    validate(data, "report", f"{path} (about to be written)")
+    write_json_atomic(path, data)
+
+
+def merge(reports: Sequence[Report], sources: Sequence[str] | None = None) -> Report:
+    """One report from the reports of shards that checked disjoint case sets.
+
+    The shards must have used the same baseline file (same sha256), profile and
+    failure settings; a case in two shards is an error rather than a silent pick.
+    """
+    if not reports:
+        raise PerfguardError("merge: no report given")
+    names = list(sources or [f"report {i + 1}" for i in range(len(reports))])
+    first = reports[0]
+    seen: dict[str, str] = {}
+    for name, rep in zip(names, reports, strict=True):
+        for attr, label in (
+            (lambda r: r.baseline.get("sha256"), "baseline file (sha256)"),
+            (lambda r: r.judgement.profile, "profile"),
+            (lambda r: r.judgement.fail_on_missing, "--fail-on-missing"),
+            (lambda r: r.judgement.advisory, "advisory"),
+            (lambda r: r.environment.get("platform"), "platform"),
+        ):
+            if attr(rep) != attr(first):
+                raise PerfguardError(
+                    f"merge: {name} differs from {names[0]} in its {label}: "
+                    f"{attr(rep)!r} vs {attr(first)!r}"
+                )
+        for case in rep.cases:
+            if case.case_id in seen:
+                raise PerfguardError(
+                    f"merge: case {case.case_id!r} is in both {seen[case.case_id]} and {name}: "
+                    "shards must check disjoint case sets"
+                )
+            seen[case.case_id] = name
+    cases = tuple(sorted((c for r in reports for c in r.cases), key=lambda c: c.case_id))
+    judgement = dataclasses.replace(first.judgement, cases=cases)
+    parts: list[Mapping[str, Any]] = []
+    for name, rep in zip(names, reports, strict=True):
+        if rep.merged_from:
+            parts.extend(rep.merged_from)
+            continue
+        parts.append(
+            {
+                "source": name,
+                "created": rep.created,
+                "hostname": rep.environment.get("hostname"),
+                "git_commit": rep.environment.get("git_commit"),
+                "cases": [c.case_id for c in rep.cases],
+                "verdict": rep.verdict,
+                "exit_code": rep.exit_code,
+                "settings": dict(rep.settings),
+            }
+        )
+    return dataclasses.replace(
+        first, judgement=judgement, created=utc_now(), merged_from=tuple(parts)
+    )
+
+
+# ---- plain-text helpers --------------------------------------------------------------------
+
+
+def fmt_value(value: float | None, metric: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f} {unit(metric)}" if value < 100 else f"{value:.1f} {unit(metric)}"
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _rows(report: Report, all_metrics: bool) -> list[tuple[CaseVerdict, MetricVerdict | None]]:
+    """(case, metric) rows, worst verdict first; a failed case is one row without a metric."""
+    rows: list[tuple[CaseVerdict, MetricVerdict | None]] = []
+    for case in report.cases:
+        if case.verdict == ERROR:
+            rows.append((case, None))
+        for m in case.metrics:
+            quiet = m.verdict == PASS and m.metric.startswith("step:")
+            if all_metrics or not quiet:
+                rows.append((case, m))
+
+    def key(row: tuple[CaseVerdict, MetricVerdict | None]) -> tuple[Any, ...]:
+        case, m = row
+        verdict = ERROR if m is None else m.verdict
+        return (SEVERITY.index(verdict), case.case_id, metric_sort_key(m.metric if m else "e2e"))
+
+    return sorted(rows, key=key)
+
+
+def summary_line(report: Report) -> str:
+    """One line: the verdict and what made it (plain text; escape before Markdown)."""
+    counts = report.judgement.counts
+    n_cases = len(report.cases)
+    parts = [f"{counts[REGRESSION]} regression(s)"]
+    errors = sum(1 for c in report.cases if c.verdict == ERROR)
+    if errors:
+        parts.append(f"{errors} case(s) failed to run")
+    missing = sum(counts[v] for v in MISSING)
+    if missing:
+        parts.append(f"{missing} missing or new metric(s)")
+    if counts[IMPROVEMENT]:
+        parts.append(f"{counts[IMPROVEMENT]} improvement(s)")
+    advisory = " (advisory: not enforced)" if report.judgement.advisory else ""
+    return (
+        f"perfguard {report.verdict.upper()}{advisory}: {', '.join(parts)} "
+        f"in {n_cases} case(s), profile {report.judgement.profile}, "
+        f"exit {report.exit_code}"
+    )
+
+
+# ---- console -------------------------------------------------------------------------------
+
+_STYLE = {
+    REGRESSION: "bold red",
+    ERROR: "bold red",
+    IMPROVEMENT: "green",
+    PASS: "",
+}
+
+
+def render_table(report: Report, console: Console, all_metrics: bool = False) -> None:
+    """A rich table, regressions first: measured, baseline, bound and ratio per metric.
+
+    Passing per-step rows are left out unless `all_metrics` (a 50-step case would bury
+    the rows that matter); the footer says how many. Every cell is a `Text`, so a case id
+    holding rich markup (`[bold]`) prints as written.
+    """
+    table = Table(title=Text(summary_line(report)), title_justify="left")
+    for col, justify in (
+        ("case", "left"),
+        ("metric", "left"),
+        ("verdict", "left"),
+        ("measured", "right"),
+        ("baseline", "right"),
+        ("bound", "right"),
+        ("ratio", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    rows = _rows(report, all_metrics)
+    for case, m in rows:
+        if m is None:
+            table.add_row(
+                Text(case.case_id),
+                Text("-"),
+                Text(ERROR, style=_STYLE[ERROR]),
+                Text(case.error or ""),
+                Text(""),
+                Text(""),
+                Text(""),
+            )
+            continue
+        table.add_row(
+            Text(case.case_id),
+            Text(m.metric),
+            Text(m.verdict, style=_STYLE.get(m.verdict, "yellow")),
+            Text(fmt_value(m.measured.median if m.measured else None, m.metric)),
+            Text(fmt_value(m.baseline.median if m.baseline else None, m.metric)),
+            Text(fmt_value(m.bound, m.metric)),
+            Text(fmt_ratio(m.ratio)),
+        )
+    console.print(table)
+    hidden = sum(len(c.metrics) for c in report.cases) - sum(1 for _, m in rows if m is not None)
+    if hidden:
+        console.print(Text(f"{hidden} passing step metric(s) not shown (see the JSON report)"))
+
+
+# ---- JSON ----------------------------------------------------------------------------------
+
+
+def render_json(report: Report) -> str:
+    from perfguard.jsonio import dumps
+
+    return dumps(report.to_json())
+
+
+# ---- Markdown ------------------------------------------------------------------------------
+
+_MD_PUNCT = re.compile(r"([\\`*_\[\]|~])")
+_MD_ENTITIES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "@": "&#64;", "#": "&#35;"}
+)
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9_.:/+=-]+$")
+
+
+def escape_md(text: object) -> str:
+    """`text` safe in a Markdown table cell or line: no markup, no HTML, no mentions.
+
+    Newlines collapse to spaces (no new block can start); `& < > "` become entities (no
+    HTML, so no `</details>` or `<script>`); `@` and `#` become entities (no mentions or
+    issue links); the inline-markup characters `` \\ ` * _ [ ] | ~ `` get a backslash (no
+    code spans, emphasis, links or images, and no extra table cells). Characters that
+    only matter at the start of a line (`-`, `+`, `=`) never start one here.
+    """
+    s = " ".join(str(text).split())
+    return _MD_PUNCT.sub(r"\\\1", s.translate(_MD_ENTITIES))
+
+
+def tighten_command(report: Report) -> str | None:
+    """The `gen-baselines --tighten` command that takes this report's improvements.
+
+    Only ids and paths made of shell- and Markdown-safe characters are put in it; a case
+    id that is not is left out (its rows in the table still show it, escaped).
+    """
+    ids = sorted({c.case_id for c in report.cases for m in c.metrics if m.verdict == IMPROVEMENT})
+    ids = [i for i in ids if _SAFE_ARG.match(i)]
+    if not ids:
+        return None
+    cmd = ["perfguard", "gen-baselines", "--tighten"]
+    platform = report.environment.get("platform")
+    if isinstance(platform, str) and _SAFE_ARG.match(platform):
+        cmd += ["--platform", platform]
+    path = report.baseline.get("path")
+    if isinstance(path, str) and _SAFE_ARG.match(path):
+        cmd += ["--baseline", path]
+    for cid in ids:
+        cmd += ["--case", cid]
+    return shlex.join(cmd)
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    numeric = {"measured", "baseline", "bound", "ratio"}
+    aligns = ["---:" if h in numeric else "---" for h in header]
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(aligns) + " |"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _metric_row(case: CaseVerdict, m: MetricVerdict, with_verdict: bool) -> list[str]:
+    row = [escape_md(case.case_id), escape_md(m.metric)]
+    if with_verdict:
+        row.append(escape_md(m.verdict))
+    row += [
+        escape_md(fmt_value(m.measured.median if m.measured else None, m.metric)),
+        escape_md(fmt_value(m.baseline.median if m.baseline else None, m.metric)),
+        escape_md(fmt_value(m.bound, m.metric)),
+        escape_md(fmt_ratio(m.ratio)),
+    ]
+    return row
+
+
+def render_markdown(report: Report) -> str:
+    """A PR comment: one summary line, regressions, failures, improvements, details."""
+    icon = {"pass": "✅", "fail": "❌", "error": "⚠️"}.get(report.verdict, "")
+    env = report.environment
+    lines = [f"### {icon} {escape_md(summary_line(report))}", ""]
+    context = [
+        f"platform {escape_md(env.get('platform', '?'))} / {escape_md(env.get('hardware', '?'))}",
+        f"baseline {escape_md(report.baseline.get('path', '?'))} "
+        f"(sha256 {escape_md(str(report.baseline.get('sha256', '?'))[:12])})",
+    ]
+    inject = report.settings.get("inject")
+    if inject:
+        context.append(f"**injected slowdown: {escape_md(inject)}**")
+    if report.merged_from:
+        context.append(f"merged from {len(report.merged_from)} shard(s)")
+    lines += [" · ".join(context), ""]
+
+    header = ["case", "metric", "measured", "baseline", "bound", "ratio"]
+    by_verdict: dict[str, list[tuple[CaseVerdict, MetricVerdict]]] = {}
+    for case, m in _rows(report, all_metrics=True):
+        if m is not None:
+            by_verdict.setdefault(m.verdict, []).append((case, m))
+
+    regressions = by_verdict.get(REGRESSION, [])
+    if regressions:
+        lines += [f"#### Regressions ({len(regressions)})", ""]
+        lines += _md_table(header, [_metric_row(c, m, False) for c, m in regressions])
+        lines.append("")
+
+    failed = [c for c in report.cases if c.verdict == ERROR]
+    if failed:
+        lines += [f"#### Cases that failed to run ({len(failed)})", ""]
+        lines += [f"- {escape_md(c.case_id)}: {escape_md(c.error or 'failed')}" for c in failed]
+        lines.append("")
+
+    missing = [(c, m) for v in MISSING for c, m in by_verdict.get(v, [])]
+    no_scenario = sorted({c.case_id for c in report.cases if c.verdict == MISSING_BASELINE})
+    if missing:
+        enforced = " (failing: --fail-on-missing)" if report.judgement.fail_on_missing else ""
+        lines += [f"#### Missing or new metrics ({len(missing)}){enforced}", ""]
+        if no_scenario:
+            ids = ", ".join(escape_md(i) for i in no_scenario)
+            lines += [f"No baseline scenario for: {ids}.", ""]
+        rows = [[*_metric_row(c, m, True)] for c, m in missing if c.verdict != MISSING_BASELINE]
+        if rows:
+            lines += _md_table(["case", "metric", "verdict", *header[2:]], rows)
+        lines.append("")
+
+    improvements = by_verdict.get(IMPROVEMENT, [])
+    if improvements:
+        lines += [
+            f"#### Improvements ({len(improvements)}): the baseline is stale, not a failure",
+            "",
+        ]
+        lines += _md_table(header, [_metric_row(c, m, False) for c, m in improvements])
+        lines.append("")
+        cmd = tighten_command(report)
+        if cmd:
+            lines += [
+                f"To lower the baseline, run on {escape_md(env.get('hardware', '?'))} "
+                "and commit the file:",
+                "",
+                "```sh",
+                cmd,
+                "```",
+                "",
+            ]
+
+    lines += ["<details><summary>All metrics</summary>", ""]
+    for case in report.cases:
+        extra = []
+        if case.output_hash:
+            same = ""
+            if case.baseline_output_hash:
+                same = (
+                    " (same as baseline)"
+                    if case.baseline_output_hash == case.output_hash
+                    else (f" (baseline {escape_md(case.baseline_output_hash)})")
+                )
+            extra.append(f"output {escape_md(case.output_hash)}{same}")
+        if case.notes:
+            extra.append(f"notes: {escape_md(case.notes)}")
+        lines.append(
+            f"**{escape_md(case.case_id)}**: {escape_md(case.verdict)}"
+            + (f" · {' · '.join(extra)}" if extra else "")
+        )
+        lines.append("")
+        if case.metrics:
+            rows = [_metric_row(case, m, True)[1:] for m in case.metrics]
+            lines += _md_table(["metric", "verdict", *header[2:]], rows)
+            lines.append("")
+    lines += ["</details>", ""]
+    return "\n".join(lines)
+
+
+def write_markdown(path: str | os.PathLike[str], markdown: str) -> None:
+    """Write a Markdown report atomically (temporary file, fsync, `os.replace`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(markdown)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def append_step_summary(markdown: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """Append to `$GITHUB_STEP_SUMMARY` when set (GitHub Actions' job summary file)."""
+    target = (env if env is not None else os.environ).get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    path = Path(target)
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    except OSError as exc:
+        raise PerfguardError(f"GITHUB_STEP_SUMMARY={target}: cannot append: {exc}") from exc
+    return path
+
+
+# ---- building ------------------------------------------------------------------------------
+
+
+def build(
+    judgement: Judgement,
+    *,
+    environment: Mapping[str, Any],
+    baseline_info: Mapping[str, Any],
+    profile: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    improvement_threshold: float,
+) -> Report:
+    """Assemble a report (the CLI passes what it knows about the run and the baseline)."""
+    return Report(
+        judgement=judgement,
+        environment=dict(environment),
+        baseline=dict(baseline_info),
+        profile=dict(profile),
+        settings=dict(settings),
+        improvement_threshold=improvement_threshold,
+    )

@@ -1,0 +1,662 @@
+"""The decision: is a measured metric a regression, an improvement, or within its band?
+
+Everything that decides lives here, so that "how a regression is decided" is one file:
+the tolerance profiles and their defaults, how a metric's band is resolved from the
+profile and the overrides, the per-metric verdict, the per-case verdict and the overall
+verdict with its exit code. Baselines (`perfguard.baseline`) store figures and profiles;
+reports (`perfguard.report`) render verdicts; neither decides anything.
+
+The rule, in sglang's words: a metric whose baseline is `b` regresses when its measured
+figure exceeds `max(b * (1 + rel), b + abs)`. It is one-sided (only slowdowns fail). The
+relative part scales with the figure; the absolute pad stops tiny figures (a 0.04 ms
+input validation) from failing on timer and scheduler jitter that no relative tolerance
+can absorb.
+
+The measured figure is the median of the samples, compared with the baseline's median.
+The median, not the mean, because one preempted run (a page-fault storm, a noisy
+neighbour) moves the mean of five samples by 20 % and the median not at all. The samples
+themselves are kept in results, baselines and reports: "Verdicts on noisy machines"
+refines `judge_metric` with rank tests and reruns on exactly this data.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from perfguard.errors import EXIT_CASE_FAILED, EXIT_OK, EXIT_REGRESSION
+from perfguard.metrics import METRIC_CLASSES, metric_class, metric_sort_key, unit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfguard.baseline import Baseline, Scenario
+    from perfguard.runner import CaseResult, Results
+
+# ---- verdict names -------------------------------------------------------------------------
+
+PASS = "pass"
+REGRESSION = "regression"
+IMPROVEMENT = "improvement"
+MISSING_BASELINE = "missing-baseline"
+MISSING_STAGE = "missing-stage"
+NEW_STAGE = "new-stage"
+ERROR = "error"
+
+SEVERITY = (REGRESSION, ERROR, MISSING_BASELINE, MISSING_STAGE, NEW_STAGE, IMPROVEMENT, PASS)
+"""Verdicts from worst to best: a case's verdict is its worst metric's; tables sort by it."""
+VERDICTS = SEVERITY
+MISSING = (MISSING_BASELINE, MISSING_STAGE, NEW_STAGE)
+"""Verdicts about coverage, not speed: reported, and failures only with `--fail-on-missing`."""
+
+OVERALL_PASS = "pass"
+OVERALL_FAIL = "fail"
+OVERALL_ERROR = "error"
+
+# ---- default tolerance profiles --------------------------------------------------------------
+
+PROFILE_NAMES = ("pr_test", "long_term")
+DEFAULT_PROFILE = "pr_test"
+
+DEFAULT_REL: dict[str, dict[str, float]] = {
+    # sglang's pr_test profile (perf_baselines/h100.json); peak memory is ours: allocator
+    # peaks are reproducible to a few percent, 5 % catches a leaked activation buffer.
+    "pr_test": {
+        "e2e": 0.25,
+        "denoise_stage": 0.25,
+        "non_denoise_stage": 0.8,
+        "denoise_step": 0.3,
+        "denoise_agg": 0.2,
+        "peak_memory": 0.05,
+    },
+    # sglang's long_term profile (tighter: nightly runs on a quiet, pinned machine);
+    # 2 % on memory is sglang's `runtime_peak_vram` tolerance.
+    "long_term": {
+        "e2e": 0.15,
+        "denoise_stage": 0.1,
+        "non_denoise_stage": 0.5,
+        "denoise_step": 0.25,
+        "denoise_agg": 0.15,
+        "peak_memory": 0.02,
+    },
+}
+
+DEVICE_ABS: dict[str, float] = {
+    # sglang's absolute pads (ms): 20 for e2e, steps and aggregates, 120 for stages.
+    # Peak memory (MB): 64, about one allocator segment-rounding step on a large model.
+    "e2e": 20.0,
+    "denoise_stage": 120.0,
+    "non_denoise_stage": 120.0,
+    "denoise_step": 20.0,
+    "denoise_agg": 20.0,
+    "peak_memory": 64.0,
+}
+
+CPU_PAD_SCALE = 0.01
+"""CPU profiles carry 1/100 of sglang's millisecond pads.
+
+A pad exists for jitter that does not scale with the figure: timer resolution and
+scheduling on tiny stages. sglang sized its pads (20 ms, 120 ms) for seconds-long GPU
+requests timed through an HTTP server. perfguard times in-process, and the CPU smoke
+cases last ~20 ms, 1/100 to 1/500 of a GPU case: kept as they are, the pads would be
+larger than the stages they guard (a 12 ms pad on a 20 ms denoising stage hides a +50 %
+slowdown) and the gate would be blind. At 1/100 (0.2 ms e2e / steps / aggregates, 1.2 ms
+stages, 4.5 ms decoding, 0.8 ms step 0) they keep the proportion they have on a GPU case
+and stay above what the median of the repeats leaves of that jitter (~0.1 ms).
+Memory pads (MB) are not scaled: they are about allocator granularity, not time.
+"""
+
+DEVICE_FLOORS: dict[str, tuple[float, float]] = {
+    # sglang: a stage whose name ends in DecodingStage gets max(tol, 0.9) and 450 ms (VAE
+    # decode is bursty: tiling, cudnn autotune); step 0 gets 4.0 and 80 ms (first-step
+    # compilation and cache warm-up land there).
+    "stage:*DecodingStage": (0.9, 450.0),
+    "step:0": (4.0, 80.0),
+}
+
+DEFAULT_IMPROVEMENT_THRESHOLD = 0.2
+"""sglang's `improvement_reporting.threshold`: 20 % faster than the baseline is stale."""
+
+
+@dataclass(frozen=True)
+class Band:
+    """A one-sided tolerance band around a baseline figure: `max(b*(1+rel), b+abs)`."""
+
+    rel: float
+    abs: float
+
+    def bound(self, baseline: float) -> float:
+        return max(baseline * (1.0 + self.rel), baseline + self.abs)
+
+    def improvement_below(self, baseline: float, threshold: float) -> float:
+        """Faster than this is an improvement: `min(b*(1-threshold), b-abs)`.
+
+        sglang uses `b*(1-threshold)` alone; requiring the absolute pad as well keeps
+        sub-millisecond stages, whose figures halve and double with jitter, from asking
+        for a new baseline on every run. The band is then symmetric in its pad.
+        """
+        return min(baseline * (1.0 - threshold), baseline - self.abs)
+
+    def to_json(self) -> dict[str, float]:
+        return {"rel": self.rel, "abs": self.abs}
+
+
+Overrides = Mapping[str, Mapping[str, float]]
+"""`{"e2e": {"rel": 0.5}, "stage:DecodingStage": {"abs": 30}}`: class or metric -> band part."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named set of tolerances: one relative tolerance and one pad per metric class.
+
+    `floors` widen known-noisy metrics (glob on the metric name, e.g. `step:0`): the band
+    of a matching metric is at least that wide. `advisory` profiles report but never fail.
+    `extra` keeps fields with no perfguard meaning (an imported sglang profile's `load`).
+    """
+
+    name: str
+    rel: Mapping[str, float]
+    abs: Mapping[str, float]
+    floors: Mapping[str, Band] = field(default_factory=dict)
+    advisory: bool = False
+    description: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def band(self, metric: str, overrides: Sequence[Overrides] = ()) -> Band:
+        """The band for `metric` under this profile and `overrides` (lowest priority first).
+
+        Resolution, each step overriding the previous one field by field:
+        1. the profile's class figures (`rel[class]`, `abs[class]`);
+        2. class-keyed overrides (`"denoise_step": {...}`), in the order given;
+        3. the profile's floors (only ever widen: `max` of each field), so that a class
+           override tightening all steps does not tighten the known-noisy step 0 too;
+        4. metric-keyed overrides (`"step:0": {...}`): the last word, in the order given.
+        """
+        cls = metric_class(metric)
+        rel, pad = float(self.rel[cls]), float(self.abs[cls])
+        for ov in overrides:
+            part = ov.get(cls)
+            if part:
+                rel, pad = float(part.get("rel", rel)), float(part.get("abs", pad))
+        for pattern, floor in sorted(self.floors.items()):
+            if fnmatch.fnmatchcase(metric, pattern):
+                rel, pad = max(rel, floor.rel), max(pad, floor.abs)
+        for ov in overrides:
+            part = ov.get(metric)
+            if part and metric != cls:
+                rel, pad = float(part.get("rel", rel)), float(part.get("abs", pad))
+        return Band(rel, pad)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rel": {k: float(v) for k, v in self.rel.items()},
+            "abs": {k: float(v) for k, v in self.abs.items()},
+            "floors": {k: b.to_json() for k, b in self.floors.items()},
+            "advisory": self.advisory,
+        }
+        if self.description:
+            out["description"] = self.description
+        if self.extra:
+            out["sglang_extra"] = dict(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, name: str, data: Mapping[str, Any]) -> Profile:
+        return cls(
+            name=name,
+            rel={k: float(v) for k, v in data["rel"].items()},
+            abs={k: float(v) for k, v in data["abs"].items()},
+            floors={
+                k: Band(float(v["rel"]), float(v["abs"])) for k, v in data.get("floors", {}).items()
+            },
+            advisory=bool(data.get("advisory", False)),
+            description=str(data.get("description", "")),
+            extra=dict(data.get("sglang_extra", {})),
+        )
+
+
+def pad_scale(platform: str) -> float:
+    """How much of sglang's millisecond pads a platform's default profiles carry."""
+    return CPU_PAD_SCALE if platform == "cpu" else 1.0
+
+
+def default_profiles(platform: str) -> dict[str, Profile]:
+    """The `pr_test` and `long_term` profiles written into a new baseline for `platform`."""
+    scale = pad_scale(platform)
+    pads = {c: (v if c == "peak_memory" else round(v * scale, 3)) for c, v in DEVICE_ABS.items()}
+    floors = {p: Band(rel, round(pad * scale, 3)) for p, (rel, pad) in DEVICE_FLOORS.items()}
+    note = (
+        f"sglang's defaults; millisecond pads scaled by {scale:g} for {platform}"
+        if scale != 1.0
+        else "sglang's defaults"
+    )
+    return {
+        name: Profile(name, dict(DEFAULT_REL[name]), dict(pads), dict(floors), description=note)
+        for name in PROFILE_NAMES
+    }
+
+
+# ---- sample summaries ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The median of some samples with their spread; what baselines and reports store.
+
+    `iqr` (interquartile range) and `mad` (median absolute deviation) are the spread
+    measures that a few outliers do not move; `min` / `max` show the outliers themselves.
+    `samples` is kept when known: rank tests need the raw values, not a summary.
+    """
+
+    median: float
+    n: int
+    min: float | None = None
+    max: float | None = None
+    iqr: float | None = None
+    mad: float | None = None
+    samples: tuple[float, ...] | None = None
+
+    def to_json(self, digits: int = 3) -> dict[str, Any]:
+        out: dict[str, Any] = {"median": round(self.median, digits), "n": self.n}
+        for key in ("min", "max", "iqr", "mad"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = round(value, digits)
+        if self.samples is not None:
+            out["samples"] = [round(x, digits) for x in self.samples]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Summary:
+        samples = data.get("samples")
+
+        def opt(key: str) -> float | None:
+            return None if data.get(key) is None else float(data[key])
+
+        return cls(
+            median=float(data["median"]),
+            n=int(data["n"]),
+            min=opt("min"),
+            max=opt("max"),
+            iqr=opt("iqr"),
+            mad=opt("mad"),
+            samples=None if samples is None else tuple(float(x) for x in samples),
+        )
+
+    def rounded(self, digits: int = 3) -> Summary:
+        """The summary as it reads back from a file (figures rounded to `digits`)."""
+        return Summary.from_json(self.to_json(digits))
+
+
+def summarize(samples: Sequence[float], keep_samples: bool = True) -> Summary:
+    """Median, spread and (optionally) the samples themselves; `ValueError` when empty."""
+    if not samples:
+        raise ValueError("no samples to summarize")
+    xs = [float(x) for x in samples]
+    med = statistics.median(xs)
+    if len(xs) >= 2:
+        q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+        iqr = q3 - q1
+    else:
+        iqr = 0.0
+    mad = statistics.median(abs(x - med) for x in xs)
+    return Summary(
+        median=med,
+        n=len(xs),
+        min=min(xs),
+        max=max(xs),
+        iqr=iqr,
+        mad=mad,
+        samples=tuple(xs) if keep_samples else None,
+    )
+
+
+# ---- one metric ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    """The verdict on one metric of one case, with everything a reader needs to check it."""
+
+    metric: str
+    verdict: str
+    measured: Summary | None = None
+    baseline: Summary | None = None
+    band: Band | None = None
+    bound: float | None = None
+    ratio: float | None = None
+    reason: str = ""
+
+    @property
+    def metric_class(self) -> str:
+        return metric_class(self.metric)
+
+    @property
+    def unit(self) -> str:
+        return unit(self.metric)
+
+    def to_json(self) -> dict[str, Any]:
+        baseline = None
+        if self.baseline is not None:
+            baseline = {k: v for k, v in self.baseline.to_json().items() if k != "samples"}
+        return {
+            "class": self.metric_class,
+            "unit": self.unit,
+            "verdict": self.verdict,
+            "measured": None if self.measured is None else self.measured.to_json(),
+            "baseline": baseline,
+            "band": None if self.band is None else self.band.to_json(),
+            "bound": None if self.bound is None else round(self.bound, 3),
+            "ratio": None if self.ratio is None else round(self.ratio, 4),
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, metric: str, data: Mapping[str, Any]) -> MetricVerdict:
+        band = data.get("band")
+        return cls(
+            metric=metric,
+            verdict=str(data["verdict"]),
+            measured=None if data.get("measured") is None else Summary.from_json(data["measured"]),
+            baseline=None if data.get("baseline") is None else Summary.from_json(data["baseline"]),
+            band=None if band is None else Band(float(band["rel"]), float(band["abs"])),
+            bound=None if data.get("bound") is None else float(data["bound"]),
+            ratio=None if data.get("ratio") is None else float(data["ratio"]),
+            reason=str(data.get("reason", "")),
+        )
+
+
+def _fmt(value: float, metric: str) -> str:
+    return f"{value:.3f} {unit(metric)}"
+
+
+def judge_metric(
+    metric: str,
+    samples: Sequence[float] | None,
+    baseline: Summary | None,
+    band: Band,
+    *,
+    improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
+) -> MetricVerdict:
+    """Compare the median of `samples` with `baseline.median` under `band`.
+
+    `samples` None (or empty) means the run did not produce the metric (`missing-stage`);
+    `baseline` None means the baseline does not have it (`new-stage`). Otherwise the
+    median above `band.bound(b)` is a regression, below `band.improvement_below(b, t)` an
+    improvement (the baseline is stale: never a failure), anything between a pass.
+    """
+    if not samples:
+        if baseline is None:
+            raise ValueError(f"{metric}: neither samples nor a baseline")
+        return MetricVerdict(
+            metric,
+            MISSING_STAGE,
+            baseline=baseline,
+            band=band,
+            bound=band.bound(baseline.median),
+            reason="in the baseline but not produced by this run",
+        )
+    measured = summarize(samples)
+    if baseline is None:
+        return MetricVerdict(metric, NEW_STAGE, measured=measured, reason="not in the baseline")
+    b, m = baseline.median, measured.median
+    bound = band.bound(b)
+    ratio = m / b if b > 0 else None
+    if m > bound:
+        verdict = REGRESSION
+        reason = (
+            f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} "
+            f"(baseline {_fmt(b, metric)}, rel {band.rel:g}, abs {band.abs:g})"
+        )
+    elif m < band.improvement_below(b, improvement_threshold):
+        verdict = IMPROVEMENT
+        reason = (
+            f"median {_fmt(m, metric)} is more than {improvement_threshold:.0%} and "
+            f"{band.abs:g} {unit(metric)} below the baseline {_fmt(b, metric)}: "
+            "the baseline is stale"
+        )
+    else:
+        verdict = PASS
+        reason = ""
+    return MetricVerdict(metric, verdict, measured, baseline, band, bound, ratio, reason)
+
+
+# ---- one case ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaseVerdict:
+    """The verdicts on one case's metrics, and the case's own (its worst metric's)."""
+
+    case_id: str
+    verdict: str
+    metrics: tuple[MetricVerdict, ...] = ()
+    error: str | None = None
+    output_hash: str | None = None
+    baseline_output_hash: str | None = None
+    deterministic: bool | None = None
+    notes: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "error": self.error,
+            "output_hash": self.output_hash,
+            "baseline_output_hash": self.baseline_output_hash,
+            "deterministic": self.deterministic,
+            "notes": self.notes,
+            "metrics": {m.metric: m.to_json() for m in self.metrics},
+        }
+
+    @classmethod
+    def from_json(cls, case_id: str, data: Mapping[str, Any]) -> CaseVerdict:
+        metrics = [MetricVerdict.from_json(k, v) for k, v in data.get("metrics", {}).items()]
+        return cls(
+            case_id=case_id,
+            verdict=str(data["verdict"]),
+            metrics=tuple(sorted(metrics, key=lambda m: metric_sort_key(m.metric))),
+            error=data.get("error"),
+            output_hash=data.get("output_hash"),
+            baseline_output_hash=data.get("baseline_output_hash"),
+            deterministic=data.get("deterministic"),
+            notes=data.get("notes"),
+        )
+
+
+def worst(verdicts: Iterable[str]) -> str:
+    """The most severe of `verdicts` (PASS when there are none)."""
+    ranks = [SEVERITY.index(v) for v in verdicts]
+    return SEVERITY[min(ranks)] if ranks else PASS
+
+
+def gated_steps(step_count: int, step_fractions: Sequence[float] | None) -> set[int] | None:
+    """The step indices sglang's `sampling.step_fractions` selects: `round(f * max_step)`.
+
+    Checking every one of 50 steps at 30 % each is 50 chances for noise to fail a run;
+    sglang samples a few. None (the default) gates every step.
+    """
+    if step_fractions is None or step_count == 0:
+        return None
+    max_step = step_count - 1
+    return {round(f * max_step) for f in step_fractions}
+
+
+def judge_case(
+    case_id: str,
+    result: CaseResult,
+    scenario: Scenario | None,
+    profile: Profile,
+    *,
+    improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
+    step_fractions: Sequence[float] | None = None,
+    ignore_missing: Iterable[str] = (),
+) -> CaseVerdict:
+    """Judge every metric of one case's result against its baseline scenario.
+
+    The band of each metric uses the case registry's `tolerance_overrides` (carried in
+    the result's case definition) and then the baseline scenario's, which win: the
+    baseline file is hardware-specific and reviewed next to the figures it loosens.
+    Metrics in `ignore_missing` are not reported missing (a source that cannot measure
+    them, such as sglang's performance.log for memory).
+    """
+    common = {
+        "output_hash": result.output_hash,
+        "deterministic": result.deterministic,
+        "baseline_output_hash": scenario.output_hash if scenario else None,
+        "notes": scenario.notes if scenario else None,
+    }
+    if result.status != "ok":
+        return CaseVerdict(case_id, ERROR, error=result.error or "case failed", **common)
+    samples = result.samples
+    if scenario is None:
+        metrics = tuple(
+            MetricVerdict(m, MISSING_BASELINE, measured=summarize(samples[m]), reason="no scenario")
+            for m in sorted(samples, key=metric_sort_key)
+        )
+        return CaseVerdict(case_id, MISSING_BASELINE, metrics, **common)
+    overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
+    base = scenario.metrics
+    steps = gated_steps(scenario.step_count, step_fractions)
+    ignored = set(ignore_missing)
+    out: list[MetricVerdict] = []
+    for metric in sorted(set(samples) | set(base), key=metric_sort_key):
+        if steps is not None and metric.startswith("step:") and int(metric[5:]) not in steps:
+            continue
+        if metric not in samples and metric in ignored:
+            continue
+        band = profile.band(metric, overrides)
+        out.append(
+            judge_metric(
+                metric,
+                samples.get(metric),
+                base.get(metric),
+                band,
+                improvement_threshold=improvement_threshold,
+            )
+        )
+    return CaseVerdict(case_id, worst(m.verdict for m in out), tuple(out), **common)
+
+
+# ---- overall -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Every case's verdict under one profile, and what that means for the exit code.
+
+    `advisory` (from the flag, the profile or the baseline's metadata) reports
+    regressions without failing: a platform whose runners are too noisy to gate on yet,
+    as sglang treats its AMD runners. It does not hide cases that cannot run (exit 3):
+    a crash is a broken setup, not a noisy figure.
+    """
+
+    profile: str
+    cases: tuple[CaseVerdict, ...]
+    fail_on_missing: bool = False
+    advisory: bool = False
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Metric verdicts by kind, plus case errors under `error`."""
+        out = dict.fromkeys(SEVERITY, 0)
+        for case in self.cases:
+            if case.verdict == ERROR:
+                out[ERROR] += 1
+            for m in case.metrics:
+                out[m.verdict] += 1
+        return out
+
+    @property
+    def verdict(self) -> str:
+        return overall(self.cases, self.fail_on_missing, self.advisory)[0]
+
+    @property
+    def exit_code(self) -> int:
+        return overall(self.cases, self.fail_on_missing, self.advisory)[1]
+
+    def failing(self) -> list[tuple[CaseVerdict, MetricVerdict]]:
+        """The metric verdicts that count as failures (before advisory is applied)."""
+        bad = {REGRESSION, *MISSING} if self.fail_on_missing else {REGRESSION}
+        return [(c, m) for c in self.cases for m in c.metrics if m.verdict in bad]
+
+
+def overall(
+    cases: Iterable[CaseVerdict], fail_on_missing: bool = False, advisory: bool = False
+) -> tuple[str, int]:
+    """The run's verdict and exit code: fail (1) > error (3) > pass (0).
+
+    A regression fails the run (exit 1) unless advisory; with `fail_on_missing` so do
+    metrics or cases missing from the baseline and stages missing from the run. Else a
+    case that failed to run makes it exit 3; else 0. Improvements never fail.
+    """
+    cases = list(cases)
+    bad = {REGRESSION, *MISSING} if fail_on_missing else {REGRESSION}
+    failing = any(m.verdict in bad for c in cases for m in c.metrics)
+    if fail_on_missing and any(c.verdict == MISSING_BASELINE for c in cases):
+        failing = True
+    if failing and not advisory:
+        return OVERALL_FAIL, EXIT_REGRESSION
+    if any(c.verdict == ERROR for c in cases):
+        return OVERALL_ERROR, EXIT_CASE_FAILED
+    return OVERALL_PASS, EXIT_OK
+
+
+def judge(
+    results: Results,
+    baseline: Baseline,
+    profile_name: str = DEFAULT_PROFILE,
+    *,
+    fail_on_missing: bool = False,
+    advisory: bool = False,
+    ignore_missing: Iterable[str] = (),
+) -> Judgement:
+    """Judge every case of `results` against `baseline` under its profile `profile_name`.
+
+    The run is advisory when `advisory` is passed, when the profile says so, or when the
+    baseline's metadata marks its platform advisory.
+    """
+    profile = baseline.profile(profile_name)
+    ignored = tuple(ignore_missing)
+    cases = tuple(
+        judge_case(
+            cid,
+            res,
+            baseline.scenarios.get(cid),
+            profile,
+            improvement_threshold=baseline.improvement_threshold,
+            step_fractions=baseline.step_fractions,
+            ignore_missing=ignored,
+        )
+        for cid, res in sorted(results.cases.items())
+    )
+    advisory = advisory or profile.advisory or bool(baseline.metadata.get("advisory", False))
+    return Judgement(profile_name, cases, fail_on_missing, advisory)
+
+
+__all__ = [
+    "CPU_PAD_SCALE",
+    "DEFAULT_IMPROVEMENT_THRESHOLD",
+    "DEFAULT_PROFILE",
+    "DEFAULT_REL",
+    "DEVICE_ABS",
+    "DEVICE_FLOORS",
+    "METRIC_CLASSES",
+    "PROFILE_NAMES",
+    "SEVERITY",
+    "VERDICTS",
+    "Band",
+    "CaseVerdict",
+    "Judgement",
+    "MetricVerdict",
+    "Profile",
+    "Summary",
+    "default_profiles",
+    "gated_steps",
+    "judge",
+    "judge_case",
+    "judge_metric",
+    "overall",
+    "summarize",
+    "worst",
+]
