@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,53 +72,46 @@ class ReportRecord:
     ]  # (case, metric, n, median, iqr, min, max, baseline, ratio, verdict)
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def parse_report(
     path: str | Path, *, commit: str | None = None, date: str | None = None
 ) -> ReportRecord:
     """Read and check one `perfguard check` report; `PerfguardError` (exit 2) if malformed."""
-    from perfguard.report import load_report  # validates against the report schema
+    from perfguard.report import read_report  # schema and verdict consistency checks
 
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise PerfguardError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    doc = load_report(path)
-    env = doc.get("environment") or {}
+    report = read_report(path)
+    env = dict(report.environment)
     rows = []
-    for case_id, case in sorted(doc.get("cases", {}).items()):
-        for metric, m in sorted((case.get("metrics") or {}).items()):
-            summary = m.get("summary") or {}
+    for case in report.cases:
+        for m in case.metrics:
+            s = m.measured
             rows.append(
                 (
-                    case_id,
-                    metric,
-                    summary.get("n"),
-                    _num(summary.get("median")),
-                    _num(summary.get("iqr")),
-                    _num(summary.get("min")),
-                    _num(summary.get("max")),
-                    _num(m.get("baseline")),
-                    _num(m.get("ratio")),
-                    m.get("verdict"),
+                    case.case_id,
+                    m.metric,
+                    None if s is None else s.n,
+                    None if s is None else s.median,
+                    None if s is None else s.iqr,
+                    None if s is None else s.min,
+                    None if s is None else s.max,
+                    None if m.baseline is None else m.baseline.median,
+                    m.ratio,
+                    m.verdict,
                 )
             )
-    when = date or doc.get("created") or env.get("date")
-    if not when:
-        raise PerfguardError(f"{path}: $.created: missing; pass --date")
     return ReportRecord(
         content_hash=hashlib.sha256(raw).hexdigest(),
         source=str(path),
         git_commit=commit or env.get("git_commit"),
-        date=str(when),
+        date=date or report.created,
         platform=env.get("platform"),
         hardware=env.get("hardware"),
-        profile=doc.get("profile"),
-        verdict=doc.get("verdict"),
+        profile=report.judgement.profile,
+        verdict=report.verdict,
         environment=env,
         rows=rows,
     )
@@ -243,7 +236,3 @@ def changes(
 def series_of(frame: pd.DataFrame, case: str, metric: str) -> pd.DataFrame:
     sel = frame[(frame["case"] == case) & (frame["metric"] == metric)]
     return sel.dropna(subset=["median"]).reset_index(drop=True)
-
-
-def iter_cases(frame: pd.DataFrame) -> Iterable[str]:
-    return sorted(frame["case"].unique())

@@ -27,17 +27,18 @@ def _pyplot() -> Any:
 def plot_trend(
     series: Any, changes: list[dict[str, Any]], *, case: str, metric: str, out: str | Path
 ) -> Path:
-    """Medians over commits with their IQR band, change points as dashed lines and the
-    level of each segment as a step line."""
+    """Medians over commits within their min-max range, change points as dashed lines
+    and the level of each segment as a step line."""
     if series.empty:
         raise PerfguardError(f"no history for case {case!r} metric {metric!r}")
     plt = _pyplot()
     x = list(range(len(series)))
     med = series["median"].astype(float)
     fig, ax = plt.subplots(figsize=(10, 4.5), dpi=110)
-    if series["iqr"].notna().any():
-        half = series["iqr"].fillna(0).astype(float) / 2
-        ax.fill_between(x, med - half, med + half, alpha=0.2, label="IQR")
+    if series["min"].notna().any() and series["max"].notna().any():
+        low = series["min"].fillna(med).astype(float)
+        high = series["max"].fillna(med).astype(float)
+        ax.fill_between(x, low, high, alpha=0.2, label="min-max of the run")
     ax.plot(x, med, marker="o", markersize=3, linewidth=1, label="median")
     cuts = [0, *[c["index"] for c in changes], len(series)]
     for left, right in itertools.pairwise(cuts):
