@@ -20,7 +20,7 @@ def test_cpu_timing_matches_a_known_sleep() -> None:
     with StageTimer(Platform()) as timer, stage("DecodingStage"):
         time.sleep(0.05)
     rec = timer.record()
-    assert 49.0 <= rec.stages_ms["DecodingStage"] < 150.0
+    assert 49.0 <= rec.stages_ms["DecodingStage"] < 400.0  # generous: shared CI machines
     assert rec.e2e_ms >= rec.stages_ms["DecodingStage"]
 
 
@@ -34,7 +34,8 @@ def test_nested_stages_are_named_by_path_and_contain_their_children() -> None:
             pass
     rec = timer.record()
     assert set(rec.stages_ms) == {"DenoisingStage", "DenoisingStage/CFG", "DecodingStage"}
-    assert rec.stages_ms["DenoisingStage"] > rec.stages_ms["DenoisingStage/CFG"] >= 4.0
+    assert rec.stages_ms["DenoisingStage"] >= rec.stages_ms["DenoisingStage/CFG"] + 2.0
+    assert rec.stages_ms["DenoisingStage/CFG"] >= 4.0
 
 
 def test_a_stage_entered_twice_accumulates() -> None:
@@ -45,14 +46,28 @@ def test_a_stage_entered_twice_accumulates() -> None:
     assert timer.record().stages_ms["TextEncodingStage"] >= 6.0
 
 
+class _ManualClock(Platform):
+    """A CPU platform whose clock advances only when told: exact, load-independent times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now_ns = 0
+
+    def mark(self) -> int:
+        return self.now_ns
+
+    def advance(self, ms: float) -> None:
+        self.now_ns += int(ms * 1e6)
+
+
 def test_steps_are_recorded_in_order_with_aggregates() -> None:
-    with StageTimer() as timer, stage("DenoisingStage"):
-        for i, seconds in enumerate((0.001, 0.003, 0.002)):
+    clock = _ManualClock()
+    with StageTimer(clock) as timer, stage("DenoisingStage"):
+        for i, ms in enumerate((1.0, 3.0, 2.0)):
             with step(i):
-                _spin(seconds)
+                clock.advance(ms)
     rec = timer.record()
-    assert len(rec.steps_ms) == 3
-    assert rec.steps_ms[1] > rec.steps_ms[2] > rec.steps_ms[0]
+    assert rec.steps_ms == [1.0, 3.0, 2.0]
     assert rec.median_step_ms == rec.steps_ms[2]
     assert rec.avg_step_ms == pytest.approx(sum(rec.steps_ms) / 3)
     assert rec.stages_ms["DenoisingStage"] >= sum(rec.steps_ms)
@@ -189,8 +204,9 @@ def test_injection_slows_the_named_stage_by_its_own_time() -> None:
         with stage("DecodingStage"):
             _spin(0.02)
     rec = timer.record()
+    # Lower bounds only: a busy machine can stretch any stage, never shorten the spin.
     assert rec.stages_ms["DenoisingStage"] >= 29.0
-    assert rec.stages_ms["DecodingStage"] < rec.stages_ms["DenoisingStage"]
+    assert rec.stages_ms["DecodingStage"] >= 19.0
 
 
 def test_bad_sync_policy_is_refused() -> None:
