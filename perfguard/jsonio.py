@@ -84,13 +84,17 @@ def dumps(data: Any) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """`write_text_atomic` of `dumps(data)`."""
+    write_text_atomic(path, dumps(data))
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write through a temporary file in the same directory, fsync, then `os.replace`.
 
     Readers never see a half-written file and a crash leaves the previous file intact.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = dumps(data)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

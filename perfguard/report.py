@@ -18,12 +18,10 @@ note cannot ping people or link issues) before it reaches a PR comment.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
 import shlex
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfguard.errors import PerfguardError
-from perfguard.jsonio import json_path, read_json, validate, write_json_atomic
+from perfguard.jsonio import json_path, read_json, validate, write_json_atomic, write_text_atomic
 from perfguard.metrics import metric_sort_key, unit
 from perfguard.runner import Results, utc_now
 from perfguard.verdict import (
@@ -505,19 +503,7 @@ def render_markdown(report: Report) -> str:
 
 def write_markdown(path: str | os.PathLike[str], markdown: str) -> None:
     """Write a Markdown report atomically (temporary file, fsync, `os.replace`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(markdown)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, markdown)
 
 
 def append_step_summary(markdown: str, env: Mapping[str, str] | None = None) -> Path | None:
