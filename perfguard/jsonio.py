@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from functools import cache
@@ -26,12 +27,19 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid number here")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400 overflows to inf without complaint
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
 def loads(text: str, source: str) -> Any:
     """Parse JSON text from `source` (a file name for messages)."""
     if not text.strip():
         raise PerfguardError(f"{source}: empty file, expected a JSON object")
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise PerfguardError(
             f"{source}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
