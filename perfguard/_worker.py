@@ -22,6 +22,23 @@ from pathlib import Path
 from typing import Any
 
 
+def _run(case: Any, platform: Any, options: Any) -> Any:
+    """`runner.run_case` with the parent's `RunOptions` (the factory imported here)."""
+    from perfguard.runner import run_case
+    from perfguard.workers import import_factory
+
+    return run_case(
+        case,
+        platform,
+        repeats=options.repeats,
+        warmup=options.warmup,
+        timeout=options.timeout,
+        sync=options.sync,
+        inject=options.inject,
+        factory=import_factory(options.factory) if options.factory else None,
+    )
+
+
 def _serve(result_fd: int) -> int:
     from perfguard.workers import die_with_parent
 
@@ -33,9 +50,9 @@ def _serve(result_fd: int) -> int:
         out.flush()
 
     # Importing torch and the runner is the slow part of a start: do it before `ready`.
-    import perfguard.runner as runner
+    import perfguard.runner  # noqa: F401
     from perfguard.platform import probe
-    from perfguard.workers import RunOptions, case_from_json, error_result, import_factory
+    from perfguard.workers import RunOptions, case_from_json, error_result
 
     send({"ready": True, "pid": os.getpid()})
     platforms: dict[str, Any] = {}
@@ -48,17 +65,7 @@ def _serve(result_fd: int) -> int:
         try:
             if options.platform not in platforms:
                 platforms[options.platform] = probe(options.platform)
-            factory = import_factory(options.factory) if options.factory else None
-            result = runner.run_case(
-                case,
-                platforms[options.platform],
-                repeats=options.repeats,
-                warmup=options.warmup,
-                timeout=options.timeout,
-                sync=options.sync,
-                inject=options.inject,
-                factory=factory,
-            )
+            result = _run(case, platforms[options.platform], options)
         except Exception as exc:  # a bad factory or platform: this case's error
             result = error_result(case, f"{type(exc).__name__}: {exc}", options)
         send({"case_id": case.id, "result": result.to_json()})
@@ -94,8 +101,7 @@ def _rank(request_path: str, result_path: str) -> int:
 
     from perfguard.jsonio import write_json_atomic
     from perfguard.platform import probe
-    from perfguard.runner import run_case
-    from perfguard.workers import RunOptions, case_from_json, import_factory
+    from perfguard.workers import RunOptions, case_from_json
 
     case = case_from_json(request["case"])
     options = RunOptions.from_json(options_data)
@@ -111,18 +117,7 @@ def _rank(request_path: str, result_path: str) -> int:
     if rank == 0:  # every rank has joined: the parent's --timeout starts now
         Path(result_path + ".started").touch()
     try:
-        factory = import_factory(options.factory) if options.factory else None
-        result = run_case(
-            case,
-            platform,
-            repeats=options.repeats,
-            warmup=options.warmup,
-            timeout=options.timeout,
-            sync=options.sync,
-            inject=options.inject,
-            factory=factory,
-        )
-        result = _combine(result, rank, world, device, torch, dist)
+        result = _combine(_run(case, platform, options), rank, world, device, torch, dist)
         if rank == 0:
             write_json_atomic(result_path, result.to_json())
     finally:

@@ -11,20 +11,19 @@ the first silently, which hides an edit made in the wrong file).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
-from importlib import resources
+from dataclasses import asdict, dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
 from perfguard.errors import PerfguardError
+from perfguard.jsonio import schema
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,11 +80,10 @@ class Case:
 
     def with_toggles(self, **toggles: bool) -> Case:
         """A copy with some toggles set (used by A/B runs)."""
-        merged = {**self.toggles, **toggles}
         for name in toggles:
             if name not in TOGGLES:
                 raise PerfguardError(f"unknown toggle {name!r}: choose from {', '.join(TOGGLES)}")
-        return Case(**{**self.definition(), "toggles": merged, "source": self.source})
+        return replace(self, toggles={**self.toggles, **toggles})
 
     def definition(self) -> dict[str, Any]:
         """The case as plain data, without where it came from."""
@@ -99,10 +97,9 @@ class Case:
         return {**self.definition(), "source": self.source}
 
 
-@lru_cache(maxsize=1)
-def case_schema() -> dict[str, Any]:
-    text = resources.files("perfguard").joinpath("schemas/case.schema.json").read_text()
-    return json.loads(text)
+@cache
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(schema("case"))
 
 
 def _json_path(parts: Iterable[Any]) -> str:
@@ -115,8 +112,7 @@ def _json_path(parts: Iterable[Any]) -> str:
 def parse_case(raw: dict[str, Any], source: str) -> Case:
     """Validate one `[[case]]` table and build the `Case`; errors name file, id and field."""
     case_id = raw.get("id", "?") if isinstance(raw, dict) else "?"
-    validator = jsonschema.Draft202012Validator(case_schema())
-    errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
+    errors = sorted(_validator().iter_errors(raw), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
         where = _json_path(err.absolute_path)
@@ -148,15 +144,16 @@ def load_file(path: Path) -> list[Case]:
         raise PerfguardError(f"{display_path(path)}: cannot read: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise PerfguardError(f"{display_path(path)}: malformed TOML: {exc}") from exc
+    source = display_path(path)
     unknown = set(doc) - {"case"}
     if unknown:
         raise PerfguardError(
-            f"{path}: unknown top-level key(s) {', '.join(sorted(unknown))}: expected [[case]]"
+            f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}: expected [[case]]"
         )
     tables = doc.get("case", [])
     if not isinstance(tables, list):
-        raise PerfguardError(f"{path}: 'case' must be an array of tables ([[case]])")
-    return [parse_case(t, display_path(path)) for t in tables]
+        raise PerfguardError(f"{source}: 'case' must be an array of tables ([[case]])")
+    return [parse_case(t, source) for t in tables]
 
 
 def display_path(path: Path) -> str:

@@ -136,9 +136,12 @@ def add_reports(
     added = skipped = 0
     with closing(connect(db)) as conn, conn:
         for rec in records:
+            # Only a report already stored (same bytes) is skipped; `INSERT OR IGNORE` would
+            # also skip, silently, a row that breaks any other constraint.
             cur = conn.execute(
-                "INSERT OR IGNORE INTO reports (content_hash, source, git_commit, date, platform,"
-                " hardware, profile, verdict, environment) VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO reports (content_hash, source, git_commit, date, platform,"
+                " hardware, profile, verdict, environment) VALUES (?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT (content_hash) DO NOTHING",
                 (
                     rec.content_hash,
                     rec.source,
@@ -171,7 +174,11 @@ def load(
     metric: str | None = None,
     since: str | None = None,
 ) -> pd.DataFrame:
-    """One row per report, case and metric, oldest first (by date, then insertion)."""
+    """One row per report, case and metric, oldest first (by date, then insertion).
+
+    The database is opened read-only: reading the wrong file is an error that leaves the
+    file as it was, rather than one that adds perfguard's tables to it.
+    """
     path = Path(db)
     if not path.is_file():
         raise PerfguardError(f"{path}: no such history database (create it with `history add`)")
@@ -194,9 +201,12 @@ def load(
         + " ORDER BY r.date, r.id, m.case_id, m.metric"
     )
     try:
-        with closing(connect(path)) as conn:
+        with closing(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)) as conn:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            if not {"reports", "metrics"} <= tables:
+                raise PerfguardError(f"{path}: not a perfguard history database (no tables)")
             return pd.read_sql_query(sql, conn, params=params)
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
         raise PerfguardError(f"{path}: not a perfguard history database: {exc}") from exc
 
 
@@ -231,8 +241,3 @@ def changes(
                 }
             )
     return out
-
-
-def series_of(frame: pd.DataFrame, case: str, metric: str) -> pd.DataFrame:
-    sel = frame[(frame["case"] == case) & (frame["metric"] == metric)]
-    return sel.dropna(subset=["median"]).reset_index(drop=True)

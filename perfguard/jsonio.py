@@ -1,9 +1,10 @@
 """Reading and writing perfguard's JSON files: strict on the way in, atomic on the way out.
 
 Every reader error is a `PerfguardError` (exit 2) whose one line names the file and, for
-schema violations, the JSON path of the offending field. NaN and Infinity are refused:
-`json` accepts them by default, but a timing that is not a finite number is a bug
-upstream, and letting it through would make every comparison with it quietly false.
+schema violations and non-finite numbers, the JSON path of the offending field. NaN,
+Infinity and literals that overflow to infinity (`1e400`) are refused: `json` accepts them
+by default, but a timing that is not a finite number is a bug upstream, and letting it
+through would make every comparison with it quietly false.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import contextlib
 import json
 import math
 import os
-import tempfile
+import secrets
+import stat
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -23,29 +25,66 @@ import jsonschema
 from perfguard.errors import PerfguardError
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a valid number here")
+class _NotFinite:
+    """Stands in for `NaN`, `Infinity` or a literal that overflows (`1e400`) while parsing,
+    so that the error can name the field: `json` hands its hooks the token, not the path."""
+
+    __slots__ = ("reason", "token")
+
+    def __init__(self, token: str, reason: str) -> None:
+        self.token = token
+        self.reason = reason
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):  # 1e400 overflows to inf without complaint
-        raise ValueError(f"{text} is not a finite number")
-    return value
+def _path_to(data: Any, target: object) -> list[Any] | None:
+    """The keys and indices from `data` down to the very object `target`, if it is there."""
+    if data is target:
+        return []
+    if isinstance(data, dict):
+        items: Any = data.items()
+    elif isinstance(data, list):
+        items = enumerate(data)
+    else:
+        return None
+    for key, value in items:
+        found = _path_to(value, target)
+        if found is not None:
+            return [key, *found]
+    return None
 
 
 def loads(text: str, source: str) -> Any:
     """Parse JSON text from `source` (a file name for messages)."""
     if not text.strip():
         raise PerfguardError(f"{source}: empty file, expected a JSON object")
+    refused: list[_NotFinite] = []
+
+    def refuse(token: str, reason: str) -> _NotFinite:
+        refused.append(_NotFinite(token, reason))
+        return refused[-1]
+
+    def parse_float(token: str) -> Any:
+        value = float(token)  # 1e400 overflows to inf without complaint
+        return refuse(token, "is not a finite number") if math.isinf(value) else value
+
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        data = json.loads(
+            text,
+            parse_constant=lambda token: refuse(token, "is not a valid number here"),
+            parse_float=parse_float,
+        )
     except json.JSONDecodeError as exc:
         raise PerfguardError(
             f"{source}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from exc
-    except ValueError as exc:
+    except ValueError as exc:  # e.g. an integer beyond Python's digit limit
         raise PerfguardError(f"{source}: {exc}") from exc
+    if refused:
+        first = refused[0]
+        raise PerfguardError(
+            f"{source}: {json_path(_path_to(data, first) or [])}: {first.token} {first.reason}"
+        )
+    return data
 
 
 def read_json(path: str | os.PathLike[str], *, expect_object: bool = True) -> Any:
@@ -100,15 +139,21 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write through a temporary file in the same directory, fsync, then `os.replace`.
 
     Readers never see a half-written file and a crash leaves the previous file intact.
+    The file ends with the permissions a plain `open(path, "w")` gives: those of the file
+    it replaces, else 0o666 less the umask. (`tempfile.mkstemp` creates 0o600, which would
+    leave every baseline and report readable by its owner only.)
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -124,6 +124,7 @@ class _DeviceEventsMixin:
     """Event-based timing and allocator statistics shared by CUDA, ROCm and NPU."""
 
     module: Any  # torch.cuda or torch.npu
+    device_type: ClassVar[str] = "cuda"  # ROCm builds of torch name HIP devices "cuda" too
 
     def device_count(self) -> int:
         return int(self.module.device_count())
@@ -132,7 +133,7 @@ class _DeviceEventsMixin:
         return str(self.module.get_device_name(self.module.current_device()))
 
     def device(self, index: int = 0) -> torch.device:
-        return torch.device(self.name, index) if self.name == "npu" else torch.device("cuda", index)
+        return torch.device(self.device_type, index)
 
     def synchronize(self) -> None:
         self.module.synchronize()
@@ -197,13 +198,11 @@ class NpuPlatform(_DeviceEventsMixin, Platform):
 
     name: str = "npu"
     visible_devices_env: str = "ASCEND_RT_VISIBLE_DEVICES"
+    device_type: ClassVar[str] = "npu"
 
     @property
     def module(self) -> Any:
         return torch.npu  # type: ignore[attr-defined]
-
-    def hardware_slug(self) -> str:
-        return slugify(self.device_name())
 
     def versions(self) -> dict[str, str | None]:
         torch_npu = sys.modules.get("torch_npu")
@@ -332,7 +331,7 @@ def fingerprint(platform: Platform) -> dict[str, Any]:
         "device_name": name,
         "device_count": count,
         "torch": torch.__version__,
-        "versions": {k: v for k, v in platform.versions().items()},
+        "versions": dict(platform.versions()),
         "python": _pyplatform.python_version(),
         "perfguard": __version__,
         "git_commit": git_commit(),

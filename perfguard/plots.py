@@ -24,6 +24,15 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, out: str | Path) -> Path:
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def plot_trend(
     series: Any, changes: list[dict[str, Any]], *, case: str, metric: str, out: str | Path
 ) -> Path:
@@ -63,12 +72,7 @@ def plot_trend(
     ax.set_ylabel(f"{metric} ({'MB' if metric == 'peak_memory' else 'ms'})")
     ax.set_title(f"{case} · {metric}")
     ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_report_stages(rows: list[dict[str, Any]], *, title: str, out: str | Path) -> Path:
@@ -102,9 +106,4 @@ def plot_report_stages(rows: list[dict[str, Any]], *, title: str, out: str | Pat
     ax.set_ylabel("ms (log scale); black tick = bound")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)

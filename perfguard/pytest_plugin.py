@@ -141,6 +141,8 @@ class PerfguardTimer:
         warmup = self.warmup if warmup is None else warmup
         if repeats < 1 or warmup < 0:
             raise PerfguardError("perfguard_timer.measure: repeats must be >= 1, warmup >= 0")
+        from perfguard.runner import tensor_hash
+
         for _ in range(warmup):
             fn()
         self.result.warmup += warmup
@@ -150,8 +152,6 @@ class PerfguardTimer:
             with self.run():
                 output = fn()
             if _is_tensor(output):
-                from perfguard.runner import tensor_hash
-
                 hashes.append(tensor_hash(output))
         if hashes:
             self.result.output_hash = hashes[0]

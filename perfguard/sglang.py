@@ -36,9 +36,10 @@ from typing import Any
 from perfguard.baseline import BASELINE_KIND, BASELINE_SCHEMA_VERSION, Baseline, parse
 from perfguard.errors import PerfguardError
 from perfguard.jsonio import loads, read_json
-from perfguard.metrics import METRIC_CLASSES
+from perfguard.metrics import METRIC_CLASSES, metrics_of_run
 from perfguard.platform import PLATFORM_NAMES, slugify
 from perfguard.runner import CaseResult, Results, utc_now
+from perfguard.timer import RunRecord
 from perfguard.verdict import DEFAULT_IMPROVEMENT_THRESHOLD, default_profiles
 
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9_./-]+$")
@@ -286,18 +287,10 @@ class PerfRecord:
     total_ms: float
 
     def samples(self) -> dict[str, float]:
-        """The record as perfguard metrics (a stage seen twice is summed, as the timer does)."""
-        out = {"e2e": self.total_ms}
-        out.update({f"stage:{k}": v for k, v in self.stages_ms.items()})
-        for i, ms in enumerate(self.steps_ms):
-            out[f"step:{i}"] = ms
-        if self.steps_ms:
-            ordered = sorted(self.steps_ms)
-            n = len(ordered)
-            out["step_avg"] = sum(ordered) / n
-            mid = n // 2
-            out["step_median"] = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-        return out
+        """The record as perfguard metrics, named and aggregated as a timed run's are (a
+        stage seen twice is summed, as the timer does)."""
+        run = RunRecord(dict(self.stages_ms), list(self.steps_ms), self.total_ms)
+        return metrics_of_run(run.to_dict())
 
 
 def _record(obj: Any, where: str, line: int) -> PerfRecord:

@@ -86,13 +86,14 @@ def split(
         if case.id in seen:
             raise PerfguardError(f"case {case.id!r} is selected twice; cannot shard")
         seen.add(case.id)
+    times = {case.id: expected_time_s(case, measured_s) for case in cases}
     loads = [0.0] * total
     owner: dict[str, int] = {}
     # Longest first; equal times in id order so that every job sees the same sequence.
-    for case in sorted(cases, key=lambda c: (-expected_time_s(c, measured_s), c.id)):
+    for cid in sorted(times, key=lambda c: (-times[c], c)):
         target = min(range(total), key=lambda i: (loads[i], i))
-        owner[case.id] = target
-        loads[target] += expected_time_s(case, measured_s)
+        owner[cid] = target
+        loads[target] += times[cid]
     shards: list[list[Case]] = [[] for _ in range(total)]
     for case in cases:
         shards[owner[case.id]].append(case)

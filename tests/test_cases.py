@@ -140,13 +140,36 @@ def test_missing_registry_directory_is_an_error(tmp_path: Path) -> None:
 
 def test_selection_by_id_regex_and_tag(tmp_path: Path) -> None:
     text = "".join(QWEN.format(id=i, steps=2) for i in ("qwen_a", "qwen_b", "glm_c"))
-    text = text.replace('tags = ["smoke"]', 'tags = ["smoke"]', 1)
+    text = text.replace('tags = ["smoke"]', 'tags = ["nightly"]', 1)  # qwen_a only
     cases = load_registry("cpu", _registry(tmp_path, common=text))
     assert [c.id for c in select(cases, ids=["qwen_b"])] == ["qwen_b"]
     assert [c.id for c in select(cases, match="^qwen")] == ["qwen_a", "qwen_b"]
-    assert [c.id for c in select(cases, match="_b$", tags=["smoke"])] == ["qwen_b"]
-    assert select(cases, tags=["nightly"]) == []
+    assert [c.id for c in select(cases, tags=["smoke"])] == ["qwen_b", "glm_c"]
+    assert [c.id for c in select(cases, match="^qwen", tags=["smoke"])] == ["qwen_b"]
+    assert [c.id for c in select(cases, tags=["nightly", "smoke"])] == ["qwen_a", "qwen_b", "glm_c"]
+    assert select(cases, tags=["weekly"]) == []
     assert len(select(cases)) == 3
+
+
+def test_with_toggles_changes_only_the_toggles() -> None:
+    case = next(c for c in load_registry("cpu", REPO / "cases") if c.workload == "qwen_image")
+    off = case.with_toggles(qwen_modulation_cache=False)
+    assert off.toggles == {**case.toggles, "qwen_modulation_cache": False}
+    assert not off.toggle("qwen_modulation_cache")
+    # Still a value of the same shape: tuples stay tuples, so an unchanged copy is equal.
+    assert off.prompt_lengths == case.prompt_lengths and off.tags == case.tags
+    assert off.source == case.source
+    assert case.with_toggles() == case
+    with pytest.raises(PerfguardError, match="unknown toggle 'turbo'"):
+        case.with_toggles(turbo=True)
+
+
+def test_toggle_names_agree_with_the_models_and_the_schema() -> None:
+    from perfguard.jsonio import schema
+    from perfguard.workloads.presets import TOGGLES as MODEL_TOGGLES
+
+    assert set(TOGGLES) == set(MODEL_TOGGLES)
+    assert set(TOGGLES) == set(schema("case")["properties"]["toggles"]["properties"])
 
 
 def test_unknown_case_id_and_invalid_regex_are_errors(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -213,6 +214,22 @@ def test_history_cli_end_to_end_with_real_smoke_reports(tmp_path: Path, monkeypa
 def test_show_on_a_missing_database_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(PerfguardError, match="no such history database"):
         load(tmp_path / "none.sqlite")
+
+
+@pytest.mark.parametrize("kind", ["foreign_sqlite", "not_sqlite"])
+def test_show_on_another_file_is_a_usage_error_that_leaves_it_alone(
+    tmp_path: Path, kind: str
+) -> None:
+    db = tmp_path / "other.sqlite"
+    if kind == "foreign_sqlite":
+        with closing(sqlite3.connect(db)) as conn, conn:
+            conn.execute("CREATE TABLE notes (text TEXT)")
+    else:
+        db.write_text("not a database\n" * 100)
+    before = db.read_bytes()
+    with pytest.raises(PerfguardError, match="not a perfguard history database"):
+        load(db)
+    assert db.read_bytes() == before
 
 
 def test_bad_date_is_a_usage_error(tmp_path: Path) -> None:

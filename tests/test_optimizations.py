@@ -392,6 +392,24 @@ def test_qwen_forward_mask_path_inside_breakable_graph(monkeypatch: pytest.Monke
     assert spy.calls == ["build_varlen_mask_meta"]
 
 
+@pytest.mark.parametrize("host_meta", [True, False], ids=["host_meta", "mask_meta"])
+def test_qwen_forward_unpadded_lens_inside_breakable_graph_need_no_mask(
+    monkeypatch: pytest.MonkeyPatch, host_meta: bool
+) -> None:
+    """Full-length host lengths mean dense attention even under capture, where the mask
+    path's nonzero() could not be recorded (the pipeline passes `txt_seq_lens` always)."""
+    model = _qwen()
+    model.qwen_varlen_host_meta = host_meta
+    spy = _BuilderSpy(monkeypatch)
+    inputs = {**_qwen_inputs(model), "timestep": torch.full((B,), 0.5)}
+    with torch.no_grad():
+        eager = model(**inputs).sample
+        with breakable_cuda_graph():
+            graphed = model(**inputs, txt_seq_lens=[T, T]).sample
+    assert spy.calls == []
+    assert torch.equal(eager, graphed)
+
+
 def test_qwen_forward_no_padding_is_dense(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _qwen()
     spy = _BuilderSpy(monkeypatch)

@@ -27,7 +27,7 @@ class _FakeEvent:
 
 
 def _fake_npu_module() -> types.SimpleNamespace:
-    state = {"peak": 0, "syncs": 0}
+    state = {"peak": 3 * 1024 * 1024, "syncs": 0}
     return types.SimpleNamespace(
         is_available=lambda: True,
         device_count=lambda: 8,
@@ -35,8 +35,8 @@ def _fake_npu_module() -> types.SimpleNamespace:
         get_device_name=lambda i=0: "Ascend910B3",
         synchronize=lambda: state.__setitem__("syncs", state["syncs"] + 1),
         Event=_FakeEvent,
-        max_memory_allocated=lambda: 3 * 1024 * 1024,
-        reset_peak_memory_stats=lambda: None,
+        max_memory_allocated=lambda: state["peak"],
+        reset_peak_memory_stats=lambda: state.__setitem__("peak", 0),
         state=state,
     )
 
@@ -60,7 +60,11 @@ def test_fake_torch_npu_makes_the_probe_pick_npu(fake_npu: types.SimpleNamespace
     assert plat.versions()["torch_npu"] == "2.6.0.post1"
     start, end = plat.mark(), plat.mark()
     assert plat.elapsed_ms(start, end) == pytest.approx(1.5)
+    plat.synchronize()
+    assert fake_npu.state["syncs"] == 1
     assert plat.peak_memory_bytes() == 3 * 1024 * 1024
+    plat.reset_peak_memory()  # the allocator's own reset, per stage (stage_memory)
+    assert plat.peak_memory_bytes() == 0 and plat.stage_memory and plat.peak_memory_resettable
 
 
 def test_torch_npu_that_raises_at_import_falls_back_with_the_reason(
@@ -99,6 +103,7 @@ def test_hip_version_gives_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     plat = pf.probe()
     assert plat.name == "rocm"
+    assert plat.device(1) == torch.device("cuda", 1)  # HIP devices are "cuda" in torch
     assert plat.hardware_slug() == "amd-instinct-mi300x"
     assert plat.visible_devices_env == "HIP_VISIBLE_DEVICES"
     assert not pf.availability()["cuda"].available
@@ -111,6 +116,7 @@ def test_cuda_is_picked_when_available(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     plat = pf.probe()
     assert plat.name == "cuda" and plat.hardware_slug() == "nvidia-h200"
+    assert plat.device(1) == torch.device("cuda", 1)
 
 
 def test_cpu_is_the_fallback_and_always_available() -> None:

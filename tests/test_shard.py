@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -151,16 +152,6 @@ REGISTRY = "".join(
 )  # fmt: skip
 
 
-def perfguard(*argv: str) -> int:
-    from perfguard.cli import main
-
-    try:
-        main(list(argv))
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
 def verdicts(report_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
     from perfguard.report import read_report
 
@@ -169,7 +160,7 @@ def verdicts(report_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
 
 
 def test_merged_shard_reports_give_the_verdicts_and_exit_code_of_one_check(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg: Callable[..., tuple[int, str, str]]
 ) -> None:
     from perfguard.report import read_report
 
@@ -183,15 +174,15 @@ def test_merged_shard_reports_give_the_verdicts_and_exit_code_of_one_check(
     select_args = ["--platform", "cpu", "--cases", "registry", "--baseline", "base.json"]
     common = [*select_args, "--factory", "pg_shard_pipe:pipeline", "--repeats", "3"]
 
-    assert perfguard("gen-baselines", *common, "--case", "a_fast", "--case", "b_slowed",
-                     "--case", "c_fast") == 0  # fmt: skip
+    assert pg("gen-baselines", *common, "--case", "a_fast", "--case", "b_slowed",
+              "--case", "c_fast")[0] == 0  # fmt: skip
     monkeypatch.setenv("PG_SLOW_CASES", "b_slowed")
 
-    assert perfguard("check", *common, "--report", "full.json") == 1
+    assert pg("check", *common, "--report", "full.json")[0] == 1
     for k in (1, 2, 3):
-        code = perfguard("check", *common, "--shard", f"{k}/3", "--report", f"r{k}.json")
+        code, _, _ = pg("check", *common, "--shard", f"{k}/3", "--report", f"r{k}.json")
         assert code == read_report(tmp_path / f"r{k}.json").exit_code
-    assert perfguard("merge", "r1.json", "r2.json", "r3.json", "--out", "merged.json") == 1
+    assert pg("merge", "r1.json", "r2.json", "r3.json", "--out", "merged.json")[0] == 1
 
     full, merged = verdicts(tmp_path / "full.json"), verdicts(tmp_path / "merged.json")
     assert merged == full
@@ -202,6 +193,5 @@ def test_merged_shard_reports_give_the_verdicts_and_exit_code_of_one_check(
 
     # `list-cases --shard` lists what each shard's `check` ran.
     for k, ids in enumerate(shards, start=1):
-        capsys.readouterr()
-        assert perfguard("list-cases", *select_args, "--shard", f"{k}/3", "--json") == 0
-        assert {c["id"] for c in json.loads(capsys.readouterr().out)} == ids
+        code, out, _ = pg("list-cases", *select_args, "--shard", f"{k}/3", "--json")
+        assert code == 0 and {c["id"] for c in json.loads(out)} == ids

@@ -21,6 +21,7 @@ Contents, top-down:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -408,7 +409,10 @@ def joint_txt_img_ranges(
     return [[(0, int(n)), (txt_len, txt_len + img_len)] for n in txt_seq_lens]
 
 
+@functools.cache
 def _flash_attn_varlen_func():  # pragma: no cover - needs flash-attn + CUDA
+    # Cached: called in every layer's attention, and a failed import is not cached by
+    # Python -- each retry would search sys.path again inside the timed forward.
     try:
         from flash_attn import flash_attn_varlen_func
     except ImportError:

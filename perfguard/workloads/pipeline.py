@@ -23,6 +23,10 @@ CFG (`serial_cfg = false`) concatenates both into one pass. With `torch.distribu
 initialised on two ranks, CFG runs in parallel (rank 0 cond, rank 1 uncond, then an
 all-gather), as sglang does with `--enable-cfg-parallel`.
 
+With `options.cuda_graph` the guided prediction is captured once, in step 0 of the
+pipeline's first call (a warm-up run unless `--warmup 0`, whose step 0 then carries the
+capture), and replayed on every later step and call (`_GraphedPrediction`).
+
 Runs are seeded and deterministic: the same case and seed give the same output tensor.
 """
 
@@ -67,14 +71,18 @@ class _Text:
 
 
 def _seeded_init(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Initialise a stand-in's weights from `seed` without touching the global RNG."""
+    """Initialise a stand-in's weights from `seed` without touching the global RNG.
+
+    Weights are N(0, 1 / fan_in), fan_in being everything but the output dimension (a
+    conv's `in * k * k`): activations keep their scale through the layers, so the decoder
+    neither saturates its tanh nor overflows float16 at the `full` sizes.
+    """
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in module.named_parameters():
             if param.dim() > 1:
-                param.copy_(
-                    torch.randn(param.shape, generator=gen) * (1.0 / param.shape[-1]) ** 0.5
-                )
+                fan_in = param[0].numel()
+                param.copy_(torch.randn(param.shape, generator=gen) * (1.0 / fan_in) ** 0.5)
             elif name.endswith("weight"):
                 param.fill_(1.0)
             else:
@@ -90,7 +98,6 @@ class T2IPipeline:
         self.platform = platform
         self.device = device
         self.dtype = DTYPES[case.dtype]
-        self.generator_seed = case.seed
         sizes = _STANDIN_SIZES[case.preset]
         text_layers = case.options.get("text_encoder_layers", sizes[1])
         dec_layers = case.options.get("decoder_layers", sizes[4])
@@ -101,7 +108,7 @@ class T2IPipeline:
             dtype=self.dtype,
             seed=case.seed,
             toggles={name: case.toggle(name) for name in self.toggle_names},
-        ).eval()
+        )
         self.text_encoder = self._standin(
             StandInTextEncoder(self.text_dim, hidden=sizes[0], num_layers=text_layers), 1
         )
@@ -114,6 +121,7 @@ class T2IPipeline:
     toggle_names: tuple[str, ...] = ()
     text_dim: int = 0
     latent_channels: int = 16
+    size_multiple = VAE_SCALE * 2  # a 2x2 patch of latents
 
     def _standin(self, module: torch.nn.Module, salt: int) -> torch.nn.Module:
         return _seeded_init(module, self.case.seed * 1000 + salt).to(self.device, self.dtype).eval()
@@ -156,8 +164,6 @@ class T2IPipeline:
         if c.options.get("cuda_graph") and self.platform.name != "cuda":
             raise ValueError(f"{c.id}: options.cuda_graph needs CUDA, not {self.platform.name}")
 
-    size_multiple = VAE_SCALE * 2
-
     def encode(self, lengths: tuple[int, ...], salt: int) -> _Text:
         """Seeded token ids per row, right-padded to the longest row, through the encoder."""
         gen = torch.Generator().manual_seed(self.case.seed * 7919 + salt)
@@ -197,11 +203,15 @@ class T2IPipeline:
         # FlowMatchEulerDiscreteScheduler's exponential time shift.
         shifted = math.exp(mu) / (math.exp(mu) + (1.0 / sigmas - 1.0))
         sigmas = torch.cat([shifted, torch.zeros(1, dtype=torch.float64)]).to(torch.float32)
-        timesteps = sigmas[:-1] * 1000.0
-        return timesteps.to(self.device), sigmas.to(self.device)
+        return self.schedule_timesteps(sigmas).to(self.device), sigmas.to(self.device)
 
     def base_sigmas(self) -> torch.Tensor:
         raise NotImplementedError
+
+    def schedule_timesteps(self, sigmas: torch.Tensor) -> torch.Tensor:
+        """The loop's `t` per step: the shifted sigmas times 1000, which is what diffusers'
+        `set_timesteps` derives when a pipeline passes it sigmas only (Qwen-Image)."""
+        return sigmas[:-1] * 1000.0
 
     def shift_mu(self) -> float:
         raise NotImplementedError
@@ -220,10 +230,11 @@ class T2IPipeline:
         if self._graph is not None or (self.case.options.get("cuda_graph") and i == 0):
             if self._graph is None:
                 self._graph = _GraphedPrediction(self, latents, timestep, cond, uncond)
-            noise_pred = self._graph(latents, timestep)
+            noise_pred = self._graph(latents, timestep, cond, uncond)
         else:
             noise_pred = self.guided_prediction(latents, timestep, cond, uncond)
-        # Flow-matching Euler step.
+        # Flow-matching Euler step, computed in float32 and cast back as diffusers'
+        # FlowMatchEulerDiscreteScheduler.step does, so the rounding matches the reference.
         dt = (sigmas[i + 1] - sigmas[i]).to(torch.float32)
         return (latents.to(torch.float32) + dt * noise_pred.to(torch.float32)).to(latents.dtype)
 
@@ -278,7 +289,6 @@ class QwenImagePipeline(T2IPipeline):
     toggle_names = ("qwen_modulation_cache", "qwen_varlen_host_meta")
 
     def __init__(self, case: Case, platform: Platform, device: torch.device) -> None:
-
         config = get_preset(case.workload, case.preset)
         self.text_dim = config["joint_attention_dim"]
         self.latent_channels = config["in_channels"] // 4  # 2x2 patches packed
@@ -288,7 +298,10 @@ class QwenImagePipeline(T2IPipeline):
 
     def validate(self) -> None:
         super().validate()
-        padded = len(set(self.case.prompt_lengths)) > 1
+        lengths = set(self.case.prompt_lengths)
+        if self.case.cfg and not self.case.serial_cfg:  # batched CFG pads both to one length
+            lengths.add(NEGATIVE_PROMPT_TOKENS)
+        padded = len(lengths) > 1
         if self.case.options.get("cuda_graph") and padded:
             raise ValueError(
                 f"{self.case.id}: options.cuda_graph with padded prompts would capture a "
@@ -348,7 +361,6 @@ class GlmImagePipeline(T2IPipeline):
     size_multiple = VAE_SCALE * 4  # the prior grid is 32x downsampled
 
     def __init__(self, case: Case, platform: Platform, device: torch.device) -> None:
-
         config = get_preset(case.workload, case.preset)
         self.text_dim = config["text_embed_dim"]
         self.latent_channels = config["in_channels"]
@@ -363,7 +375,12 @@ class GlmImagePipeline(T2IPipeline):
         b = case.batch
         self.target_size = torch.tensor([[case.height, case.width]] * b, device=device)
         self.crop_coords = torch.zeros(b, 2, device=device)
-        self.prior_token_ids: torch.Tensor | None = None
+        # Allocated once and refilled in place on every call: a captured CUDA graph reads
+        # them at the addresses it saw at capture (`_GraphedPrediction`).
+        prior_len = (case.height // (VAE_SCALE * 2)) * (case.width // (VAE_SCALE * 2))
+        self.prior_token_ids = torch.zeros(b, prior_len, dtype=torch.long, device=device)
+        self.drop_cond = torch.zeros(b, prior_len, dtype=torch.bool, device=device)
+        self.drop_uncond = torch.ones(b, prior_len, dtype=torch.bool, device=device)
 
     def encode(self, lengths: tuple[int, ...], salt: int) -> _Text:
         text = super().encode(lengths, salt)
@@ -374,14 +391,21 @@ class GlmImagePipeline(T2IPipeline):
         with stage("PriorTokenGenerationStage"):
             grid_h = self.case.height // (VAE_SCALE * 4)
             grid_w = self.case.width // (VAE_SCALE * 4)
-            self.prior_token_ids = self.prior_model(cond.embeds, grid_h, grid_w)
-            self.drop_cond = torch.zeros_like(self.prior_token_ids, dtype=torch.bool)
-            self.drop_uncond = torch.ones_like(self.prior_token_ids, dtype=torch.bool)
+            self.prior_token_ids.copy_(self.prior_model(cond.embeds, grid_h, grid_w))
+
+    def _int_timesteps(self) -> torch.Tensor:
+        """diffusers' `linspace(1000, 1, steps + 1)[:-1]` truncated to integers."""
+        ts = torch.linspace(1000.0, 1.0, self.case.steps + 1, dtype=torch.float64)[:-1]
+        return ts.to(torch.int64).to(torch.float64)
 
     def base_sigmas(self) -> torch.Tensor:
-        steps = self.case.steps
-        ts = torch.linspace(1000.0, 1.0, steps + 1, dtype=torch.float64)[:-1]
-        return ts.to(torch.int64).to(torch.float64) / 1000.0
+        return self._int_timesteps() / 1000.0
+
+    def schedule_timesteps(self, sigmas: torch.Tensor) -> torch.Tensor:
+        # GlmImagePipeline passes its integer timesteps along with the sigmas; set_timesteps
+        # shifts the sigmas but keeps given timesteps as they are, so the DiT sees the
+        # *unshifted* `t - 1` while the Euler step walks the shifted sigmas.
+        return self._int_timesteps().to(torch.float32)
 
     def shift_mu(self) -> float:
         # diffusers' GlmImagePipeline calculate_shift(seq, 256, 0.25, 0.75).
@@ -393,7 +417,6 @@ class GlmImagePipeline(T2IPipeline):
     def predict(
         self, latents: torch.Tensor, timestep: torch.Tensor, text: _Text, drop_prior: bool | None
     ) -> torch.Tensor:
-        assert self.prior_token_ids is not None
         reps = latents.shape[0] // self.case.batch
         if drop_prior is None:  # batched CFG: cond rows keep the prior, uncond rows drop it
             drop = torch.cat([self.drop_cond, self.drop_uncond])
@@ -412,14 +435,20 @@ class GlmImagePipeline(T2IPipeline):
 
 
 def _concat_text(a: _Text, b: _Text) -> _Text:
-    """Stack two prompt batches, right-padding the shorter sequence with a mask."""
+    """Stack two prompt batches, right-padding the shorter sequence with a mask.
+
+    The mask is padded from the batches' own masks on the device, not rebuilt from the
+    host lengths: no host-to-device copy, so batched CFG stays capturable in a CUDA graph.
+    """
     longest = max(a.embeds.shape[1], b.embeds.shape[1])
 
     def pad(t: _Text) -> tuple[torch.Tensor, torch.Tensor]:
         n = longest - t.embeds.shape[1]
+        valid = t.mask
+        if valid is None:  # every row attended in full (none padded, or GLM: no mask)
+            valid = torch.ones(t.embeds.shape[:2], dtype=torch.bool, device=t.embeds.device)
         emb = torch.nn.functional.pad(t.embeds, (0, 0, 0, n))
-        lens = torch.tensor(t.lengths, device=emb.device)
-        return emb, torch.arange(longest, device=emb.device)[None, :] < lens[:, None]
+        return emb, torch.nn.functional.pad(valid, (0, n), value=False)
 
     ea, ma = pad(a)
     eb, mb = pad(b)
@@ -437,12 +466,27 @@ def _cfg_parallel_group(case: Case) -> Any:
     return None
 
 
+def _static_text(text: _Text) -> _Text:
+    mask = None if text.mask is None else text.mask.clone()
+    return _Text(text.embeds.clone(), mask, list(text.lengths))
+
+
+def _refill_text(static: _Text, text: _Text) -> None:
+    static.embeds.copy_(text.embeds)
+    if static.mask is not None and text.mask is not None:
+        static.mask.copy_(text.mask)
+
+
 class _GraphedPrediction:
     """The guided DiT prediction captured in a CUDA graph and replayed every step.
 
     Capture happens inside `breakable_cuda_graph()`, so the models take their
-    capture-safe paths (`masked_fill` prior drop, no modulation cache). Inputs that change
-    per step (latents, timestep) are copied into static buffers before each replay.
+    capture-safe paths (`masked_fill` prior drop, no modulation cache). A replay reads
+    every input at the address it had during capture, so the graph owns static copies of
+    its inputs and each call copies this step's latents, timestep and prompt embeddings
+    into them: the pipeline's tensors of a later call are new allocations, and the
+    capture-time ones are freed (their memory reused) once that call returns. Inputs the
+    pipeline keeps itself (GLM's prior tokens) live in buffers it refills in place.
     """
 
     def __init__(
@@ -455,9 +499,13 @@ class _GraphedPrediction:
     ) -> None:
         self.static_latents = latents.clone()
         self.static_timestep = timestep.clone()
+        self.static_cond = _static_text(cond)
+        self.static_uncond = None if uncond is None else _static_text(uncond)
 
         def run() -> torch.Tensor:
-            return pipe.guided_prediction(self.static_latents, self.static_timestep, cond, uncond)
+            return pipe.guided_prediction(
+                self.static_latents, self.static_timestep, self.static_cond, self.static_uncond
+            )
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -469,9 +517,14 @@ class _GraphedPrediction:
         with breakable_cuda_graph(), torch.cuda.graph(self.graph):
             self.static_out = run()
 
-    def __call__(self, latents: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, latents: torch.Tensor, timestep: torch.Tensor, cond: _Text, uncond: _Text | None
+    ) -> torch.Tensor:
         self.static_latents.copy_(latents)
         self.static_timestep.copy_(timestep)
+        _refill_text(self.static_cond, cond)
+        if self.static_uncond is not None and uncond is not None:
+            _refill_text(self.static_uncond, uncond)
         self.graph.replay()
         return self.static_out.clone()
 
@@ -483,8 +536,7 @@ _PIPELINES: dict[str, type[T2IPipeline]] = {
 
 
 def build_pipeline(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
-    """The pipeline for `case` on `platform`'s current device, models built and loaded."""
+    """The pipeline for `case` on `platform`'s device 0 (a worker sees its own device as 0)."""
     if case.workload not in _PIPELINES:
         raise ValueError(f"unknown workload {case.workload!r}")
-    device = platform.device(0) if platform.name != "cpu" else torch.device("cpu")
-    return _PIPELINES[case.workload](case, platform, device)
+    return _PIPELINES[case.workload](case, platform, platform.device(0))

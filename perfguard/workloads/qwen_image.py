@@ -618,7 +618,12 @@ class QwenImageTransformer2DModel(nn.Module):
                 f"txt_seq_lens={txt_seq_lens!r} must be {batch_size} ints in [0, {txt_len}] "
                 "(or pass encoder_hidden_states_mask)"
             )
-        if self.qwen_varlen_host_meta and lens is not None and not is_in_breakable_cuda_graph():
+        in_graph = is_in_breakable_cuda_graph()
+        if lens is not None and all(n == txt_len for n in lens) and in_graph:
+            # Nothing padded, known on the host: dense attention, as the optimized path
+            # decides below. The mask path would call nonzero(), which cannot be captured.
+            return None
+        if self.qwen_varlen_host_meta and lens is not None and not in_graph:
             # Optimized: lengths are host ints already -> build on the CPU, one async H2D copy,
             # no device sync. (Not inside a breakable graph: host ints would be baked into
             # the captured graph and be wrong on replay.)
