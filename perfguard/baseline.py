@@ -11,7 +11,8 @@ figure means nothing away from the machine it was measured on. A file holds:
   reviewer sees the band next to the figures;
 - `improvement_threshold` and optional `sampling.step_fractions` (sglang's);
 - `scenarios` by case id: `e2e`, `stages`, `steps` (a list, in step order), `step_avg`,
-  `step_median`, `peak_memory`, each a summary (median, n, spread, samples), plus
+  `step_median`, `peak_memory`, each a summary (median, n, spread, samples, and with
+  `gen-baselines --processes K` the median of each process), plus
   `tolerance_overrides` and `notes`, which regeneration keeps.
 
 Every load and every write is checked against `schemas/baseline.schema.json`; a file
@@ -40,13 +41,8 @@ from perfguard.errors import PerfguardError
 from perfguard.jsonio import json_path, read_json, validate, write_json_atomic
 from perfguard.metrics import is_metric_name, metric_sort_key
 from perfguard.runner import CaseResult, utc_now
-from perfguard.verdict import (
-    DEFAULT_IMPROVEMENT_THRESHOLD,
-    Profile,
-    Summary,
-    default_profiles,
-    summarize,
-)
+from perfguard.stats import Summary, summarize
+from perfguard.verdict import DEFAULT_IMPROVEMENT_THRESHOLD, Profile, default_profiles
 
 BASELINE_KIND = "perfguard.baseline"
 BASELINE_SCHEMA_VERSION = 1
@@ -340,7 +336,7 @@ def scenario_from_result(result: CaseResult, keep_samples: bool = True) -> Scena
         bad = [v for v in values if not math.isfinite(v) or v < 0]
         if bad:
             raise PerfguardError(f"{result.case_id}: {name}: invalid sample {bad[0]!r}")
-        metrics[name] = summarize(values, keep_samples).rounded(DIGITS)
+        metrics[name] = summarize(values, keep_samples, result.groups).rounded(DIGITS)
     case = {k: v for k, v in result.case.items() if k != "traceback_tail"}
     return Scenario(
         metrics=metrics,

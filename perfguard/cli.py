@@ -394,6 +394,18 @@ def measure_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def processes_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--processes K (perfguard.workers): the process as the unit of measurement."""
+    return click.option(
+        "--processes",
+        default=1,
+        show_default=True,
+        type=click.IntRange(min=1),
+        help="Measure each case in K fresh processes (REPEATS runs each) and pool them; "
+        "the spread of their medians is the between-process noise the verdict uses.",
+    )(fn)
+
+
 def inject_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--inject",
@@ -465,6 +477,7 @@ def _results_table(results: Any) -> Table:
 @shard_option
 @measure_options
 @worker_options
+@processes_option
 @inject_option
 @click.option(
     "--out",
@@ -487,6 +500,7 @@ def run_command(
     devices_spec: str | None,
     isolate: bool,
     factory_spec: str | None,
+    processes: int,
     inject: str | None,
     out: str | None,
 ) -> int:
@@ -516,6 +530,7 @@ def run_command(
         sync=sync,
         inject=injection,
         progress=progress,
+        processes=processes,
     )
     if out:
         write_results(out, results)
@@ -533,6 +548,7 @@ def run_command(
 @shard_option
 @measure_options
 @worker_options
+@processes_option
 @click.option("--tighten", is_flag=True, help="Only ever lower figures (keep lower old ones).")
 @click.option("--prune", is_flag=True, help="Drop scenarios whose case no longer exists.")
 @click.option("--inject", default=None, hidden=True)
@@ -552,6 +568,7 @@ def gen_baselines(
     devices_spec: str | None,
     isolate: bool,
     factory_spec: str | None,
+    processes: int,
     tighten: bool,
     prune: bool,
     inject: str | None,
@@ -561,7 +578,9 @@ def gen_baselines(
     Only the selected cases are updated; the others, and every case's notes and
     tolerance_overrides, are kept. The file is saved after each case, under a file lock,
     so an interrupt loses at most the case in flight. Refuses fault injection and
-    refuses to touch a baseline it cannot read.
+    refuses to touch a baseline it cannot read. With --processes K each metric also
+    keeps the median of each of the K processes, which the verdict uses as the
+    between-process noise (see docs/verdicts.md).
     """
     from perfguard import baseline as store
     from perfguard.inject import ENV_INJECT, inject_from
@@ -590,7 +609,8 @@ def gen_baselines(
         store.record_case(path, result, environment, tighten=tighten)
         saved.append(result.case_id)
         e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
-        out.print(escape(f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}) saved"))
+        where = f", {len(result.groups)} processes" if result.groups else ""
+        out.print(escape(f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved"))
 
     results = run_selected(
         cases,
@@ -604,6 +624,7 @@ def gen_baselines(
         sync=sync,
         progress=progress,
         on_case=on_case,
+        processes=processes,
     )
     if prune:
         known = {c.id for c in load_registry(platform.name, cases_dir)}
@@ -649,6 +670,21 @@ def _filter_results(
 @shard_option
 @measure_options
 @worker_options
+@processes_option
+@click.option(
+    "--max-repeats",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Adaptive sampling: after REPEATS runs keep measuring a case until every verdict "
+    "is clear, up to this many runs (default: 20; in-process runs only).",
+)
+@click.option(
+    "--max-reruns",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Re-run a case with a borderline verdict up to this many times, pooling the samples.",
+)
 @inject_option
 @click.option(
     "--results",
@@ -713,6 +749,9 @@ def check(
     devices_spec: str | None,
     isolate: bool,
     factory_spec: str | None,
+    processes: int,
+    max_repeats: int | None,
+    max_reruns: int,
     inject: str | None,
     results_file: str | None,
     perf_log: str | None,
@@ -727,7 +766,11 @@ def check(
     """Run the selected cases (or read --results) and judge each metric against the baseline.
 
     A metric regresses when its median exceeds max(b * (1 + rel), b + abs), with rel and
-    abs from the baseline's profile for the metric's class. Verdicts: pass, regression,
+    abs from the baseline's profile for the metric's class, and the slowdown is beyond
+    noise (99 % confidence, from the samples' spread and, with --processes or a baseline
+    made with it, the spread between processes). Cases run here are sampled adaptively
+    (REPEATS to --max-repeats runs, stopping once every verdict is clear) and re-run
+    when a verdict is borderline (--max-reruns). Verdicts: pass, regression,
     improvement (a stale baseline, never a failure), missing-baseline, missing-stage,
     new-stage, error.
     """
@@ -742,13 +785,16 @@ def check(
     injection = inject_from(inject) if not (results_file or perf_log) else {}
     if inject and (results_file or perf_log):
         raise PerfguardError("--inject needs cases to run: it cannot apply to --results")
-    if (shard_spec or devices_spec or isolate or factory_spec) and (results_file or perf_log):
+    if (shard_spec or devices_spec or isolate or factory_spec or processes > 1) and (
+        results_file or perf_log
+    ):
         raise PerfguardError(
-            "--shard, --devices, --isolate and --factory need cases to run: "
+            "--shard, --devices, --isolate, --factory and --processes need cases to run: "
             "they cannot apply to --results or --sglang-perf-log"
         )
     ignore_missing: tuple[str, ...] = ()
     settings: dict[str, Any]
+    judgement = None
     if perf_log:
         if not baseline_path:
             raise PerfguardError("--sglang-perf-log needs --baseline (the log names no platform)")
@@ -786,12 +832,19 @@ def check(
         store.check_platform(baseline, platform.name, path)
         baseline.profile(profile)
         cases = sharded(cases, shard_spec, path)
-        results = run_selected(
+        outcome, cap = _gate(
             cases,
             platform,
-            devices_spec,
-            isolate,
-            factory_spec,
+            baseline,
+            profile,
+            devices_spec=devices_spec,
+            isolate=isolate,
+            factory_spec=factory_spec,
+            processes=processes,
+            max_repeats=max_repeats,
+            max_reruns=max_reruns,
+            fail_on_missing=fail_on_missing,
+            advisory=advisory,
             repeats=repeats,
             warmup=warmup,
             timeout=timeout,
@@ -799,11 +852,15 @@ def check(
             inject=injection,
             progress=progress,
         )
+        results, judgement = outcome.results, outcome.judgement
         if out:
             rep.write_results(out, results)
         settings = {
             "source": "run",
             "repeats": repeats,
+            "max_repeats": cap,
+            "max_reruns": max_reruns,
+            "processes": processes,
             "warmup": warmup,
             "sync": sync,
             "inject": describe(injection),
@@ -817,14 +874,15 @@ def check(
             f"the baseline from {baseline.hardware!r}",
             err=True,
         )
-    judgement = judge(
-        results,
-        baseline,
-        profile,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        ignore_missing=ignore_missing,
-    )
+    if judgement is None:
+        judgement = judge(
+            results,
+            baseline,
+            profile,
+            fail_on_missing=fail_on_missing,
+            advisory=advisory,
+            ignore_missing=ignore_missing,
+        )
     report = rep.build(
         judgement,
         environment=results.environment,
@@ -843,19 +901,322 @@ def check(
     return report.exit_code
 
 
+def _gate(
+    cases: list[Case],
+    platform: Platform,
+    baseline: Any,
+    profile: str,
+    *,
+    devices_spec: str | None,
+    isolate: bool,
+    factory_spec: str | None,
+    processes: int,
+    max_repeats: int | None,
+    max_reruns: int,
+    fail_on_missing: bool,
+    advisory: bool,
+    repeats: int,
+    **settings: Any,
+) -> tuple[Any, int]:
+    """Run the cases through `perfguard.gate`; the outcome and the runs cap it sampled to.
+
+    Adaptive sampling needs the verdict after every run, so it applies when the cases
+    run in this process; in workers each measurement is REPEATS runs.
+    """
+    from perfguard.gate import DEFAULT_MAX_REPEATS, run_gate
+    from perfguard.workers import parse_devices, uses_workers
+
+    in_process = not uses_workers(cases, parse_devices(devices_spec), isolate, processes)
+    cap = max(repeats, max_repeats if max_repeats is not None else DEFAULT_MAX_REPEATS)
+    adaptive = in_process and cap > repeats
+
+    def measure(todo: Any, until_for: Any) -> Any:
+        return run_selected(
+            list(todo),
+            platform,
+            devices_spec,
+            isolate,
+            factory_spec,
+            repeats=repeats,
+            processes=processes,
+            max_repeats=cap if adaptive else None,
+            until_for=until_for if adaptive else None,
+            **settings,
+        )
+
+    def on_rerun(case_id: str, attempt: int, metrics: list[str]) -> None:
+        click.echo(
+            f"perfguard: {case_id}: borderline ({', '.join(metrics)}): re-run {attempt} "
+            f"of at most {max_reruns}",
+            err=True,
+        )
+
+    outcome = run_gate(
+        cases,
+        baseline,
+        profile,
+        measure,
+        adaptive=adaptive,
+        max_reruns=max_reruns,
+        fail_on_missing=fail_on_missing,
+        advisory=advisory,
+        max_repeats=cap if adaptive else None,
+        on_rerun=on_rerun,
+        rerun_in_new_process=not in_process,
+    )
+    return outcome, cap if adaptive else repeats
+
+
 def _emit_report(
     report: Any, report_path: str | None, markdown_path: str | None, all_metrics: bool
 ) -> None:
-    """Write the JSON / Markdown files asked for, the job summary, and the console table."""
+    """Write the JSON / Markdown files asked for, the job summary, and the console table.
+
+    Renderings are made from the report as its JSON file holds it (figures rounded), so
+    that `perfguard report render` of that file later prints exactly the same thing.
+    """
     from perfguard import report as rep
 
     if report_path:
         rep.write_report(report_path, report)
+    report = rep.Report.from_json(report.to_json())
     markdown = rep.render_markdown(report)
     if markdown_path:
         rep.write_markdown(markdown_path, markdown)
     rep.append_step_summary(markdown)
     rep.render_table(report, console(), all_metrics=all_metrics)
+
+
+# ---- calibrate ---------------------------------------------------------------------------------
+
+
+@cli.command("calibrate", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@platform_option
+@selection_options
+@baseline_option
+@click.option(
+    "--runs",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Fresh processes to measure each case in (the between-process noise needs 2+).",
+)
+@click.option(
+    "--repeats",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=3),
+    help="Measured runs per process, and per measurement of the checks calibrated for.",
+)
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0))
+@click.option("--timeout", default=None, type=click.FloatRange(min=0, min_open=True))
+@click.option(
+    "--factory",
+    "factory_spec",
+    default=None,
+    metavar="MODULE:FUNCTION",
+    help="Build each case's pipeline with this callable (env: PERFGUARD_FACTORY).",
+)
+@click.option("--profile", default="pr_test", show_default=True, help="Tolerance profile.")
+@click.option(
+    "--check-processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The --processes of the checks calibrated for.",
+)
+@click.option(
+    "--max-reruns",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="The --max-reruns of the checks calibrated for.",
+)
+@click.option(
+    "--check-isolate",
+    is_flag=True,
+    help="The checks calibrated for run with --isolate (re-runs in fresh processes).",
+)
+@click.option(
+    "--baseline-processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The baseline's processes where the baseline does not record them.",
+)
+@click.option(
+    "--trials",
+    default=400,
+    show_default=True,
+    type=click.IntRange(min=50),
+    help="Simulated checks per point (false-alarm resolution ~ 1/trials).",
+)
+@click.option("--all-metrics", is_flag=True, help="Per-step metrics too.")
+@click.option(
+    "--write",
+    is_flag=True,
+    help="Store the suggested bands as the cases' tolerance_overrides in the baseline.",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write every figure to this JSON file.",
+)
+def calibrate_command(
+    platform_name: str | None,
+    cases_dir: str | None,
+    case_ids: tuple[str, ...],
+    match: str | None,
+    tags: tuple[str, ...],
+    baseline_path: str | None,
+    runs: int,
+    repeats: int,
+    warmup: int,
+    timeout: float | None,
+    factory_spec: str | None,
+    profile: str,
+    check_processes: int,
+    max_reruns: int,
+    check_isolate: bool,
+    baseline_processes: int,
+    trials: int,
+    all_metrics: bool,
+    write: bool,
+    json_out: str | None,
+) -> int:
+    """Measure this runner's noise per metric and what the gate can catch through it.
+
+    Each case runs in RUNS fresh processes of REPEATS runs. Per metric it prints the
+    noise within a process and between processes, the false-alarm rate of the current
+    band, the smallest slowdown caught with >= 95 % probability at <= 1 % false alarms
+    (simulated through the real rule, re-runs included, for checks run as the options
+    say), and the tightest band that keeps false alarms within 1 %. --write stores those
+    bands as per-case tolerance overrides in the baseline.
+    """
+    import dataclasses
+    import os
+
+    from perfguard import baseline as store
+    from perfguard.calibrate import CheckSetup, calibrate_case, suggested_overrides
+    from perfguard.inject import ENV_INJECT, inject_from
+    from perfguard.jsonio import write_json_atomic
+    from perfguard.verdict import default_profiles
+
+    if inject_from(None):
+        raise PerfguardError(f"calibrate refuses fault injection (${ENV_INJECT} is set)")
+    platform = probe(platform_name)
+    cases = selected_cases(platform, cases_dir, case_ids, match, tags)
+    path = _baseline_path(baseline_path, platform.name, platform.hardware_slug())
+    baseline = _load_baseline(path) if (write or os.path.exists(path)) else None
+    if baseline is not None:
+        store.check_platform(baseline, platform.name, path)
+    prof = baseline.profile(profile) if baseline else default_profiles(platform.name)[profile]
+    if write and baseline is not None:
+        missing = [c.id for c in cases if c.id not in baseline.scenarios]
+        if missing:
+            raise PerfguardError(
+                f"{path}: no scenario for {', '.join(missing)}: "
+                "run gen-baselines for them before calibrate --write"
+            )
+    setup = CheckSetup(
+        repeats=repeats,
+        baseline_processes=baseline_processes,
+        check_processes=check_processes,
+        max_reruns=max_reruns,
+        isolate=check_isolate,
+        trials=trials,
+    )
+    results = run_selected(
+        cases,
+        platform,
+        None,
+        True,
+        factory_spec,
+        repeats=repeats,
+        warmup=warmup,
+        timeout=timeout,
+        processes=runs,
+    )
+    out = console()
+    report: dict[str, Any] = {"baseline": path if baseline else None, "profile": profile}
+    calibrations = []
+    for case in cases:
+        scenario = baseline.scenarios.get(case.id) if baseline else None
+        cal = calibrate_case(
+            results.cases[case.id], prof, setup, scenario=scenario, all_metrics=all_metrics
+        )
+        calibrations.append(cal)
+        report[case.id] = cal.to_json()
+        if cal.error:
+            out.print(escape(f"{case.id}: error: {cal.error}"))
+            continue
+        out.print(_calibration_table(cal, runs))
+    out.print(
+        "false alarms are per metric: a case gated on k metrics alarms at most k times as "
+        "often (less, as its metrics move together); steps are left out unless --all-metrics"
+    )
+    if json_out:
+        write_json_atomic(json_out, report)
+    if write and baseline is not None:
+        with store.lock(path):
+            current = store.load(path)
+            for cal in calibrations:
+                if cal.error or not cal.detections:
+                    continue
+                scenario = current.scenarios[cal.case_id]
+                merged = suggested_overrides(cal.detections, scenario.tolerance_overrides)
+                current = current.with_scenario(
+                    cal.case_id, dataclasses.replace(scenario, tolerance_overrides=merged)
+                )
+            store.save(path, current.touched())
+        out.print(escape(f"{path}: suggested bands written as tolerance_overrides"))
+    failed = any(c.error for c in calibrations)
+    return EXIT_CASE_FAILED if failed else EXIT_OK
+
+
+def _calibration_table(cal: Any, runs: int) -> Table:
+    def pct(x: float | None) -> str:
+        return "not caught" if x is None else f"+{x:.0%}"
+
+    s = cal.setup
+    table = Table(
+        title=escape(
+            f"{cal.case_id}: {runs} processes x {s.repeats} runs; checks of {s.check_processes} "
+            f"process(es) x {s.repeats} runs vs a baseline of {s.baseline_processes}, "
+            f"<= {s.max_reruns} re-runs {'in fresh processes' if s.fresh_reruns else 'in process'}"
+            f", alpha {s.rule.alpha:g}"
+        )
+    )
+    for col in (
+        "metric",
+        "median",
+        "within",
+        "between",
+        "band (rel/abs)",
+        "false alarms",
+        "catches (95 %)",
+        "suggested band",
+        "false alarms ",
+        "catches (95 %) ",
+    ):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for d in cal.detections:
+        n = d.noise
+        table.add_row(
+            escape(n.metric),
+            f"{n.median:.3f} ms",
+            f"{n.within:.1%}",
+            f"{n.between:.1%}",
+            f"{d.band.rel:g} / {d.band.abs:g}",
+            f"{d.false_alarm:.1%}",
+            pct(d.catches) if d.false_alarm <= 0.01 else "(too many alarms)",
+            f"{d.suggested.rel:g} / {d.suggested.abs:g}",
+            f"{d.suggested_false_alarm:.1%}",
+            pct(d.suggested_catches),
+        )
+    return table
 
 
 # ---- baselines ---------------------------------------------------------------------------------

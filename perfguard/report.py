@@ -236,6 +236,19 @@ def fmt_ratio(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
 
+def fmt_evidence(m: MetricVerdict) -> str:
+    """The ratio with the rule's confidence interval, when the verdict has one.
+
+    Shown only where the band was exceeded or the verdict was borderline: that is where
+    a reader asks "is this noise?", and elsewhere the interval is clutter.
+    """
+    text = fmt_ratio(m.ratio)
+    # A median above its bound is a regression or, when noise explains it, borderline.
+    if m.low is not None and m.high is not None and (m.verdict == REGRESSION or m.borderline):
+        text += f" ({m.low:.2f}-{m.high:.2f})"
+    return text
+
+
 def _rows(report: Report, all_metrics: bool) -> list[tuple[CaseVerdict, MetricVerdict | None]]:
     """(case, metric) rows, worst verdict first; a failed case is one row without a metric."""
     rows: list[tuple[CaseVerdict, MetricVerdict | None]] = []
@@ -324,12 +337,29 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
             Text(fmt_value(m.measured.median if m.measured else None, m.metric)),
             Text(fmt_value(m.baseline.median if m.baseline else None, m.metric)),
             Text(fmt_value(m.bound, m.metric)),
-            Text(fmt_ratio(m.ratio)),
+            Text(fmt_evidence(m)),
         )
     console.print(table)
     hidden = sum(len(c.metrics) for c in report.cases) - sum(1 for _, m in rows if m is not None)
     if hidden:
         console.print(Text(f"{hidden} passing step metric(s) not shown (see the JSON report)"))
+    note = evidence_note(report)
+    if note:
+        console.print(Text(note))
+
+
+def evidence_note(report: Report) -> str:
+    """What the intervals in the ratio column mean, and which cases were re-run."""
+    parts = []
+    if any(m.low is not None and "(" in fmt_evidence(m) for c in report.cases for m in c.metrics):
+        parts.append(
+            "ratio (low-high): the rule's confidence bounds on measured/baseline; a median "
+            "above its bound is a regression only when low > 1 (docs/verdicts.md)"
+        )
+    rerun = [c.case_id for c in report.cases if c.sampling and c.sampling.get("reruns")]
+    if rerun:
+        parts.append(f"re-run for a borderline verdict: {', '.join(rerun)}")
+    return ". ".join(parts)
 
 
 # ---- JSON ----------------------------------------------------------------------------------
@@ -401,7 +431,7 @@ def _metric_row(case: CaseVerdict, m: MetricVerdict, with_verdict: bool) -> list
         escape_md(fmt_value(m.measured.median if m.measured else None, m.metric)),
         escape_md(fmt_value(m.baseline.median if m.baseline else None, m.metric)),
         escape_md(fmt_value(m.bound, m.metric)),
-        escape_md(fmt_ratio(m.ratio)),
+        escape_md(fmt_evidence(m)),
     ]
     return row
 
@@ -434,6 +464,9 @@ def render_markdown(report: Report) -> str:
         lines += [f"#### Regressions ({len(regressions)})", ""]
         lines += _md_table(header, [_metric_row(c, m, False) for c, m in regressions])
         lines.append("")
+    note = evidence_note(report)
+    if note:
+        lines += [escape_md(note), ""]
 
     failed = [c for c in report.cases if c.verdict == ERROR]
     if failed:

@@ -11,6 +11,16 @@ metric's list of samples (one per measured run), which `perfguard.verdict` summa
 A case that raises (out-of-memory included) or runs past its timeout is recorded as an
 error with its message and the remaining cases still run: one broken case must not hide
 the regressions of the others.
+
+Why groups: on a shared machine the median of one process (or one pipeline build)
+drifts from the next one's by more than its samples spread, so a result that pools
+several processes (`--processes`, the gate's re-runs) keeps how many runs each one
+contributed (`CaseResult.groups`); the verdict uses the spread of their medians.
+
+Why `until`: adaptive sampling. After the minimum `repeats`, the caller's predicate
+(`perfguard.gate` asks `perfguard.verdict` whether every verdict is already clear) is
+consulted after each run, and measuring stops as soon as it says so, or at
+`max_repeats`: clear cases cost the minimum, unclear ones get the samples they need.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ class CaseResult:
     warmup: int = 0
     repeats: int = 0
     case: dict[str, Any] = field(default_factory=dict)
+    groups: list[int] | None = None
 
     def add_run(self, record: RunRecord) -> None:
         for name, value in metrics_of_run(record.to_dict()).items():
@@ -74,6 +85,7 @@ class CaseResult:
             "warmup": self.warmup,
             "repeats": self.repeats,
             "case": self.case,
+            **({"groups": list(self.groups)} if self.groups else {}),
         }
 
     @classmethod
@@ -89,7 +101,51 @@ class CaseResult:
             warmup=int(data.get("warmup", 0)),
             repeats=int(data.get("repeats", 0)),
             case=dict(data.get("case", {})),
+            groups=[int(g) for g in data["groups"]] if data.get("groups") else None,
         )
+
+
+def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
+    """One result from several measurements of the same case (processes, re-runs).
+
+    Samples are concatenated in order and `groups` records how many runs each part
+    contributed (a part that was itself pooled keeps its own groups). With `new_groups`
+    False the parts after the first were measured in the same process as the first (an
+    in-process re-run) and extend its last group instead: on the 2-core CPU runner two
+    pipeline builds in one process differ by ~3 % (median) where two processes differ by
+    ~10 %, so counting them as independent processes would understate the noise. A part
+    that failed makes the pooled result fail with its error: a baseline or a verdict
+    must not rest silently on a subset of what was asked for.
+    """
+    if not parts:
+        raise ValueError("nothing to pool")
+    failed = [p for p in parts if p.status != "ok"]
+    if failed:
+        return failed[0]
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    samples: dict[str, list[float]] = {}
+    groups: list[int] = []
+    for i, part in enumerate(parts):
+        for name, values in part.samples.items():
+            samples.setdefault(name, []).extend(values)
+        if new_groups or i == 0:
+            groups.extend(part.groups or [part.repeats])
+        else:
+            groups[-1] += part.repeats
+    hashes = {p.output_hash for p in parts}
+    return CaseResult(
+        case_id=first.case_id,
+        samples=samples,
+        output_hash=first.output_hash,
+        deterministic=all(p.deterministic for p in parts) and len(hashes) == 1,
+        load_ms=first.load_ms,
+        warmup=first.warmup,
+        repeats=sum(p.repeats for p in parts),
+        case=first.case,
+        groups=groups if len(groups) > 1 else None,
+    )
 
 
 @dataclass
@@ -189,10 +245,17 @@ def run_case(
     inject: dict[str, float] | None = None,
     factory: PipelineFactory | None = None,
     on_run: Callable[[CaseResult], None] | None = None,
+    max_repeats: int | None = None,
+    until: Callable[[CaseResult], bool] | None = None,
 ) -> CaseResult:
-    """Build the case's pipeline once, run it `warmup` + `repeats` times, keep every sample."""
+    """Build the case's pipeline once, run it `warmup` + `repeats` times, keep every sample.
+
+    With `until` and `max_repeats` > `repeats`, keep running after the first `repeats`
+    until `until(result)` is true or `max_repeats` runs are measured.
+    """
     if repeats < 1 or warmup < 0:
         raise PerfguardError("--repeats must be >= 1 and --warmup >= 0")
+    limit = max(repeats, max_repeats or repeats) if until is not None else repeats
     result = CaseResult(case_id=case.id, warmup=warmup, repeats=0, case=case.definition())
     hashes: list[str] = []
     pipeline = None
@@ -204,7 +267,9 @@ def run_case(
             result.load_ms = (time.perf_counter() - t0) * 1e3
             for _ in range(warmup):
                 pipeline()
-            for _ in range(repeats):
+            while result.repeats < limit:
+                if result.repeats >= repeats and until is not None and until(result):
+                    break
                 with StageTimer(platform, sync=sync, inject=inject) as timer:  # type: ignore[arg-type]
                     output = pipeline()
                 result.add_run(timer.record())
@@ -240,8 +305,13 @@ def run_cases(
     factory: PipelineFactory | None = None,
     progress: bool | None = None,
     on_case: Callable[[CaseResult], None] | None = None,
+    max_repeats: int | None = None,
+    until_for: Callable[[Case], Callable[[CaseResult], bool] | None] | None = None,
 ) -> Results:
-    """Run every case in turn; `on_case` sees each result as soon as it is complete."""
+    """Run every case in turn; `on_case` sees each result as soon as it is complete.
+
+    `until_for(case)` gives the case's adaptive stop predicate (see `run_case`).
+    """
     results = Results(
         environment=fingerprint(platform),
         settings={
@@ -250,6 +320,7 @@ def run_cases(
             "timeout": timeout,
             "sync": sync,
             "inject": describe(inject or {}),
+            **({"max_repeats": max_repeats} if until_for is not None else {}),
         },
     )
     with _progress(len(cases), progress) as advance:
@@ -264,6 +335,8 @@ def run_cases(
                 sync=sync,
                 inject=inject,
                 factory=factory,
+                max_repeats=max_repeats,
+                until=until_for(case) if until_for is not None else None,
             )
             results.cases[case.id] = res
             if on_case is not None:

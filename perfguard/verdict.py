@@ -2,33 +2,54 @@
 
 Everything that decides lives here, so that "how a regression is decided" is one file:
 the tolerance profiles and their defaults, how a metric's band is resolved from the
-profile and the overrides, the per-metric verdict, the per-case verdict and the overall
-verdict with its exit code. Baselines (`perfguard.baseline`) store figures and profiles;
-reports (`perfguard.report`) render verdicts; neither decides anything.
+profile and the overrides, the evidence a regression needs (`Rule`), the per-metric
+verdict, which verdicts are borderline (re-run the case) or already clear (stop
+sampling), the per-case verdict and the overall verdict with its exit code. Baselines
+(`perfguard.baseline`) store figures and profiles; reports (`perfguard.report`) render
+verdicts; `perfguard.gate` runs, re-runs and stops sampling as these functions say;
+`perfguard.stats` computes the statistics; none of them decides anything.
 
-The rule, in sglang's words: a metric whose baseline is `b` regresses when its measured
-figure exceeds `max(b * (1 + rel), b + abs)`. It is one-sided (only slowdowns fail). The
-relative part scales with the figure; the absolute pad stops tiny figures (a 0.04 ms
-input validation) from failing on timer and scheduler jitter that no relative tolerance
-can absorb.
+The band, in sglang's words: a metric whose baseline is `b` may not exceed
+`max(b * (1 + rel), b + abs)`. It is one-sided (only slowdowns fail). The relative part
+scales with the figure; the absolute pad stops tiny figures (a 0.04 ms input
+validation) from failing on timer and scheduler jitter that no relative tolerance can
+absorb.
 
 The measured figure is the median of the samples, compared with the baseline's median.
 The median, not the mean, because one preempted run (a page-fault storm, a noisy
-neighbour) moves the mean of five samples by 20 % and the median not at all. The samples
-themselves are kept in results, baselines and reports: "Verdicts on noisy machines"
-refines `judge_metric` with rank tests and reruns on exactly this data.
+neighbour) moves the mean of five samples by 20 % and the median not at all.
+
+A median above the band is a regression only when the slowdown is also credible: the
+lower end of a one-sided (1 - alpha) confidence bound on median/baseline must exceed 1
+(`Rule.alpha`, 1 % by default). The interval comes from `stats.log_ratio_noise`: the
+spread of both sides' samples and, when either side was measured in several processes,
+the spread of the per-process medians, because on a shared runner the process is a
+source of variation that the samples of one process cannot show. Without that
+information the bands themselves must cover the drift between processes; `perfguard
+calibrate` measures it and suggests bands that do.
+
+Borderline verdicts (band exceeded but not credible; credible but within 1.2x of the
+band; credible and just inside it; a regression seen in one process only) are re-run by
+the gate with fresh measurements pooled in. The last one is there because on the shared
+CPU runner we measured episodes of ~1 s in which the same stage runs 70 % slower, with
+no other process visible in the guest: a check whose samples all fall into one looks
+exactly like a regression, and only a second measurement at another time tells them
+apart. A real regression is confirmed at the cost of one more measurement; a check
+that passes never pays it. Verdicts whose confidence interval lies wholly on one side
+of the bound are "clear", and the gate stops sampling a case once all its verdicts are.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import statistics
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from perfguard.errors import EXIT_CASE_FAILED, EXIT_OK, EXIT_REGRESSION
 from perfguard.metrics import METRIC_CLASSES, metric_class, metric_sort_key, unit
+from perfguard.stats import Noise, Summary, log_ratio_noise, summarize, z_quantile
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.baseline import Baseline, Scenario
@@ -237,79 +258,42 @@ def default_profiles(platform: str) -> dict[str, Profile]:
     }
 
 
-# ---- sample summaries ----------------------------------------------------------------------
+# ---- the evidence a regression needs -------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Summary:
-    """The median of some samples with their spread; what baselines and reports store.
+class Rule:
+    """How much evidence a verdict needs, and which verdicts are worth a second look.
 
-    `iqr` (interquartile range) and `mad` (median absolute deviation) are the spread
-    measures that a few outliers do not move; `min` / `max` show the outliers themselves.
-    `samples` is kept when known: rank tests need the raw values, not a summary.
+    `alpha` is the one-sided false-alarm rate of the credibility test: a median above
+    its band is a regression only when the (1 - alpha) lower confidence bound of
+    median/baseline is above 1. 1 %, so that noise alone fails about one metric in a
+    hundred that already sit above their band, not one in twenty.
+
+    `borderline` (1.2) is how close to the band a credible slowdown counts as
+    borderline: its excess over the baseline is within 1.2x of the band's allowance, or
+    above 1/1.2 of it while still inside. Such a verdict could flip with the next
+    process's drift, so the gate re-runs the case (`--max-reruns`) before reporting it.
     """
 
-    median: float
-    n: int
-    min: float | None = None
-    max: float | None = None
-    iqr: float | None = None
-    mad: float | None = None
-    samples: tuple[float, ...] | None = None
+    alpha: float = 0.01
+    borderline: float = 1.2
 
-    def to_json(self, digits: int = 3) -> dict[str, Any]:
-        out: dict[str, Any] = {"median": round(self.median, digits), "n": self.n}
-        for key in ("min", "max", "iqr", "mad"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = round(value, digits)
-        if self.samples is not None:
-            out["samples"] = [round(x, digits) for x in self.samples]
-        return out
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 0.5:
+            raise ValueError(f"alpha must be in (0, 0.5), not {self.alpha}")
+        if self.borderline < 1:
+            raise ValueError(f"borderline must be >= 1, not {self.borderline}")
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Summary:
-        samples = data.get("samples")
+    @property
+    def z(self) -> float:
+        return z_quantile(self.alpha)
 
-        def opt(key: str) -> float | None:
-            return None if data.get(key) is None else float(data[key])
-
-        return cls(
-            median=float(data["median"]),
-            n=int(data["n"]),
-            min=opt("min"),
-            max=opt("max"),
-            iqr=opt("iqr"),
-            mad=opt("mad"),
-            samples=None if samples is None else tuple(float(x) for x in samples),
-        )
-
-    def rounded(self, digits: int = 3) -> Summary:
-        """The summary as it reads back from a file (figures rounded to `digits`)."""
-        return Summary.from_json(self.to_json(digits))
+    def to_json(self) -> dict[str, float]:
+        return {"alpha": self.alpha, "borderline": self.borderline}
 
 
-def summarize(samples: Sequence[float], keep_samples: bool = True) -> Summary:
-    """Median, spread and (optionally) the samples themselves; `ValueError` when empty."""
-    if not samples:
-        raise ValueError("no samples to summarize")
-    xs = [float(x) for x in samples]
-    med = statistics.median(xs)
-    if len(xs) >= 2:
-        q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-        iqr = q3 - q1
-    else:
-        iqr = 0.0
-    mad = statistics.median(abs(x - med) for x in xs)
-    return Summary(
-        median=med,
-        n=len(xs),
-        min=min(xs),
-        max=max(xs),
-        iqr=iqr,
-        mad=mad,
-        samples=tuple(xs) if keep_samples else None,
-    )
+DEFAULT_RULE = Rule()
 
 
 # ---- one metric ----------------------------------------------------------------------------
@@ -317,7 +301,14 @@ def summarize(samples: Sequence[float], keep_samples: bool = True) -> Summary:
 
 @dataclass(frozen=True)
 class MetricVerdict:
-    """The verdict on one metric of one case, with everything a reader needs to check it."""
+    """The verdict on one metric of one case, with everything a reader needs to check it.
+
+    `low` / `high` bound median/baseline at the rule's confidence (one-sided each);
+    `significant` says whether `low` > 1 (slower beyond noise); `borderline` asks the
+    gate for a re-run; `clear` says more runs of the same process would not change the
+    verdict (the bound lies outside [low, high] x baseline, or the between-process
+    spread dominates the interval); `noise` is where the interval came from.
+    """
 
     metric: str
     verdict: str
@@ -327,6 +318,12 @@ class MetricVerdict:
     bound: float | None = None
     ratio: float | None = None
     reason: str = ""
+    low: float | None = None
+    high: float | None = None
+    significant: bool | None = None
+    borderline: bool = False
+    clear: bool = True
+    noise: Noise | None = None
 
     @property
     def metric_class(self) -> str:
@@ -340,7 +337,7 @@ class MetricVerdict:
         baseline = None
         if self.baseline is not None:
             baseline = {k: v for k, v in self.baseline.to_json().items() if k != "samples"}
-        return {
+        out: dict[str, Any] = {
             "class": self.metric_class,
             "unit": self.unit,
             "verdict": self.verdict,
@@ -351,19 +348,47 @@ class MetricVerdict:
             "ratio": None if self.ratio is None else round(self.ratio, 4),
             "reason": self.reason,
         }
+        if self.low is not None and self.high is not None:
+            out["ratio_low"] = round(self.low, 4)
+            out["ratio_high"] = round(self.high, 4)
+        if self.significant is not None:
+            out["significant"] = self.significant
+        if self.borderline:
+            out["borderline"] = True
+        if self.noise is not None:
+            out["noise"] = self.noise.to_json()
+        return out
 
     @classmethod
     def from_json(cls, metric: str, data: Mapping[str, Any]) -> MetricVerdict:
         band = data.get("band")
+        noise = data.get("noise")
+
+        def opt(key: str) -> float | None:
+            return None if data.get(key) is None else float(data[key])
+
         return cls(
             metric=metric,
             verdict=str(data["verdict"]),
             measured=None if data.get("measured") is None else Summary.from_json(data["measured"]),
             baseline=None if data.get("baseline") is None else Summary.from_json(data["baseline"]),
             band=None if band is None else Band(float(band["rel"]), float(band["abs"])),
-            bound=None if data.get("bound") is None else float(data["bound"]),
-            ratio=None if data.get("ratio") is None else float(data["ratio"]),
+            bound=opt("bound"),
+            ratio=opt("ratio"),
             reason=str(data.get("reason", "")),
+            low=opt("ratio_low"),
+            high=opt("ratio_high"),
+            significant=data.get("significant"),
+            borderline=bool(data.get("borderline", False)),
+            noise=None
+            if noise is None
+            else Noise(
+                se=float(noise["se"]),
+                within=float(noise["within"]),
+                between=float(noise["between"]),
+                processes_baseline=int(noise["processes_baseline"]),
+                processes_current=int(noise["processes_current"]),
+            ),
         )
 
 
@@ -378,13 +403,22 @@ def judge_metric(
     band: Band,
     *,
     improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
+    rule: Rule = DEFAULT_RULE,
+    groups: Sequence[int] | None = None,
 ) -> MetricVerdict:
-    """Compare the median of `samples` with `baseline.median` under `band`.
+    """Compare the median of `samples` with `baseline.median` under `band` and `rule`.
 
     `samples` None (or empty) means the run did not produce the metric (`missing-stage`);
-    `baseline` None means the baseline does not have it (`new-stage`). Otherwise the
-    median above `band.bound(b)` is a regression, below `band.improvement_below(b, t)` an
-    improvement (the baseline is stale: never a failure), anything between a pass.
+    `baseline` None means the baseline does not have it (`new-stage`). Otherwise:
+
+    - regression: the median is above `band.bound(b)` and the slowdown is credible (the
+      rule's lower confidence bound on median/b is above 1);
+    - improvement: the median is below `band.improvement_below(b, t)` (the baseline is
+      stale: never a failure);
+    - pass: anything else, including a median above the bound that noise explains.
+
+    `groups` gives the number of consecutive samples from each process (or re-run), so
+    that their medians' spread enters the noise estimate.
     """
     if not samples:
         if baseline is None:
@@ -397,18 +431,41 @@ def judge_metric(
             bound=band.bound(baseline.median),
             reason="in the baseline but not produced by this run",
         )
-    measured = summarize(samples)
+    measured = summarize(samples, groups=groups)
     if baseline is None:
         return MetricVerdict(metric, NEW_STAGE, measured=measured, reason="not in the baseline")
     b, m = baseline.median, measured.median
     bound = band.bound(b)
-    ratio = m / b if b > 0 else None
-    if m > bound:
+    if b <= 0 or m <= 0:
+        # No ratio to put an interval on (a figure rounded to 0): the band alone decides.
+        verdict = REGRESSION if m > bound else PASS
+        reason = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}" if m > bound else ""
+        ratio = m / b if b > 0 else None
+        return MetricVerdict(metric, verdict, measured, baseline, band, bound, ratio, reason)
+    noise = log_ratio_noise(baseline, measured)
+    ratio = m / b
+    spread = math.exp(rule.z * noise.se)
+    low, high = ratio / spread, ratio * spread
+    significant = low > 1.0
+    allowance = bound - b
+    excess = (m - b) / allowance if allowance > 0 else math.inf
+    over = m > bound
+    one_process = noise.processes_current == 1
+    borderline = (over and (not significant or excess <= rule.borderline or one_process)) or (
+        significant and not over and excess > 1.0 / rule.borderline
+    )
+    # More runs of this process cannot narrow an interval that the between-process
+    # spread dominates: then the verdict is as clear as this process can make it.
+    clear = not (low * b <= bound < high * b) or noise.within < noise.between / 2
+    figures = f"baseline {_fmt(b, metric)}, rel {band.rel:g}, abs {band.abs:g}"
+    evidence = (
+        f"{1 - rule.alpha:.0%} lower bound {low:.3f}x from the {noise.source}"
+        if noise.se > 0
+        else "no spread known: the band alone decides"
+    )
+    if over and significant:
         verdict = REGRESSION
-        reason = (
-            f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} "
-            f"(baseline {_fmt(b, metric)}, rel {band.rel:g}, abs {band.abs:g})"
-        )
+        reason = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} ({figures}); {evidence}"
     elif m < band.improvement_below(b, improvement_threshold):
         verdict = IMPROVEMENT
         reason = (
@@ -416,10 +473,31 @@ def judge_metric(
             f"{band.abs:g} {unit(metric)} below the baseline {_fmt(b, metric)}: "
             "the baseline is stale"
         )
+    elif over:
+        verdict = PASS
+        reason = (
+            f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} ({figures}) but within "
+            f"noise: {evidence}"
+        )
     else:
         verdict = PASS
         reason = ""
-    return MetricVerdict(metric, verdict, measured, baseline, band, bound, ratio, reason)
+    return MetricVerdict(
+        metric,
+        verdict,
+        measured,
+        baseline,
+        band,
+        bound,
+        ratio,
+        reason,
+        low=low,
+        high=high,
+        significant=significant,
+        borderline=borderline,
+        clear=clear,
+        noise=noise,
+    )
 
 
 # ---- one case ------------------------------------------------------------------------------
@@ -427,7 +505,11 @@ def judge_metric(
 
 @dataclass(frozen=True)
 class CaseVerdict:
-    """The verdicts on one case's metrics, and the case's own (its worst metric's)."""
+    """The verdicts on one case's metrics, and the case's own (its worst metric's).
+
+    `sampling` is what the gate did to reach it (runs, processes, re-runs, whether it
+    stopped early), when the case was run by `perfguard.gate`.
+    """
 
     case_id: str
     verdict: str
@@ -437,9 +519,20 @@ class CaseVerdict:
     baseline_output_hash: str | None = None
     deterministic: bool | None = None
     notes: str | None = None
+    sampling: Mapping[str, Any] | None = None
+
+    @property
+    def borderline(self) -> list[str]:
+        """The metrics whose verdict asks for a re-run of the case."""
+        return [m.metric for m in self.metrics if m.borderline]
+
+    @property
+    def clear(self) -> bool:
+        """Every verdict is clear: more samples would not change any of them."""
+        return self.verdict != ERROR and all(m.clear for m in self.metrics)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "verdict": self.verdict,
             "error": self.error,
             "output_hash": self.output_hash,
@@ -448,6 +541,9 @@ class CaseVerdict:
             "notes": self.notes,
             "metrics": {m.metric: m.to_json() for m in self.metrics},
         }
+        if self.sampling is not None:
+            out["sampling"] = dict(self.sampling)
+        return out
 
     @classmethod
     def from_json(cls, case_id: str, data: Mapping[str, Any]) -> CaseVerdict:
@@ -461,6 +557,7 @@ class CaseVerdict:
             baseline_output_hash=data.get("baseline_output_hash"),
             deterministic=data.get("deterministic"),
             notes=data.get("notes"),
+            sampling=data.get("sampling"),
         )
 
 
@@ -491,6 +588,7 @@ def judge_case(
     improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
     step_fractions: Sequence[float] | None = None,
     ignore_missing: Iterable[str] = (),
+    rule: Rule = DEFAULT_RULE,
 ) -> CaseVerdict:
     """Judge every metric of one case's result against its baseline scenario.
 
@@ -511,7 +609,12 @@ def judge_case(
     samples = result.samples
     if scenario is None:
         metrics = tuple(
-            MetricVerdict(m, MISSING_BASELINE, measured=summarize(samples[m]), reason="no scenario")
+            MetricVerdict(
+                m,
+                MISSING_BASELINE,
+                measured=summarize(samples[m], groups=result.groups),
+                reason="no scenario",
+            )
             for m in sorted(samples, key=metric_sort_key)
         )
         return CaseVerdict(case_id, MISSING_BASELINE, metrics, **common)
@@ -533,6 +636,8 @@ def judge_case(
                 base.get(metric),
                 band,
                 improvement_threshold=improvement_threshold,
+                rule=rule,
+                groups=result.groups,
             )
         )
     return CaseVerdict(case_id, worst(m.verdict for m in out), tuple(out), **common)
@@ -610,6 +715,7 @@ def judge(
     fail_on_missing: bool = False,
     advisory: bool = False,
     ignore_missing: Iterable[str] = (),
+    rule: Rule = DEFAULT_RULE,
 ) -> Judgement:
     """Judge every case of `results` against `baseline` under its profile `profile_name`.
 
@@ -627,6 +733,7 @@ def judge(
             improvement_threshold=baseline.improvement_threshold,
             step_fractions=baseline.step_fractions,
             ignore_missing=ignored,
+            rule=rule,
         )
         for cid, res in sorted(results.cases.items())
     )
@@ -639,6 +746,7 @@ __all__ = [
     "DEFAULT_IMPROVEMENT_THRESHOLD",
     "DEFAULT_PROFILE",
     "DEFAULT_REL",
+    "DEFAULT_RULE",
     "DEVICE_ABS",
     "DEVICE_FLOORS",
     "METRIC_CLASSES",
@@ -650,6 +758,7 @@ __all__ = [
     "Judgement",
     "MetricVerdict",
     "Profile",
+    "Rule",
     "Summary",
     "default_profiles",
     "gated_steps",

@@ -15,6 +15,16 @@ running: the case is reported with the reason and a fresh worker takes the next 
 interpreter, allocator and caches, as pyperf and asv do; without it a device's worker
 runs its cases one after another, as a serving process would.
 
+`--processes K` measures each case in K fresh worker processes (isolated, as above) and
+pools their samples into one result whose `groups` say which runs came from which
+process. On a shared runner a process's median drifts from the next one's by more than
+its own samples spread (memory layout, frequency, neighbours: ~4 % between processes
+against ~3 % IQR within one on the 2-core CPU runner), so the process, not the run, is
+the unit that a baseline must average over and that the verdict must know the spread
+of. The K measurements of a case are queued round-robin with the other cases' (all
+cases' first process, then all second ones), so that a burst of load on the machine
+lands on different cases rather than on every process of one case.
+
 Cases with `num_devices = N > 1` are launched with `python -m torch.distributed.run
 --standalone --nproc-per-node N -m perfguard._worker rank ...` on N devices of the list;
 each rank narrows the visible-devices variable to its own device, initialises the process
@@ -64,7 +74,7 @@ from perfguard.platform import (
     RocmPlatform,
     fingerprint,
 )
-from perfguard.runner import CaseResult, PipelineFactory, Results
+from perfguard.runner import CaseResult, PipelineFactory, Results, pool
 from perfguard.shard import expected_time_s
 
 ENV_FACTORY = "PERFGUARD_FACTORY"
@@ -469,15 +479,21 @@ def run_cases(
     inject: dict[str, float] | None = None,
     factory: str | None = None,
     on_case: Callable[[CaseResult], None] | None = None,
+    processes: int = 1,
 ) -> Results:
     """Run `cases` in worker processes; a `Results` like `perfguard.runner.run_cases`'.
 
     `devices` lists the devices to use, one worker each (None: one unpinned worker).
     Single-device cases go to whichever worker is free, longest first; then the
     multi-device cases run one at a time through torchrun on the first devices listed.
+    With `processes` K > 1 every case is measured in K fresh processes and `on_case`
+    sees the pooled result once all K are done.
     """
     if repeats < 1 or warmup < 0:
         raise PerfguardError("--repeats must be >= 1 and --warmup >= 0")
+    if processes < 1:
+        raise PerfguardError("--processes must be >= 1")
+    isolate = isolate or processes > 1
     if factory:
         import_factory(factory)  # a bad spec is a usage error now, not N case errors later
     options = RunOptions(
@@ -495,23 +511,31 @@ def run_cases(
             "devices": list(devices) if devices is not None else None,
             "isolate": isolate,
             "factory": factory,
+            **({"processes": processes} if processes > 1 else {}),
         },
     )
     lock = threading.Lock()
+    parts: dict[str, list[CaseResult]] = {}
 
     def record(res: CaseResult) -> None:
         with lock:
-            results.cases[res.case_id] = res
+            got = parts.setdefault(res.case_id, [])
+            got.append(res)
+            if len(got) < processes:
+                return
+            pooled = pool(got)
+            results.cases[res.case_id] = pooled
             if on_case is not None:
-                on_case(res)
+                on_case(pooled)
 
     single = sorted(
         (c for c in cases if c.num_devices <= 1), key=lambda c: (-expected_time_s(c), c.id)
     )
     slots: list[Sequence[str] | None] = [[d] for d in devices] if devices else [None]
     todo: queue.SimpleQueue[Case] = queue.SimpleQueue()
-    for case in single:
-        todo.put(case)
+    for _ in range(processes):
+        for case in single:
+            todo.put(case)
 
     def drive(slot: Sequence[str] | None) -> None:
         label = f"worker for device {slot[0]}" if slot else "worker"
@@ -549,8 +573,9 @@ def run_cases(
     for thread in threads:
         thread.join()
 
-    for case in (c for c in cases if c.num_devices > 1):
-        record(_run_multi(case, platform, devices, options))
+    for _ in range(processes):
+        for case in (c for c in cases if c.num_devices > 1):
+            record(_run_multi(case, platform, devices, options))
     return results
 
 
@@ -582,20 +607,48 @@ def execute(
     isolate: bool = False,
     factory: str | None = None,
     progress: bool | None = None,
+    processes: int = 1,
+    max_repeats: int | None = None,
+    until_for: Callable[[Case], Callable[[CaseResult], bool] | None] | None = None,
     **settings: Any,
 ) -> Results:
     """Run `cases` in this process, or in workers when asked for or needed.
 
-    Workers are used with `devices` or `isolate`, and whenever a case needs more than one
-    device (only torchrun can give it that); otherwise the cases run here, as before,
-    through `perfguard.runner.run_cases`. `settings` are the runner's (repeats, warmup,
-    timeout, sync, inject, on_case).
+    Workers are used with `devices`, `isolate` or `processes` > 1, and whenever a case
+    needs more than one device (only torchrun can give it that); otherwise the cases run
+    here, as before, through `perfguard.runner.run_cases`. `settings` are the runner's
+    (repeats, warmup, timeout, sync, inject, on_case).
+
+    Adaptive sampling (`until_for`, `max_repeats`) needs the verdict after every run,
+    which lives in this process: it applies to cases run here, and workers measure
+    their `repeats` (the gate still re-runs borderline cases in fresh processes).
     """
-    if devices or isolate or any(c.num_devices > 1 for c in cases):
+    if uses_workers(cases, devices, isolate, processes):
         return run_cases(
-            cases, platform, devices=devices, isolate=isolate, factory=factory, **settings
+            cases,
+            platform,
+            devices=devices,
+            isolate=isolate,
+            factory=factory,
+            processes=processes,
+            **settings,
         )
     from perfguard.runner import run_cases as run_in_process
 
     built = import_factory(factory) if factory else None
-    return run_in_process(cases, platform, factory=built, progress=progress, **settings)
+    return run_in_process(
+        cases,
+        platform,
+        factory=built,
+        progress=progress,
+        max_repeats=max_repeats,
+        until_for=until_for,
+        **settings,
+    )
+
+
+def uses_workers(
+    cases: Sequence[Case], devices: Sequence[str] | None, isolate: bool, processes: int = 1
+) -> bool:
+    """Whether `execute` runs these cases in worker processes rather than in this one."""
+    return bool(devices or isolate or processes > 1 or any(c.num_devices > 1 for c in cases))

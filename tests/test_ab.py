@@ -103,4 +103,5 @@ def test_ratio_and_p_value_on_synthetic_samples() -> None:
     assert slower_p_value(old, new) < 0.01
     assert slower_p_value(old, old) > 0.3
     assert slower_p_value([], new) == 1.0
-    assert summarize(old).n == 6 and summarize([5.0]).stdev == 0.0
+    assert summarize(old).n == 6 and summarize([5.0]).iqr == 0.0
+    assert summarize(old).rel_iqr == pytest.approx(summarize(old).iqr / summarize(old).median)

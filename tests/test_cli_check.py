@@ -8,6 +8,7 @@ depend on how busy the machine is. The last tests run the real smoke pipelines.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -430,13 +431,6 @@ def test_help_lists_the_exit_codes(pg: PG) -> None:
 # ---- the real smoke pipelines --------------------------------------------------------------
 
 
-def _eventually(attempt: Callable[[], bool], tries: int = 3) -> bool:
-    """Real timings on a shared machine drift by tens of percent over seconds (other
-    tenants, frequency changes), so each attempt measures the baseline and the check
-    back to back, and a rerun is allowed, as a CI owner would allow one."""
-    return any(attempt() for _ in range(tries))
-
-
 @pytest.fixture
 def smoke(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     pytest.importorskip("perfguard.workloads.pipeline")
@@ -447,28 +441,78 @@ def smoke(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_smoke_suite_gen_baselines_then_check_passes_and_an_injected_slowdown_fails(
-    smoke: Path, pg: PG
+SLEEP_PIPES = """
+import time
+
+import torch
+
+from perfguard.timer import stage, step
+
+
+def pipeline(case, platform):
+    def run():
+        with stage("TextEncodingStage"):
+            time.sleep(0.002)
+        with stage("DenoisingStage"):
+            for i in range(4):
+                with step(i):
+                    time.sleep(0.005)
+        with stage("DecodingStage"):
+            time.sleep(0.003)
+        return torch.zeros(4)
+
+    return run
+"""
+
+
+def test_smoke_case_gen_baselines_then_check_passes_and_an_injected_slowdown_fails(
+    smoke: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Done-when of the issue, on the real pipelines: the gate passes, then catches +50 %."""
+    """Done-when of the issue, through every moving part of the gate, without a retry.
+
+    gen-baselines pools three fresh processes; each check runs `--isolate`, so its
+    re-runs are fresh processes too; the A/A check passes and +50 % injected into the
+    denoising stage fails after the gate confirmed it in a second process.
+
+    The stages sleep instead of computing: on this 2-core runner the real smoke
+    pipeline's denoising stage has been measured at 14-27 ms across three processes
+    within a minute while other jobs ran, so a verdict on it is a verdict on the
+    machine (`benchmarks/detection.py` measures how the gate copes with that). A sleep
+    lasts what it says however busy the cores are, and the injected busy-wait is
+    measured against the stage's own time, so this test checks the gate, not the
+    machine. The real pipelines run through the same commands in
+    `tests/test_calibrate.py`.
+    """
+    (smoke / "pg_sleep_pipes.py").write_text(SLEEP_PIPES)
+    monkeypatch.setenv("PYTHONPATH", f"{smoke}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(smoke))
     base = ("--platform", "cpu", "--repeats", "5", "--warmup", "1")
-    qwen = ("--case", "qwen_image_t2i_smoke")
-
-    def passes() -> bool:
-        code, out, err = pg("gen-baselines", *base, "--tag", "smoke")
-        assert code == 0, out + err
-        assert "updated 2 of 2 case(s)" in out
-        return pg("check", *base, "--tag", "smoke", "--report", "pass.json")[0] == 0
-
-    assert _eventually(passes), Path("pass.json").read_text()
-
-    def catches() -> bool:
-        assert pg("gen-baselines", *base, *qwen)[0] == 0
-        code, out, _ = pg(
-            "check", *base, *qwen, "--inject", "DenoisingStage=+50%", "--report", "slow.json"
-        )
-        case = json.loads(Path("slow.json").read_text())["cases"]["qwen_image_t2i_smoke"]
-        verdict = case["metrics"]["stage:DenoisingStage"]["verdict"]
-        return code == 1 and verdict == "regression" and "stage:DenoisingStage" in out
-
-    assert _eventually(catches), Path("slow.json").read_text()
+    qwen = ("--case", "qwen_image_t2i_smoke", "--factory", "pg_sleep_pipes:pipeline")
+    code, out, err = pg("gen-baselines", *base, *qwen, "--processes", "3")
+    assert code == 0, out + err
+    assert "updated 1 of 1 case(s)" in out and "3 processes" in out
+    saved = json.loads(Path(f"baselines/cpu/{Platform().hardware_slug()}.json").read_text())
+    assert (
+        len(saved["scenarios"]["qwen_image_t2i_smoke"]["stages"]["DenoisingStage"]["processes"])
+        == 3
+    )
+    code, out, err = pg("check", *base, *qwen, "--isolate", "--report", "pass.json")
+    assert code == 0, out + err + Path("pass.json").read_text()
+    code, out, err = pg(
+        "check",
+        *base,
+        *qwen,
+        "--isolate",
+        "--inject",
+        "DenoisingStage=+50%",
+        "--report",
+        "slow.json",
+    )
+    report = json.loads(Path("slow.json").read_text())
+    case = report["cases"]["qwen_image_t2i_smoke"]
+    assert code == 1, out + err + json.dumps(case)
+    assert case["metrics"]["stage:DenoisingStage"]["verdict"] == "regression"
+    assert case["metrics"]["stage:DenoisingStage"]["ratio_low"] > 1
+    assert "stage:DenoisingStage" in out and "re-run 1" in err
+    assert report["settings"]["inject"] == "DenoisingStage=+50%"
+    assert case["sampling"] == {"runs": 10, "groups": 2, "reruns": 1}  # confirmed once

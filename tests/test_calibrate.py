@@ -1,0 +1,121 @@
+"""`perfguard calibrate`: noise within and between processes, what the gate catches, bands.
+
+The library tests feed synthetic processes with known noise; the command-line test runs
+the real Qwen-Image smoke case in two fresh processes and writes the suggested bands.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from perfguard.calibrate import (
+    CheckSetup,
+    calibrate_case,
+    detection,
+    measure_noise,
+    suggested_overrides,
+)
+from perfguard.cli import main
+from perfguard.runner import CaseResult, pool
+from perfguard.verdict import Band, default_profiles
+
+REPO = Path(__file__).resolve().parents[1]
+M = "stage:DenoisingStage"
+
+
+def measured(within: float, between: float, processes: int = 8, n: int = 10) -> CaseResult:
+    """`processes` processes of `n` runs: offsets ~ N(0, between), samples ~ N(0, within)."""
+    rng = random.Random(0)
+    parts = []
+    for _ in range(processes):
+        centre = 20.0 * math.exp(rng.gauss(0.0, between))
+        xs = [centre * math.exp(rng.gauss(0.0, within)) for _ in range(n)]
+        parts.append(CaseResult("c", samples={M: xs, "e2e": [x + 2 for x in xs]}, repeats=n))
+    return pool(parts)
+
+
+def test_noise_is_split_into_within_and_between_processes() -> None:
+    (_, denoise) = measure_noise(measured(within=0.02, between=0.06, processes=12))
+    assert denoise.metric == M and denoise.processes == 12 and denoise.repeats == 10
+    assert denoise.within == pytest.approx(0.02, rel=0.35)
+    assert denoise.between == pytest.approx(0.06, rel=0.4)
+    assert len(denoise.offsets) == 12 and abs(sum(denoise.offsets)) < 1e-9
+    with pytest.raises(ValueError):
+        measure_noise(CaseResult("c", samples={M: [1.0, 2.0]}, repeats=2))
+
+
+def test_a_quiet_metric_gets_a_tight_band_that_catches_small_slowdowns() -> None:
+    (_, noise) = measure_noise(measured(within=0.01, between=0.005))
+    setup = CheckSetup(repeats=10, trials=200)
+    det = detection(noise, Band(0.25, 1.2), setup)
+    assert det.false_alarm <= 0.01
+    assert det.catches is not None and 0.25 <= det.catches <= 0.35  # the 25 % band decides
+    assert det.suggested.rel <= 0.05 and det.suggested_false_alarm <= 0.01
+    assert det.suggested.abs <= det.suggested.rel * noise.median + 0.001  # pad lowered too
+    assert det.suggested_catches is not None and det.suggested_catches <= 0.1
+
+
+def test_more_noise_needs_a_wider_band_and_more_processes_see_more() -> None:
+    quiet = measure_noise(measured(within=0.01, between=0.01))[1]
+    noisy = measure_noise(measured(within=0.01, between=0.08))[1]
+    setup = CheckSetup(repeats=10, trials=200)
+    assert (
+        detection(noisy, Band(0.25, 0.0), setup).suggested.rel
+        > detection(quiet, Band(0.25, 0.0), setup).suggested.rel
+    )
+    one = detection(noisy, Band(0.25, 0.0), setup)
+    many = detection(
+        noisy,
+        Band(0.25, 0.0),
+        CheckSetup(repeats=10, trials=200, check_processes=4, baseline_processes=8),
+    )
+    assert many.suggested_catches is not None
+    assert one.suggested_catches is None or many.suggested_catches < one.suggested_catches
+
+
+def test_suggested_bands_are_metric_overrides_that_keep_the_others() -> None:
+    cal = calibrate_case(
+        measured(0.01, 0.01), default_profiles("cpu")["pr_test"], CheckSetup(repeats=10, trials=100)
+    )
+    assert [d.noise.metric for d in cal.detections] == ["e2e", M]
+    merged = suggested_overrides(cal.detections, {"step:0": {"rel": 2.0}, M: {"abs": 9.0}})
+    assert merged["step:0"] == {"rel": 2.0}
+    assert set(merged[M]) == {"rel", "abs"} and merged[M]["abs"] < 9.0
+    assert cal.to_json()["metrics"][M]["noise"]["processes"] == 8
+
+
+def test_calibrate_on_the_smoke_case_prints_noise_and_writes_bands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("perfguard.workloads.pipeline")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PERFGUARD_CASES", str(REPO / "cases"))
+    monkeypatch.delenv("PERFGUARD_INJECT", raising=False)
+    case = ("--platform", "cpu", "--case", "qwen_image_t2i_smoke", "--baseline", "b.json")
+
+    def pg(*args: str) -> int:
+        with pytest.raises(SystemExit) as exc:
+            main(list(args))
+        return int(exc.value.code or 0)
+
+    assert pg("gen-baselines", *case, "--repeats", "3", "--warmup", "0") == 0
+    capsys.readouterr()
+    code = pg(
+        "calibrate", *case, "--runs", "2", "--repeats", "4", "--trials", "50",
+        "--write", "--json", "cal.json",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "stage:DenoisingStage" in out and "suggested band" in out and "within" in out
+    written = json.loads(Path("b.json").read_text())
+    overrides = written["scenarios"]["qwen_image_t2i_smoke"]["tolerance_overrides"]
+    assert set(overrides[M]) == {"rel", "abs"}
+    report = json.loads(Path("cal.json").read_text())
+    assert report["qwen_image_t2i_smoke"]["metrics"][M]["noise"]["processes"] == 2
+    monkeypatch.setenv("PERFGUARD_INJECT", "DenoisingStage=+10%")
+    assert pg("calibrate", *case, "--runs", "2") == 2  # never calibrate on injected time

@@ -1,0 +1,347 @@
+"""The rule on noisy machines, pinned on synthetic samples.
+
+A regression needs the band exceeded AND a credible slowdown; the noise behind
+"credible" includes the spread between processes when the data has it; borderline
+verdicts make the gate re-run the case (bounded, samples pooled); adaptive sampling
+stops as soon as every verdict is clear. Samples are seeded log-normal draws and the
+pipelines run on a virtual clock, so nothing here depends on how busy the machine is.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from perfguard.baseline import Baseline, Scenario, new_baseline, scenario_from_result
+from perfguard.cases import Case
+from perfguard.gate import run_gate
+from perfguard.jsonio import validate
+from perfguard.platform import Platform
+from perfguard.runner import CaseResult, Results, pool, run_case, run_cases
+from perfguard.stats import log_ratio_noise, process_spread, summarize
+from perfguard.timer import stage
+from perfguard.verdict import PASS, REGRESSION, Band, Rule, judge_metric
+
+M = "stage:DenoisingStage"
+BAND = Band(0.10, 0.0)
+
+
+def noisy(median: float, rel_sd: float, n: int, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [median * math.exp(rng.gauss(0.0, rel_sd)) for _ in range(n)]
+
+
+def processes(medians: Sequence[float], n: int = 10, rel_sd: float = 0.01) -> list[float]:
+    """`n` tight samples around each of `medians`, one process after another."""
+    out: list[float] = []
+    for i, m in enumerate(medians):
+        out += noisy(m, rel_sd, n, seed=100 + i)
+    return out
+
+
+# ---- the rule on one metric ----------------------------------------------------------------
+
+
+def test_a_clear_regression_is_credible_clear_and_confirmed_by_a_second_process() -> None:
+    base = summarize(processes([10.0, 10.1, 9.9, 10.05]), groups=[10] * 4)
+    first = noisy(15.0, 0.02, 10, seed=1)
+    v = judge_metric(M, first, base, BAND)
+    assert v.verdict == REGRESSION and v.significant and v.clear
+    assert v.low is not None and v.low > 1.3
+    assert "bound" in v.reason and "99% lower bound" in v.reason
+    # Seen in one process only, it is confirmed by a re-run before it is reported ...
+    assert v.borderline
+    # ... and two processes agreeing make it final.
+    both = judge_metric(M, first + noisy(15.2, 0.02, 10, seed=2), base, BAND, groups=[10, 10])
+    assert both.verdict == REGRESSION and not both.borderline
+
+
+def test_a_clear_a_a_passes_without_a_rerun() -> None:
+    base = summarize(processes([10.0, 10.1, 9.9, 10.05]), groups=[10] * 4)
+    v = judge_metric(M, noisy(10.0, 0.02, 10, seed=3), base, BAND)
+    assert v.verdict == PASS and not v.borderline and v.clear and not v.significant
+    assert v.low is not None and v.high is not None and v.low < 1.0 < v.high
+
+
+def test_above_the_band_but_within_the_between_process_spread_is_a_borderline_pass() -> None:
+    # The baseline's processes disagree by ~10 %: a check 12 % slow could be drift.
+    base = summarize(processes([9.0, 10.0, 11.2, 8.8, 10.6]), groups=[10] * 5)
+    v = judge_metric(M, noisy(base.median * 1.12, 0.01, 10, seed=4), base, BAND)
+    assert v.measured is not None and v.bound is not None and v.measured.median > v.bound
+    assert v.verdict == PASS and v.borderline and not v.significant
+    assert "within noise" in v.reason
+    assert v.noise is not None and v.noise.between > v.noise.within
+
+
+def test_without_process_data_drift_is_credible_so_the_band_must_cover_it() -> None:
+    """Why `calibrate` exists: tight samples from two processes make 7 % drift significant."""
+    base = summarize(noisy(10.0, 0.01, 10, seed=5))
+    drift = noisy(10.7, 0.01, 10, seed=6)
+    assert judge_metric(M, drift, base, Band(0.05, 0.0)).verdict == REGRESSION
+    assert judge_metric(M, drift, base, Band(0.10, 0.0)).verdict == PASS
+
+
+def test_a_credible_slowdown_near_the_band_is_borderline_on_either_side() -> None:
+    base = summarize(processes([10.0, 10.02, 9.98, 10.01]), groups=[10] * 4)
+    just_over = processes([11.15, 11.1], rel_sd=0.005)  # +11 %: within 1.2x of a 10 % band
+    v = judge_metric(M, just_over, base, BAND, groups=[10, 10])
+    assert v.verdict == REGRESSION and v.significant and v.borderline
+    just_inside = processes([10.92, 10.9], rel_sd=0.005)  # +9 %: above 1/1.2 of the band
+    v = judge_metric(M, just_inside, base, BAND, groups=[10, 10])
+    assert v.verdict == PASS and v.significant and v.borderline
+    far_over = processes([13.0, 13.1], rel_sd=0.005)
+    v = judge_metric(M, far_over, base, BAND, groups=[10, 10])
+    assert v.verdict == REGRESSION and not v.borderline
+    wide = Rule(borderline=3.5)  # "near the band" is the rule's to set
+    assert judge_metric(M, far_over, base, BAND, groups=[10, 10], rule=wide).borderline
+
+
+def test_one_sample_on_each_side_leaves_the_band_alone_to_decide() -> None:
+    v = judge_metric(M, [13.0], summarize([10.0]), BAND)
+    assert v.verdict == REGRESSION and v.low == v.high == pytest.approx(1.3)
+    assert "band alone" in v.reason
+
+
+def test_a_side_without_spread_borrows_the_other_sides() -> None:
+    imported = summarize([10.0])  # an sglang figure: one number
+    v = judge_metric(M, noisy(10.5, 0.05, 10, seed=7), imported, Band(0.01, 0.0))
+    assert v.noise is not None and v.noise.within > 0
+    assert v.verdict == PASS and not v.significant  # 5 % with 5 % noise is not credible
+
+
+def test_the_noise_model_takes_the_larger_of_within_and_between() -> None:
+    tight = summarize(processes([10.0, 11.0, 9.0]), groups=[10] * 3)
+    cur = summarize(noisy(10.0, 0.01, 10, seed=8))
+    noise = log_ratio_noise(tight, cur)
+    spread = process_spread(tight)
+    assert spread is not None and spread[1] == 2
+    assert noise.between == pytest.approx(spread[0] * math.sqrt(1 / 3 + 1))
+    assert noise.se == noise.between > noise.within
+    assert (noise.processes_baseline, noise.processes_current) == (3, 1)
+    single = log_ratio_noise(summarize(noisy(10.0, 0.01, 10, seed=9)), cur)
+    assert single.between == 0 and single.se == single.within > 0
+
+
+def test_a_stricter_alpha_needs_more_evidence() -> None:
+    base = summarize(processes([10.0, 10.6, 9.5, 10.3]), groups=[10] * 4)
+    cur = noisy(base.median * 1.11, 0.01, 10, seed=10)
+    loose = judge_metric(M, cur, base, BAND, rule=Rule(alpha=0.2))
+    strict = judge_metric(M, cur, base, BAND, rule=Rule(alpha=0.001))
+    assert loose.verdict == REGRESSION and strict.verdict == PASS
+    with pytest.raises(ValueError):
+        Rule(alpha=0.7)
+
+
+# ---- groups, pooling, baselines ------------------------------------------------------------
+
+
+def _result(samples: list[float], **kw: Any) -> CaseResult:
+    return CaseResult(case_id="c", samples={"e2e": samples, M: samples}, repeats=len(samples), **kw)
+
+
+def test_pooled_results_keep_their_groups_and_a_baseline_keeps_process_medians() -> None:
+    parts = [_result([10.0, 10.2, 9.8]), _result([11.0, 11.2]), _result([9.0, 9.5, 9.4, 9.6])]
+    pooled = pool(parts)
+    assert pooled.groups == [3, 2, 4] and pooled.repeats == 9
+    assert pool([pooled, _result([12.0])]).groups == [3, 2, 4, 1]
+    assert pool([parts[0], CaseResult("c", status="error", error="boom")]).status == "error"
+    scenario = scenario_from_result(pooled)
+    assert scenario.metrics[M].processes == (10.0, 11.1, 9.45)
+    env = {"platform": "cpu", "hardware": "x"}
+    data = new_baseline(env).with_scenario("c", scenario).to_json()
+    validate(data, "baseline", "test")
+    assert Baseline.from_json(data).scenarios["c"].metrics[M].processes == (10.0, 11.1, 9.45)
+    assert CaseResult.from_json("c", pooled.to_json()).groups == [3, 2, 4]
+
+
+def test_a_metric_that_some_runs_lack_gets_no_process_medians() -> None:
+    assert summarize([1.0, 2.0, 3.0], groups=[2, 2]).processes is None
+
+
+# ---- the gate: re-runs and adaptive sampling -----------------------------------------------
+
+
+CASE = Case(id="c", workload="qwen_image", preset="tiny")
+
+
+def _baseline(medians: Sequence[float]) -> Baseline:
+    res = pool([_result(noisy(m, 0.01, 10, seed=20 + i)) for i, m in enumerate(medians)])
+    env = {"platform": "cpu", "hardware": "x"}
+    scenario = scenario_from_result(res)
+    return new_baseline(env).with_scenario("c", scenario)
+
+
+def _scripted(attempts: list[float]) -> tuple[Callable[..., Results], list[list[str]]]:
+    """A `measure` whose n-th call measures the case at `attempts[n]` (10 runs)."""
+    calls: list[list[str]] = []
+
+    def measure(cases: Sequence[Case], until_for: Any) -> Results:
+        calls.append([c.id for c in cases])
+        level = attempts[min(len(calls) - 1, len(attempts) - 1)]
+        res = _result(noisy(level, 0.01, 10, seed=len(calls)), output_hash="h")
+        return Results(environment={}, settings={}, cases={"c": res})
+
+    return measure, calls
+
+
+def test_a_borderline_case_is_rerun_and_a_transient_episode_does_not_fail() -> None:
+    """A check that lands in a slow episode is re-run; with the re-runs pooled it passes."""
+    baseline = _baseline([10.0, 10.1, 9.9])
+    measure, calls = _scripted([17.0, 10.0, 10.05])  # +70 % for one measurement only
+    outcome = run_gate(
+        [CASE], baseline, "pr_test", measure, max_reruns=2, rerun_in_new_process=True
+    )
+    (case,) = outcome.judgement.cases
+    assert case.verdict == PASS and outcome.judgement.exit_code == 0
+    assert calls == [["c"], ["c"], ["c"]]
+    assert case.sampling is not None and case.sampling["reruns"] == 2
+    assert case.sampling["groups"] == 3 and case.sampling["runs"] == 30
+    assert outcome.results.cases["c"].groups == [10, 10, 10]
+
+
+def test_a_real_regression_is_confirmed_by_one_rerun_and_fails() -> None:
+    measure, calls = _scripted([15.0, 15.1])
+    baseline = _baseline([10.0, 10.1, 9.9])
+    outcome = run_gate([CASE], baseline, "pr_test", measure, rerun_in_new_process=True)
+    (case,) = outcome.judgement.cases
+    assert case.verdict == REGRESSION and outcome.judgement.exit_code == 1
+    assert len(calls) == 2 and case.sampling is not None and case.sampling["reruns"] == 1
+    assert case.sampling["groups"] == 2
+
+
+def test_in_process_reruns_extend_the_process_instead_of_adding_one() -> None:
+    """Re-runs in the check's own process agree with it (~3 %, processes ~10 %): they add
+    samples spread over more time, not another process's evidence."""
+    measure, calls = _scripted([15.0, 15.1])
+    outcome = run_gate([CASE], _baseline([10.0, 10.1, 9.9]), "pr_test", measure)
+    (case,) = outcome.judgement.cases
+    assert case.verdict == REGRESSION and len(calls) == 3
+    assert case.sampling is not None and case.sampling["groups"] == 1
+    assert case.sampling["runs"] == 30 and outcome.results.cases["c"].groups is None
+
+
+def test_reruns_are_bounded_and_a_clear_pass_is_never_rerun() -> None:
+    measure, calls = _scripted([17.0, 10.0])  # alternating would go on forever
+    run_gate([CASE], _baseline([10.0, 10.1, 9.9]), "pr_test", measure, max_reruns=0)
+    assert len(calls) == 1
+    measure, calls = _scripted([10.0])
+    outcome = run_gate([CASE], _baseline([10.0, 10.1, 9.9]), "pr_test", measure)
+    assert len(calls) == 1 and outcome.judgement.cases[0].sampling["reruns"] == 0  # type: ignore[index]
+
+
+class VirtualClock(Platform):
+    """The CPU platform on a clock that moves only when a fake pipeline says so."""
+
+    now_ns = 0
+
+    def mark(self) -> int:
+        return VirtualClock.now_ns
+
+
+def _factory(level: Callable[[int], float]) -> Callable[[Case, Platform], Callable[[], Any]]:
+    """Pipelines whose DenoisingStage lasts `level(run)` ms, with 1 % seeded jitter."""
+    rng = random.Random(0)
+    runs = [0]
+
+    def build(case: Case, platform: Platform) -> Callable[[], Any]:
+        def pipeline() -> torch.Tensor:
+            with stage("DenoisingStage"):
+                ms = level(runs[0]) * math.exp(rng.gauss(0.0, 0.01))
+                VirtualClock.now_ns += int(ms * 1e6)
+            runs[0] += 1
+            return torch.zeros(1)
+
+        return pipeline
+
+    return build
+
+
+def test_run_case_stops_when_told_and_never_before_the_minimum_nor_after_the_maximum() -> None:
+    seen: list[int] = []
+
+    def until(res: CaseResult) -> bool:
+        seen.append(res.repeats)
+        return res.repeats >= 7
+
+    res = run_case(
+        CASE,
+        VirtualClock(),
+        repeats=5,
+        max_repeats=20,
+        until=until,
+        factory=_factory(lambda i: 10.0),
+    )
+    assert res.repeats == 7 and seen == [5, 6, 7]
+    res = run_case(
+        CASE,
+        VirtualClock(),
+        repeats=5,
+        max_repeats=9,
+        until=lambda r: False,
+        factory=_factory(lambda i: 10.0),
+    )
+    assert res.repeats == 9
+
+
+@pytest.mark.parametrize(
+    ("level", "runs"),
+    [(10.0, 5), (11.0, 20)],  # far from the 10 % band: stop at once; at the bound: keep going
+    ids=["clear-stops-early", "unclear-samples-to-the-cap"],
+)
+def test_adaptive_sampling_stops_as_soon_as_every_verdict_is_clear(level: float, runs: int) -> None:
+    baseline = _baseline([10.0])
+    baseline = baseline.with_scenario(
+        "c",
+        Scenario(
+            metrics={M: baseline.scenarios["c"].metrics[M]},
+            tolerance_overrides={M: {"rel": 0.1, "abs": 0.0}},
+        ),
+    )
+    factory = _factory(lambda i: level)
+
+    def measure(cases: Sequence[Case], until_for: Any) -> Results:
+        return run_cases(
+            cases,
+            VirtualClock(),
+            repeats=5,
+            warmup=0,
+            max_repeats=20,
+            until_for=until_for,
+            factory=factory,
+            progress=False,
+        )
+
+    outcome = run_gate([CASE], baseline, "pr_test", measure, max_reruns=0, max_repeats=20)
+    (case,) = outcome.judgement.cases
+    assert case.sampling is not None and case.sampling["runs"] == runs
+    assert case.sampling["stopped_early"] is (runs < 20)
+
+
+def test_the_report_shows_the_evidence_and_the_reruns_and_round_trips() -> None:
+    from perfguard.report import Report, build, render_markdown
+
+    measure, _ = _scripted([15.0, 15.1])
+    baseline = _baseline([10.0, 10.1, 9.9])
+    outcome = run_gate([CASE], baseline, "pr_test", measure, rerun_in_new_process=True)
+    report = build(
+        outcome.judgement,
+        environment={"platform": "cpu", "hardware": "x"},
+        baseline_info={"path": "b.json", "sha256": "0" * 64},
+        profile=baseline.profile("pr_test").to_json(),
+        settings={"source": "run"},
+        improvement_threshold=0.2,
+    )
+    data = report.to_json()
+    validate(data, "report", "test")
+    metric = data["cases"]["c"]["metrics"][M]
+    assert metric["significant"] and metric["ratio_low"] > 1 and metric["noise"]["se"] > 0
+    assert data["cases"]["c"]["sampling"] == {"runs": 20, "groups": 2, "reruns": 1}
+    md = render_markdown(report)
+    assert "confidence bounds" in md and "re-run for a borderline verdict: c" in md
+    again = Report.from_json(data).to_json()
+    assert again["cases"] == data["cases"]
