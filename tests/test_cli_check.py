@@ -19,7 +19,6 @@ import torch
 
 import perfguard.cli
 import perfguard.runner
-from perfguard.cli import main
 from perfguard.jsonio import validate
 from perfguard.platform import Platform
 from perfguard.timer import stage, step
@@ -98,19 +97,6 @@ def fake_factory(case: Any, platform: Platform) -> Callable[[], torch.Tensor]:
 
 
 PG = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def pg(capsys: pytest.CaptureFixture[str]) -> PG:
-    """Run `perfguard ARGS` in process through `main`: (exit code, stdout, stderr)."""
-
-    def run(*args: str) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as exc:
-            main(list(args))
-        out, err = capsys.readouterr()
-        return int(exc.value.code or 0), out, err
-
-    return run
 
 
 @pytest.fixture
