@@ -80,7 +80,14 @@ def detect(
     min_ratio: float = 0.02,
 ) -> list[Change]:
     """Change points of `series` (ordered by commit); see the module docstring."""
-    import ruptures as rpt
+    try:
+        import ruptures as rpt
+    except ImportError as exc:
+        from perfguard.errors import PerfguardError
+
+        raise PerfguardError(
+            "change-point detection needs ruptures: pip install 'perfguard[history]'"
+        ) from exc
 
     values = np.asarray(series, dtype=float)
     n = len(values)
