@@ -883,20 +883,7 @@ def check(
             advisory=advisory,
             ignore_missing=ignore_missing,
         )
-    report = rep.build(
-        judgement,
-        environment=results.environment,
-        baseline_info={
-            "path": str(path),
-            "sha256": store.file_sha256(path),
-            "platform": baseline.platform,
-            "hardware": baseline.hardware,
-            "updated": baseline.metadata.get("updated"),
-        },
-        profile=baseline.profile(profile).to_json(),
-        settings=settings,
-        improvement_threshold=baseline.improvement_threshold,
-    )
+    report = rep.build_against(judgement, results, baseline, path, settings=settings)
     _emit_report(report, report_path, markdown_path, all_metrics)
     return report.exit_code
 

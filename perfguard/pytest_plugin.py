@@ -284,27 +284,14 @@ def check(
 ) -> Any:
     """Judge `results` against a baseline file as `perfguard check` does; the Report."""
     from perfguard import baseline as baselines
-    from perfguard.report import build, write_report
+    from perfguard.report import build_against, write_report
     from perfguard.verdict import DEFAULT_PROFILE, judge
 
     base = baselines.load(baseline_path)
     baselines.check_platform(base, results.platform, str(baseline_path))
     name = profile or DEFAULT_PROFILE
     judgement = judge(results, base, name)
-    report = build(
-        judgement,
-        environment=results.environment,
-        baseline_info={
-            "path": str(baseline_path),
-            "sha256": baselines.file_sha256(baseline_path),
-            "platform": base.platform,
-            "hardware": base.hardware,
-            "updated": base.metadata.get("updated"),
-        },
-        profile=base.profile(name).to_json(),
-        settings=results.settings,
-        improvement_threshold=base.improvement_threshold,
-    )
+    report = build_against(judgement, results, base, baseline_path, settings=results.settings)
     if report_path:
         write_report(report_path, report)
     return report

@@ -574,3 +574,32 @@ def build(
         settings=dict(settings),
         improvement_threshold=improvement_threshold,
     )
+
+
+def build_against(
+    judgement: Judgement,
+    results: Results,
+    baseline: Any,
+    baseline_path: str | os.PathLike[str],
+    *,
+    settings: Mapping[str, Any],
+) -> Report:
+    """The report of `judgement` against the baseline file it was judged with: records the
+    file's path and hash, and the profile the judgement used (`check` and the pytest
+    plugin both report this way)."""
+    from perfguard.baseline import file_sha256
+
+    return build(
+        judgement,
+        environment=results.environment,
+        baseline_info={
+            "path": str(baseline_path),
+            "sha256": file_sha256(baseline_path),
+            "platform": baseline.platform,
+            "hardware": baseline.hardware,
+            "updated": baseline.metadata.get("updated"),
+        },
+        profile=baseline.profile(judgement.profile).to_json(),
+        settings=settings,
+        improvement_threshold=baseline.improvement_threshold,
+    )
