@@ -15,9 +15,22 @@ EXIT_USAGE = 2
 EXIT_CASE_FAILED = 3
 """A case failed to run (raised, ran out of memory, timed out) and nothing regressed."""
 
+EXIT_CONTENDED = 4
+"""The runner stayed much slower than at baseline time (its reference workload said so)
+after bounded waits: the measurement says nothing about the code, so no verdict."""
+EXIT_INTERNAL = 70
+"""An internal error (a bug, or a library raising something unexpected): never a verdict.
+70 is `EX_SOFTWARE` of BSD's sysexits.h."""
+EXIT_INTERRUPTED = 130
+"""Interrupted (SIGINT / Ctrl-C): 128 + 2, the shell's convention."""
+EXIT_TERMINATED = 143
+"""Terminated (SIGTERM): 128 + 15."""
+
 EXIT_CODES_HELP = (
     "Exit codes: 0 no regression; 1 at least one regression; "
-    "2 usage, configuration or data error; 3 a case failed to run (and no regression)."
+    "2 usage, configuration or data error; 3 a case failed to run (and no regression); "
+    "4 the runner was contended (no verdict); 70 internal error (never a verdict); "
+    "130 interrupted; 143 terminated."
 )
 
 
