@@ -137,6 +137,27 @@ DEVICE_FLOORS: dict[str, tuple[float, float]] = {
 }
 
 DEFAULT_IMPROVEMENT_THRESHOLD = 0.2
+MIN_EFFECT: dict[str, float] = {
+    "e2e": 0.03,
+    "denoise_stage": 0.03,
+    "denoise_agg": 0.03,
+    "denoise_step": 0.10,
+    "non_denoise_stage": 0.20,
+    "peak_memory": 0.05,
+}
+"""The smallest slowdown worth failing a PR for, per metric class (the effect of interest).
+
+A regression must be at least this much slower in its point estimate *and* credibly
+slower at the rule's confidence; the stored-baseline gate and the relative check
+(`check --against`) share these figures, so "how big must it be" has one answer.
+"""
+
+
+def min_effect(metric: str) -> float:
+    """`MIN_EFFECT` of `metric`'s class."""
+    return MIN_EFFECT[metric_class(metric)]
+
+
 """sglang's `improvement_reporting.threshold`: 20 % faster than the baseline is stale."""
 
 
@@ -750,6 +771,7 @@ __all__ = [
     "DEVICE_ABS",
     "DEVICE_FLOORS",
     "METRIC_CLASSES",
+    "MIN_EFFECT",
     "PROFILE_NAMES",
     "SEVERITY",
     "VERDICTS",
@@ -765,6 +787,7 @@ __all__ = [
     "judge",
     "judge_case",
     "judge_metric",
+    "min_effect",
     "overall",
     "summarize",
     "worst",
