@@ -41,7 +41,7 @@ from perfguard.errors import PerfguardError
 from perfguard.jsonio import json_path, read_json, validate, write_json_atomic
 from perfguard.metrics import is_metric_name, metric_sort_key
 from perfguard.runner import CaseResult, utc_now
-from perfguard.stats import Summary, summarize
+from perfguard.stats import Summary, log_ratio_noise, summarize, t_quantile
 from perfguard.verdict import DEFAULT_IMPROVEMENT_THRESHOLD, Profile, default_profiles
 
 BASELINE_KIND = "perfguard.baseline"
@@ -75,6 +75,10 @@ class Scenario:
     notes: str | None = None
     tolerance_overrides: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    threads: Mapping[str, int] | None = None
+    reference: Summary | None = None
+    reference_version: str | None = None
+    dropped_runs: int | None = None
 
     @property
     def step_count(self) -> int:
@@ -103,6 +107,10 @@ class Scenario:
             "updated": self.updated,
             "case": None if self.case is None else dict(self.case),
             "notes": self.notes,
+            "threads": None if self.threads is None else dict(self.threads),
+            "reference": None if self.reference is None else self.reference.to_json(DIGITS),
+            "reference_version": self.reference_version,
+            "dropped_runs": self.dropped_runs,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.tolerance_overrides:
@@ -136,6 +144,12 @@ class Scenario:
                 k: dict(v) for k, v in data.get("tolerance_overrides", {}).items()
             },
             extra=dict(data.get("sglang_extra", {})),
+            threads=None if data.get("threads") is None else dict(data["threads"]),
+            reference=None
+            if data.get("reference") is None
+            else Summary.from_json(data["reference"]),
+            reference_version=data.get("reference_version"),
+            dropped_runs=data.get("dropped_runs"),
         )
 
 
@@ -326,8 +340,19 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 # ---- generation ----------------------------------------------------------------------------
 
 
-def scenario_from_result(result: CaseResult, keep_samples: bool = True) -> Scenario:
-    """The scenario a successful run gives: each metric summarized, samples kept."""
+def scenario_from_result(
+    result: CaseResult,
+    keep_samples: bool = True,
+    *,
+    reference_version: str | None = None,
+    dropped_runs: int | None = None,
+) -> Scenario:
+    """The scenario a successful run gives: each metric summarized, samples kept.
+
+    The thread counts and the reference workload's figure travel with the metrics:
+    a later check compares like with like (`check_comparable`) and sees whether the
+    runner is as fast as it was (`perfguard.gate`).
+    """
     if result.status != "ok" or not result.samples:
         raise ValueError(f"{result.case_id}: only a successful run makes a baseline")
     metrics: dict[str, Summary] = {}
@@ -347,16 +372,45 @@ def scenario_from_result(result: CaseResult, keep_samples: bool = True) -> Scena
         warmup=result.warmup,
         updated=utc_now(),
         case=case or None,
+        threads=dict(result.threads) if result.threads else None,
+        reference=summarize(result.reference, keep_samples).rounded(DIGITS)
+        if result.reference
+        else None,
+        reference_version=reference_version if result.reference else None,
+        dropped_runs=dropped_runs,
     )
+
+
+TIGHTEN_ALPHA = 0.01
+"""`--tighten` lowers a figure only when the improvement is credible at this level."""
+
+
+def credibly_lower(before: Summary, after: Summary, alpha: float = TIGHTEN_ALPHA) -> bool:
+    """Whether `after` is faster than `before` beyond noise (one-sided, at `alpha`).
+
+    The upper confidence bound of after/before must be below 1, with the same noise
+    model and t-quantile as the gate's credibility test.
+    """
+    if before.median <= 0 or after.median <= 0:
+        return False
+    noise = log_ratio_noise(before, after)
+    if noise.se <= 0:
+        return False
+    high = math.log(after.median / before.median) + t_quantile(alpha, noise.dof) * noise.se
+    return high < 0
 
 
 def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -> Scenario:
     """The scenario to store when `new` was just measured for a case that had `old`.
 
-    Without `tighten` the new figures replace the old ones. With it a metric's old
-    summary is kept unless the new median is lower, and metrics the new run lacks are
-    kept: tightening only ever lowers figures. Either way `notes`,
-    `tolerance_overrides` and imported extras are carried over: they are human input.
+    Without `tighten` the new figures replace the old ones. With it a metric takes the
+    new summary only when the new measurement is credibly faster (`credibly_lower`), and
+    keeps the old one otherwise; metrics the new run lacks are kept. Keeping the lower of
+    two medians instead would walk a baseline into the lucky tail of the noise, one
+    refresh at a time, until unchanged code fails; a credible improvement moves it to
+    the new measurement's median, a robust figure, not to its luckiest sample. Either
+    way `notes`, `tolerance_overrides` and imported extras are carried over: they are
+    human input.
     """
     if old is None:
         return new
@@ -365,7 +419,7 @@ def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -
     if tighten:
         for name, before in old.metrics.items():
             after = metrics.get(name)
-            if after is None or before.median <= after.median:
+            if after is None or not credibly_lower(before, after):
                 metrics[name] = before
         if old.load_ms is not None and (load_ms is None or old.load_ms < load_ms):
             load_ms = old.load_ms
@@ -377,6 +431,43 @@ def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -
         tolerance_overrides=old.tolerance_overrides,
         extra=old.extra,
     )
+
+
+def check_comparable(results: Any, baseline: Baseline, source: str) -> None:
+    """Refuse to compare figures measured under different thread or reference settings.
+
+    A figure measured with 2 intra-op threads is another figure than one measured with
+    1 (on the 2-core runner their between-process noise differs 4x), and a reference
+    workload that changed cannot tell whether the runner is slower. Both are a
+    `PerfguardError` (exit 2) naming the case and both settings; a scenario that
+    recorded neither (an imported or older baseline) is compared as before.
+    """
+    from perfguard import reference
+
+    for cid, res in sorted(results.cases.items()):
+        scenario = baseline.scenarios.get(cid)
+        if scenario is None or res.status != "ok":
+            continue
+        if scenario.threads and res.threads and scenario.threads != res.threads:
+            raise PerfguardError(
+                f"{source}: case {cid!r}: the baseline was measured with "
+                f"{_threads(scenario.threads)}, this run with {_threads(res.threads)}: "
+                "set the case's `threads` (or --threads) to match, or regenerate the baseline"
+            )
+        if (
+            scenario.reference_version
+            and res.reference
+            and scenario.reference_version != reference.version()
+        ):
+            raise PerfguardError(
+                f"{source}: case {cid!r}: the baseline's reference workload is version "
+                f"{scenario.reference_version}, this perfguard's is {reference.version()}: "
+                "regenerate the baseline"
+            )
+
+
+def _threads(t: Mapping[str, int]) -> str:
+    return f"{t.get('intra_op')} intra-op / {t.get('inter_op')} inter-op thread(s)"
 
 
 def check_platform(baseline: Baseline, platform: str, source: str) -> None:
@@ -407,9 +498,14 @@ def record_case(
     *,
     tighten: bool = False,
     keep_samples: bool = True,
+    dropped_runs: int | None = None,
 ) -> Baseline:
     """Store one case's fresh measurement in the baseline at `path` (locked, atomic)."""
-    scenario = scenario_from_result(result, keep_samples)
+    from perfguard.reference import version
+
+    scenario = scenario_from_result(
+        result, keep_samples, reference_version=version(), dropped_runs=dropped_runs
+    )
     with lock(path):
         current = open_for_update(path, environment)
         merged = merge_scenario(current.scenarios.get(result.case_id), scenario, tighten)

@@ -41,6 +41,8 @@ class Case:
     `prompt_lengths` gives one text length per batch row; rows shorter than the longest
     are padded, which is what exercises the masked joint-attention path. Optimization
     `toggles` default on; a case turns one off to measure the reference behaviour.
+    `threads` is torch's intra-op thread count while it is measured; None takes the
+    platform's default (`perfguard.threads`: 1 on CPU).
     """
 
     id: str
@@ -59,6 +61,7 @@ class Case:
     tags: tuple[str, ...] = ()
     description: str = ""
     estimated_time_s: float | None = None
+    threads: int | None = None
     toggles: dict[str, bool] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     tolerance_overrides: dict[str, dict[str, float]] = field(default_factory=dict)

@@ -22,6 +22,7 @@ from perfguard.cases import Case, load_registry, select
 from perfguard.errors import (
     EXIT_CASE_FAILED,
     EXIT_CODES_HELP,
+    EXIT_CONTENDED,
     EXIT_OK,
     EXIT_USAGE,
     PerfguardError,
@@ -353,6 +354,14 @@ def ab_command(
 # `selected_cases` for which.
 
 
+def _set_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    """`--threads` travels as `$PERFGUARD_THREADS`, so worker processes see it too."""
+    if value is not None:
+        from perfguard.threads import ENV_OVERRIDE
+
+        os.environ[ENV_OVERRIDE] = str(value)
+
+
 def measure_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--repeats / --warmup / --timeout / --sync / --progress, for commands that run cases."""
     options = [
@@ -384,6 +393,15 @@ def measure_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Synchronize the device at every stage boundary (debugging).",
         ),
         click.option(
+            "--threads",
+            type=click.IntRange(min=1),
+            default=None,
+            expose_value=False,
+            callback=_set_threads,
+            help="torch intra-op threads for every case (default: the case's `threads`, "
+            "else 1 on CPU and 4 on devices; env: PERFGUARD_THREADS).",
+        ),
+        click.option(
             "--progress/--no-progress",
             default=None,
             help="Progress bar (default: only on a terminal).",
@@ -394,16 +412,28 @@ def measure_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def processes_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+def processes_option(fn: Callable[..., Any], default: int = 1) -> Callable[..., Any]:
     """--processes K (perfguard.workers): the process as the unit of measurement."""
     return click.option(
         "--processes",
-        default=1,
+        default=default,
         show_default=True,
         type=click.IntRange(min=1),
         help="Measure each case in K fresh processes (REPEATS runs each) and pool them; "
         "the spread of their medians is the between-process noise the verdict uses.",
     )(fn)
+
+
+DEFAULT_BASELINE_PROCESSES = 5
+"""gen-baselines measures in 5 fresh processes by default: the verdict's interval needs
+the between-process spread, and 5 processes give it 4 degrees of freedom of the
+baseline's own (the one-sided 99 % t quantile falls from 6.96 with 2 to 3.75 with 4,
+3.14 with 6 once a check's 3 processes add theirs). A baseline is made rarely; a check
+runs on every PR, so the baseline side pays for the precision."""
+
+
+def baseline_processes_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return processes_option(fn, DEFAULT_BASELINE_PROCESSES)
 
 
 def inject_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -538,7 +568,9 @@ def run_command(
     if out:
         console().print(escape(f"results written to {out}"))
     failed = any(r.status != "ok" for r in results.cases.values())
-    return EXIT_CASE_FAILED if failed else EXIT_OK
+    if failed:
+        return EXIT_CASE_FAILED
+    return EXIT_CONTENDED if busy else EXIT_OK
 
 
 @cli.command("gen-baselines", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
@@ -548,8 +580,12 @@ def run_command(
 @shard_option
 @measure_options
 @worker_options
-@processes_option
-@click.option("--tighten", is_flag=True, help="Only ever lower figures (keep lower old ones).")
+@baseline_processes_option
+@click.option(
+    "--tighten",
+    is_flag=True,
+    help="Only lower a figure, and only on a credible improvement (99 %), to the new median.",
+)
 @click.option("--prune", is_flag=True, help="Drop scenarios whose case no longer exists.")
 @click.option("--inject", default=None, hidden=True)
 def gen_baselines(
@@ -583,6 +619,7 @@ def gen_baselines(
     between-process noise (see docs/verdicts.md).
     """
     from perfguard import baseline as store
+    from perfguard.contention import screen
     from perfguard.inject import ENV_INJECT, inject_from
     from perfguard.runner import CaseResult
 
@@ -601,12 +638,21 @@ def gen_baselines(
     cases = sharded(cases, shard_spec, path)
     out = console()
     saved: list[str] = []
+    busy: list[str] = []
 
     def on_case(result: CaseResult) -> None:
         if result.status != "ok":
             out.print(escape(f"{result.case_id}: error, baseline not updated: {result.error}"))
             return
-        store.record_case(path, result, environment, tighten=tighten)
+        # Runs that the reference workload saw contended are not part of a baseline; a
+        # measurement that was mostly contended is not stored at all.
+        quiet, scr = screen(result, None)
+        if scr.contended:
+            busy.append(result.case_id)
+            out.print(escape(f"{result.case_id}: {scr.reason}: baseline not updated"))
+            return
+        result = quiet
+        store.record_case(path, result, environment, tighten=tighten, dropped_runs=scr.dropped)
         saved.append(result.case_id)
         e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
         where = f", {len(result.groups)} processes" if result.groups else ""
@@ -832,6 +878,7 @@ def check(
         store.check_platform(baseline, platform.name, path)
         baseline.profile(profile)
         cases = sharded(cases, shard_spec, path)
+        _check_threads(cases, platform, baseline, path)
         outcome, cap = _gate(
             cases,
             platform,
@@ -868,6 +915,8 @@ def check(
             "devices": devices_spec,
             "isolate": isolate,
         }
+    if not perf_log:
+        store.check_comparable(results, baseline, path)
     if results.hardware != baseline.hardware and not perf_log:
         click.echo(
             f"perfguard: warning: results are from hardware {results.hardware!r}, "
@@ -931,27 +980,55 @@ def _gate(
             **settings,
         )
 
-    def on_rerun(case_id: str, attempt: int, metrics: list[str]) -> None:
-        click.echo(
-            f"perfguard: {case_id}: borderline ({', '.join(metrics)}): re-run {attempt} "
-            f"of at most {max_reruns}",
-            err=True,
+    def confirm(todo: Any, until_for: Any) -> Any:
+        # A fresh process for each confirmation: the process, not the run, is the unit
+        # whose spread the verdict's interval needs (perfguard.gate).
+        return run_selected(
+            list(todo),
+            platform,
+            devices_spec,
+            True,
+            factory_spec,
+            repeats=repeats,
+            processes=1,
+            **settings,
         )
+
+    def on_event(case_id: str, message: str) -> None:
+        click.echo(escape(f"perfguard: {case_id}: {message}"), err=True)
 
     outcome = run_gate(
         cases,
         baseline,
         profile,
         measure,
+        confirm=confirm if in_process else None,
         adaptive=adaptive,
         max_reruns=max_reruns,
         fail_on_missing=fail_on_missing,
         advisory=advisory,
         max_repeats=cap if adaptive else None,
-        on_rerun=on_rerun,
-        rerun_in_new_process=not in_process,
+        on_event=on_event,
     )
     return outcome, cap if adaptive else repeats
+
+
+def _check_threads(cases: list[Case], platform: Platform, baseline: Any, path: str) -> None:
+    """Before anything runs: the thread count of each case must be its baseline's."""
+    from perfguard.threads import INTEROP, case_threads
+
+    for case in cases:
+        scenario = baseline.scenarios.get(case.id)
+        if scenario is None or not scenario.threads:
+            continue
+        want = {"intra_op": case_threads(case, platform.name), "inter_op": INTEROP}
+        if scenario.threads.get("intra_op") != want["intra_op"]:
+            raise PerfguardError(
+                f"{path}: case {case.id!r}: the baseline was measured with "
+                f"{scenario.threads.get('intra_op')} intra-op thread(s), this run would use "
+                f"{want['intra_op']}: set the case's `threads` (or --threads) to match, or "
+                "regenerate the baseline"
+            )
 
 
 def _emit_report(

@@ -85,6 +85,10 @@ class Platform:
     def elapsed_ms(self, start: Any, end: Any) -> float:
         return (end - start) / 1e6
 
+    def host_ns(self) -> int:
+        """The host's wall clock (ns): what the reference workload is timed with."""
+        return time.perf_counter_ns()
+
     # ---- memory --------------------------------------------------------------------------
     def empty_cache(self) -> None:
         """Return cached allocator blocks between cases (nothing to do on CPU)."""

@@ -36,6 +36,7 @@ from perfguard.jsonio import json_path, read_json, validate, write_json_atomic, 
 from perfguard.metrics import metric_sort_key, unit
 from perfguard.runner import Results, utc_now
 from perfguard.verdict import (
+    CONTENDED,
     ERROR,
     IMPROVEMENT,
     MISSING,
@@ -276,6 +277,9 @@ def summary_line(report: Report) -> str:
     errors = sum(1 for c in report.cases if c.verdict == ERROR)
     if errors:
         parts.append(f"{errors} case(s) failed to run")
+    busy = sum(1 for c in report.cases if c.verdict == CONTENDED)
+    if busy:
+        parts.append(f"{busy} case(s) measured on a contended runner (no verdict)")
     missing = sum(counts[v] for v in MISSING)
     if missing:
         parts.append(f"{missing} missing or new metric(s)")
@@ -294,6 +298,7 @@ def summary_line(report: Report) -> str:
 _STYLE = {
     REGRESSION: "bold red",
     ERROR: "bold red",
+    CONTENDED: "yellow",
     IMPROVEMENT: "green",
     PASS: "",
 }
@@ -358,7 +363,13 @@ def evidence_note(report: Report) -> str:
         )
     rerun = [c.case_id for c in report.cases if c.sampling and c.sampling.get("reruns")]
     if rerun:
-        parts.append(f"re-run for a borderline verdict: {', '.join(rerun)}")
+        parts.append(f"over a bound at first, confirmed in fresh processes: {', '.join(rerun)}")
+    waited = [c.case_id for c in report.cases if c.sampling and c.sampling.get("contention_waits")]
+    if waited:
+        parts.append(f"measured again after the runner was contended: {', '.join(waited)}")
+    dropped = sum(int((c.runner or {}).get("dropped_runs", 0)) for c in report.cases)
+    if dropped:
+        parts.append(f"{dropped} run(s) left out: the reference workload beside them was slow")
     return ". ".join(parts)
 
 
@@ -438,7 +449,7 @@ def _metric_row(case: CaseVerdict, m: MetricVerdict, with_verdict: bool) -> list
 
 def render_markdown(report: Report) -> str:
     """A PR comment: one summary line, regressions, failures, improvements, details."""
-    icon = {"pass": "✅", "fail": "❌", "error": "⚠️"}.get(report.verdict, "")
+    icon = {"pass": "✅", "fail": "❌", "error": "⚠️", "contended": "⏳"}.get(report.verdict, "")
     env = report.environment
     lines = [f"### {icon} {escape_md(summary_line(report))}", ""]
     context = [

@@ -26,6 +26,7 @@ consulted after each run, and measuring stops as soon as it says so, or at
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import gc
 import hashlib
@@ -39,11 +40,13 @@ from typing import Any
 
 import torch
 
+from perfguard import threads
 from perfguard.cases import Case
 from perfguard.errors import PerfguardError
 from perfguard.inject import describe
 from perfguard.metrics import metrics_of_run
 from perfguard.platform import Platform, fingerprint
+from perfguard.reference import Reference
 from perfguard.timer import RunRecord, StageTimer
 
 RESULTS_KIND = "perfguard.results"
@@ -69,10 +72,39 @@ class CaseResult:
     repeats: int = 0
     case: dict[str, Any] = field(default_factory=dict)
     groups: list[int] | None = None
+    threads: dict[str, int] | None = None
+    reference: list[float] = field(default_factory=list)
 
     def add_run(self, record: RunRecord) -> None:
         for name, value in metrics_of_run(record.to_dict()).items():
             self.samples.setdefault(name, []).append(value)
+
+    def only_runs(self, keep: Sequence[bool]) -> CaseResult:
+        """This result with only the runs where `keep` is true (one flag per run).
+
+        Every metric and the reference must have one sample per run, so that run `i` is
+        the same run in each; otherwise nothing is dropped. `groups` shrink with their
+        runs, and a group left empty disappears.
+        """
+        runs = len(self.reference)
+        if len(keep) != runs or all(keep) or not any(keep):
+            return self
+        if any(len(v) != runs for v in self.samples.values()):
+            return self
+        groups: list[int] = []
+        at = 0
+        for size in self.groups or [runs]:
+            kept = sum(1 for k in keep[at : at + size] if k)
+            if kept:
+                groups.append(kept)
+            at += size
+        return dataclasses.replace(
+            self,
+            samples={m: [x for x, k in zip(v, keep) if k] for m, v in self.samples.items()},
+            reference=[x for x, k in zip(self.reference, keep) if k],
+            repeats=sum(keep),
+            groups=groups if len(groups) > 1 else None,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +118,8 @@ class CaseResult:
             "repeats": self.repeats,
             "case": self.case,
             **({"groups": list(self.groups)} if self.groups else {}),
+            **({"threads": dict(self.threads)} if self.threads else {}),
+            **({"reference": list(self.reference)} if self.reference else {}),
         }
 
     @classmethod
@@ -102,6 +136,8 @@ class CaseResult:
             repeats=int(data.get("repeats", 0)),
             case=dict(data.get("case", {})),
             groups=[int(g) for g in data["groups"]] if data.get("groups") else None,
+            threads={k: int(v) for k, v in data["threads"].items()} if data.get("threads") else None,
+            reference=[float(x) for x in data.get("reference", [])],
         )
 
 
@@ -127,7 +163,9 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
     first = parts[0]
     samples: dict[str, list[float]] = {}
     groups: list[int] = []
+    reference: list[float] = []
     for i, part in enumerate(parts):
+        reference.extend(part.reference)
         for name, values in part.samples.items():
             samples.setdefault(name, []).extend(values)
         if new_groups or i == 0:
@@ -145,6 +183,8 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
         repeats=sum(p.repeats for p in parts),
         case=first.case,
         groups=groups if len(groups) > 1 else None,
+        threads=first.threads,
+        reference=reference,
     )
 
 
@@ -261,17 +301,25 @@ def run_case(
     pipeline = None
     try:
         with _deadline(timeout):
+            result.threads = threads.apply(threads.case_threads(case, platform.name)).to_json()
             t0 = time.perf_counter()
             pipeline = (factory or _default_factory)(case, platform)
             platform.synchronize()
             result.load_ms = (time.perf_counter() - t0) * 1e3
+            yardstick = Reference(platform)
             for _ in range(warmup):
                 pipeline()
+            before = yardstick.time_ms()
             while result.repeats < limit:
                 if result.repeats >= repeats and until is not None and until(result):
                     break
                 with StageTimer(platform, sync=sync, inject=inject) as timer:  # type: ignore[arg-type]
                     output = pipeline()
+                # The yardstick right before and right after each run: a run counts as
+                # contended when either saw the machine slow (perfguard.reference).
+                after = yardstick.time_ms()
+                result.reference.append(max(before, after))
+                before = after
                 result.add_run(timer.record())
                 hashes.append(tensor_hash(output))
                 result.repeats += 1
