@@ -389,13 +389,15 @@ def credibly_lower(before: Summary, after: Summary, alpha: float = TIGHTEN_ALPHA
     """Whether `after` is faster than `before` beyond noise (one-sided, at `alpha`).
 
     The upper confidence bound of after/before must be below 1, with the same noise
-    model and t-quantile as the gate's credibility test.
+    model and t-quantile as the gate's credibility test. Without any spread to go on
+    (single samples, or none left at the stored 3 decimals) the figures alone decide,
+    as the band alone decides a verdict in that case.
     """
     if before.median <= 0 or after.median <= 0:
         return False
     noise = log_ratio_noise(before, after)
-    if noise.se <= 0:
-        return False
+    if noise.se <= 0:  # no spread at the stored precision (or one sample): figures decide
+        return after.median < before.median
     high = math.log(after.median / before.median) + t_quantile(alpha, noise.dof) * noise.se
     return high < 0
 

@@ -130,14 +130,14 @@ def measure_noise(result: CaseResult, metrics: Sequence[str] | None = None) -> l
 class CheckSetup:
     """How the checks being calibrated for are run (mirrors `check`'s flags).
 
-    Re-runs happen in fresh processes when the checks use workers (`isolate`, or more
-    than one process); otherwise in the check's own process, where they share its
-    offset (see `perfguard.gate`).
+    A check over its bound is confirmed in up to `max_reruns` fresh processes, one at a
+    time, while it stays over (see `perfguard.gate`): each confirmation draws its own
+    process offset.
     """
 
     @property
     def fresh_reruns(self) -> bool:
-        return self.isolate or self.check_processes > 1
+        return True
 
     repeats: int = 5
     baseline_processes: int = 1
@@ -168,7 +168,7 @@ class _Draws:
         n, t = setup.repeats, setup.trials
         res = np.asarray(noise.residuals)
         kb = setup.baseline_processes
-        kc = setup.check_processes * (1 + setup.max_reruns)
+        kc = setup.check_processes + setup.max_reruns
         off = np.asarray(noise.offsets)
         centre = math.log(noise.median)
         self.base = centre + rng.choice(off, (t, kb, 1)) + rng.choice(res, (t, kb, n))
@@ -201,9 +201,12 @@ def _alarm_rate(
                 rule=setup.rule,
                 groups=groups if len(groups) > 1 else None,
             )
-            if not v.borderline or used >= kc * (1 + setup.max_reruns):
+            over = v.verdict == REGRESSION or (
+                v.measured is not None and v.bound is not None and v.measured.median > v.bound
+            )
+            if not over or used >= kc + setup.max_reruns:
                 break
-            used += kc
+            used += 1
         alarms += v.verdict == REGRESSION
     return alarms / setup.trials
 

@@ -102,7 +102,8 @@ def screen(
     contended = dropped > policy.max_fraction * len(flags)
     quiet = [r for r, f in zip(reference, flags) if not f] or reference
     basis = reference if contended else quiet
-    speed = statistics.median(basis) / baseline_reference if baseline_reference else None
+    now = statistics.median(basis)
+    speed = now / baseline_reference if baseline_reference and now > 0 else None
     if contended or not dropped:
         return result, Screen(len(flags), dropped, contended, level, speed)
     kept = result.only_runs([not f for f in flags])

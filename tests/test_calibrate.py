@@ -103,7 +103,7 @@ def test_calibrate_on_the_smoke_case_prints_noise_and_writes_bands(
             main(list(args))
         return int(exc.value.code or 0)
 
-    assert pg("gen-baselines", *case, "--repeats", "3", "--warmup", "0") == 0
+    assert pg("gen-baselines", *case, "--repeats", "3", "--warmup", "0", "--processes", "1") == 0
     capsys.readouterr()
     code = pg(
         "calibrate", *case, "--runs", "2", "--repeats", "4", "--trials", "50",
