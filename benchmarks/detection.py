@@ -70,30 +70,61 @@ def gen_baseline(path: Path) -> float:
     t0 = time.perf_counter()
     path.unlink(missing_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "perfguard", "gen-baselines", "--tag", "smoke", "--baseline",
-         str(path), "--no-progress"],
-        check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_for("", 0),
+        [
+            sys.executable,
+            "-m",
+            "perfguard",
+            "gen-baselines",
+            "--tag",
+            "smoke",
+            "--baseline",
+            str(path),
+            "--no-progress",
+        ],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env_for("", 0),
     )
     return time.perf_counter() - t0
 
 
 def one_check(baseline: Path, method: str, pct: int, report: Path) -> dict:
-    cmd = [sys.executable, "-m", "perfguard", "check", "--tag", "smoke", "--baseline",
-           str(baseline), "--report", str(report), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "perfguard",
+        "check",
+        "--tag",
+        "smoke",
+        "--baseline",
+        str(baseline),
+        "--report",
+        str(report),
+        "--no-progress",
+    ]
     if pct and method == "inject":
         cmd += ["--inject", f"DenoisingStage=+{pct}%"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          env=env_for(method, pct), check=False)
+    proc = subprocess.run(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env_for(method, pct),
+        check=False,
+    )
     wall = time.perf_counter() - t0
     out = {"exit": proc.returncode, "wall_s": wall, "cases": {}}
     if report.exists():
         data = json.loads(report.read_text())
         for cid, case in data["cases"].items():
             m = case["metrics"].get(STAGE, {})
-            out["cases"][cid] = {"verdict": case["verdict"], "stage_verdict": m.get("verdict"),
-                                 "ratio": m.get("ratio"),
-                                 "confirmations": (case.get("sampling") or {}).get("confirmations", 0)}
+            out["cases"][cid] = {
+                "verdict": case["verdict"],
+                "stage_verdict": m.get("verdict"),
+                "ratio": m.get("ratio"),
+                "confirmations": (case.get("sampling") or {}).get("confirmations", 0),
+            }
         report.unlink()
     return out
 
@@ -104,8 +135,12 @@ def main() -> None:
     ap.add_argument("--levels", type=int, nargs="+", default=[0, 5, 10, 20])
     ap.add_argument("--methods", nargs="+", default=["inject", "blocks"])
     ap.add_argument("--loads", nargs="+", default=["quiet", "one-busy"])
-    ap.add_argument("--aa-weight", type=int, default=4,
-                    help="A/A checks per round for each load (false alarms need the most).")
+    ap.add_argument(
+        "--aa-weight",
+        type=int,
+        default=4,
+        help="A/A checks per round for each load (false alarms need the most).",
+    )
     ap.add_argument("--checks-per-baseline", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="Write every trial here.")
@@ -146,36 +181,46 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"trials": trials, "gen_s": gen_times}, indent=1))
     elapsed = time.perf_counter() - start
-    print(f"{len(trials)} checks in {rounds} rounds, {elapsed:.0f} s; {len(gen_times)} baselines "
-          f"(gen-baselines median {sorted(gen_times)[len(gen_times) // 2]:.1f} s)")
+    print(
+        f"{len(trials)} checks in {rounds} rounds, {elapsed:.0f} s; {len(gen_times)} baselines "
+        f"(gen-baselines median {sorted(gen_times)[len(gen_times) // 2]:.1f} s)"
+    )
     walls = sorted(t["wall_s"] for t in trials)
     print(f"check wall time: median {walls[len(walls) // 2]:.1f} s, max {walls[-1]:.1f} s")
     groups: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
     for t in trials:
         groups[(t["load"], t["method"], t["pct"])].append(t)
     print()
-    print("| load | slowdown | method | checks | exit 1 (any case) | qwen caught | glm caught "
-          "| exit 4 (contended) | other exits | median DenoisingStage ratio (qwen / glm) |")
+    print(
+        "| load | slowdown | method | checks | exit 1 (any case) | qwen caught | glm caught "
+        "| exit 4 (contended) | other exits | median DenoisingStage ratio (qwen / glm) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for (load, method, pct), ts in sorted(groups.items()):
         n = len(ts)
         k = sum(t["exit"] == 1 for t in ts)
-        caught = {c: sum(t["cases"].get(c, {}).get("verdict") == "regression" for t in ts)
-                  for c in CASES}
+        caught = {
+            c: sum(t["cases"].get(c, {}).get("verdict") == "regression" for t in ts) for c in CASES
+        }
         contended = sum(t["exit"] == 4 for t in ts)
         other = sum(t["exit"] not in (0, 1, 4) for t in ts)
 
-        def med(c: str) -> str:
-            rs = sorted(t["cases"][c]["ratio"] for t in ts
-                        if c in t["cases"] and t["cases"][c]["ratio"] is not None)
+        def med(c: str, ts: list[dict] = ts) -> str:
+            rs = sorted(
+                t["cases"][c]["ratio"]
+                for t in ts
+                if c in t["cases"] and t["cases"][c]["ratio"] is not None
+            )
             return f"{rs[len(rs) // 2]:.3f}" if rs else "-"
 
         if pct == 0:
             rate = f"{k}/{n} = {k / n:.1%} (95 % upper {upper95(k, n):.1%})"
         else:
             rate = f"{k}/{n} = {k / n:.0%} (95 % lower {lower95(k, n):.0%})"
-        print(f"| {load} | +{pct} % | {method} | {n} | {rate} | {caught[CASES[0]]}/{n} | "
-              f"{caught[CASES[1]]}/{n} | {contended} | {other} | {med(CASES[0])} / {med(CASES[1])} |")
+        print(
+            f"| {load} | +{pct} % | {method} | {n} | {rate} | {caught[CASES[0]]}/{n} | "
+            f"{caught[CASES[1]]}/{n} | {contended} | {other} | {med(CASES[0])} / {med(CASES[1])} |"
+        )
 
 
 if __name__ == "__main__":

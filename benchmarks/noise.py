@@ -24,8 +24,20 @@ from pathlib import Path
 
 def one_process(case: str, repeats: int, threads: int, out: Path, extra: list[str]) -> dict:
     env = dict(os.environ, PERFGUARD_THREADS=str(threads))
-    cmd = [sys.executable, "-m", "perfguard", "run", "--case", case, "--repeats", str(repeats),
-           "--out", str(out), "--no-progress", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "perfguard",
+        "run",
+        "--case",
+        case,
+        "--repeats",
+        str(repeats),
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())["cases"][case]
 
@@ -55,18 +67,24 @@ def main() -> None:
                 q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
                 med = statistics.median(xs)
                 rows[t].append((med, statistics.median(ref), (q3 - q1) / med))
-    print(f"{args.case} {args.metric}: {args.processes} fresh processes per setting, "
-          f"{args.repeats} runs each, interleaved")
-    print("| threads | median (ms) | sd of process medians | range (ms) | within IQR/median "
-          "| reference median (ms) | sd of reference | sd of stage/reference |")
+    print(
+        f"{args.case} {args.metric}: {args.processes} fresh processes per setting, "
+        f"{args.repeats} runs each, interleaved"
+    )
+    print(
+        "| threads | median (ms) | sd of process medians | range (ms) | within IQR/median "
+        "| reference median (ms) | sd of reference | sd of stage/reference |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for t, vals in rows.items():
         meds = [v[0] for v in vals]
         refs = [v[1] for v in vals]
-        norm = [m / r for m, r in zip(meds, refs)]
-        print(f"| {t} | {statistics.median(meds):.3f} | {log_sd(meds):.1%} | "
-              f"{min(meds):.2f}-{max(meds):.2f} | {statistics.median(v[2] for v in vals):.1%} | "
-              f"{statistics.median(refs):.3f} | {log_sd(refs):.1%} | {log_sd(norm):.1%} |")
+        norm = [m / r for m, r in zip(meds, refs, strict=True)]
+        print(
+            f"| {t} | {statistics.median(meds):.3f} | {log_sd(meds):.1%} | "
+            f"{min(meds):.2f}-{max(meds):.2f} | {statistics.median(v[2] for v in vals):.1%} | "
+            f"{statistics.median(refs):.3f} | {log_sd(refs):.1%} | {log_sd(norm):.1%} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({str(k): v for k, v in rows.items()}, indent=1))
 

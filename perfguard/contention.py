@@ -100,7 +100,7 @@ def screen(
     flags = [r > policy.ratio * level for r in reference]
     dropped = sum(flags)
     contended = dropped > policy.max_fraction * len(flags)
-    quiet = [r for r, f in zip(reference, flags) if not f] or reference
+    quiet = [r for r, f in zip(reference, flags, strict=True) if not f] or reference
     basis = reference if contended else quiet
     now = statistics.median(basis)
     speed = now / baseline_reference if baseline_reference and now > 0 else None

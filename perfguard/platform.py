@@ -343,6 +343,21 @@ def fingerprint(platform: Platform) -> dict[str, Any]:
         "os": f"{_pyplatform.system()} {_pyplatform.release()}",
         "cpu": _cpu_model_name(),
         "notes": list(platform.notes),
+        **_measurement_settings(platform),
+    }
+
+
+def _measurement_settings(platform: Platform) -> dict[str, Any]:
+    """The thread policy and the reference workload's version: figures need both equal."""
+    from perfguard import reference, threads
+
+    return {
+        "threads": {
+            "default_intra_op": threads.default_threads(platform.name),
+            "inter_op": threads.INTEROP,
+            "override": os.environ.get(threads.ENV_OVERRIDE) or None,
+        },
+        "reference_workload": reference.version(),
     }
 
 

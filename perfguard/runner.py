@@ -100,8 +100,8 @@ class CaseResult:
             at += size
         return dataclasses.replace(
             self,
-            samples={m: [x for x, k in zip(v, keep) if k] for m, v in self.samples.items()},
-            reference=[x for x, k in zip(self.reference, keep) if k],
+            samples={m: [x for x, k in zip(v, keep, strict=True) if k] for m, v in self.samples.items()},
+            reference=[x for x, k in zip(self.reference, keep, strict=True) if k],
             repeats=sum(keep),
             groups=groups if len(groups) > 1 else None,
         )
@@ -136,7 +136,9 @@ class CaseResult:
             repeats=int(data.get("repeats", 0)),
             case=dict(data.get("case", {})),
             groups=[int(g) for g in data["groups"]] if data.get("groups") else None,
-            threads={k: int(v) for k, v in data["threads"].items()} if data.get("threads") else None,
+            threads={k: int(v) for k, v in data["threads"].items()}
+            if data.get("threads")
+            else None,
             reference=[float(x) for x in data.get("reference", [])],
         )
 

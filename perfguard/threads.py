@@ -18,6 +18,7 @@ figures, and recorded like on the CPU. A case may set `threads` to measure anoth
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -80,10 +81,8 @@ def apply(threads: int) -> ThreadState:
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     if torch.get_num_interop_threads() != INTEROP:
-        try:
+        with contextlib.suppress(RuntimeError):
             torch.set_num_interop_threads(INTEROP)
-        except RuntimeError:
-            pass
     return current()
 
 

@@ -48,8 +48,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from perfguard.errors import EXIT_CASE_FAILED, EXIT_CONTENDED, EXIT_OK, EXIT_REGRESSION
 from perfguard.contention import DEFAULT_POLICY, ContentionPolicy, screen
+from perfguard.errors import EXIT_CASE_FAILED, EXIT_CONTENDED, EXIT_OK, EXIT_REGRESSION
 from perfguard.metrics import METRIC_CLASSES, metric_class, metric_sort_key, unit
 from perfguard.stats import (
     MEDIAN_SE_FACTOR,
@@ -947,13 +947,13 @@ __all__ = [
     "Summary",
     "contended",
     "default_profiles",
-    "sglang_profiles",
     "gated_steps",
     "judge",
     "judge_case",
     "judge_metric",
     "min_effect",
     "overall",
+    "sglang_profiles",
     "summarize",
     "worst",
 ]

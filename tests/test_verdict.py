@@ -11,10 +11,10 @@ from perfguard.verdict import (
     Band,
     Profile,
     Summary,
-    sglang_profiles,
     gated_steps,
     judge,
     judge_metric,
+    sglang_profiles,
     summarize,
 )
 

@@ -20,13 +20,13 @@ import torch
 
 from perfguard.baseline import Baseline, Scenario, new_baseline, scenario_from_result
 from perfguard.cases import Case
+from perfguard.errors import EXIT_CONTENDED
 from perfguard.gate import run_gate
 from perfguard.jsonio import validate
 from perfguard.platform import Platform
 from perfguard.runner import CaseResult, Results, pool, run_case, run_cases
 from perfguard.stats import log_ratio_noise, process_spread, summarize
 from perfguard.timer import stage
-from perfguard.errors import EXIT_CONTENDED
 from perfguard.verdict import CONTENDED, PASS, REGRESSION, Band, Rule, judge_case, judge_metric
 
 M = "stage:DenoisingStage"
@@ -223,8 +223,9 @@ def test_a_real_regression_is_confirmed_in_fresh_processes_and_fails() -> None:
 def test_confirmation_stops_as_soon_as_nothing_is_over_its_bound() -> None:
     measure, _ = _scripted([17.0])
     confirm, confirmations = _scripted([9.9, 10.0, 10.0])
-    outcome = run_gate([CASE], _baseline([10.0, 10.1, 9.9]), "pr_test", measure, confirm=confirm,
-                       max_reruns=5)
+    outcome = run_gate(
+        [CASE], _baseline([10.0, 10.1, 9.9]), "pr_test", measure, confirm=confirm, max_reruns=5
+    )
     assert outcome.judgement.exit_code == 0
     # 17 and 9.9 pooled: the median of all samples lands between them, still over; a
     # third process settles it.
@@ -247,7 +248,9 @@ def _with_reference(baseline_ref: float) -> Baseline:
     return b.with_scenario("c", dataclasses.replace(scenario, reference=ref))
 
 
-def _contended_measure(plan: list[tuple[float, list[float]]]) -> tuple[Callable[..., Results], list[int]]:
+def _contended_measure(
+    plan: list[tuple[float, list[float]]],
+) -> tuple[Callable[..., Results], list[int]]:
     """The n-th measurement: the case at `plan[n][0]`, the reference per run `plan[n][1]`."""
     calls: list[int] = []
 
@@ -266,9 +269,7 @@ def test_a_contended_measurement_is_waited_out_and_measured_again() -> None:
     quiet = [1.0] * 10
     measure, calls = _contended_measure([(22.0, busy), (10.0, quiet)])
     slept: list[float] = []
-    outcome = run_gate(
-        [CASE], _with_reference(1.0), "pr_test", measure, sleep=slept.append
-    )
+    outcome = run_gate([CASE], _with_reference(1.0), "pr_test", measure, sleep=slept.append)
     (case,) = outcome.judgement.cases
     assert case.verdict == PASS and outcome.judgement.exit_code == 0
     assert len(calls) == 2 and slept == [10.0]
@@ -291,8 +292,9 @@ def test_contended_runs_are_dropped_and_the_rest_judged() -> None:
     refs = [1.0] * 8 + [3.0] * 2
     res = _result([10.0] * 8 + [30.0, 30.0])
     res.reference = refs
-    case = judge_case("c", res, _with_reference(1.0).scenarios["c"],
-                      _with_reference(1.0).profile("pr_test"))
+    case = judge_case(
+        "c", res, _with_reference(1.0).scenarios["c"], _with_reference(1.0).profile("pr_test")
+    )
     assert case.verdict == PASS
     assert case.runner == {"dropped_runs": 2, "runner_speed": 1.0}
 

@@ -20,11 +20,11 @@ if _FRACTION > 0:
     if torch is not None:
         _starts: dict[int, int] = {}
 
-        def _pre(module, args):  # noqa: ANN001
+        def _pre(module, args):
             if type(module).__name__.endswith("TransformerBlock"):
                 _starts[id(module)] = time.perf_counter_ns()
 
-        def _post(module, args, output):  # noqa: ANN001
+        def _post(module, args, output):
             t0 = _starts.pop(id(module), None)
             if t0 is not None:
                 end = time.perf_counter_ns() + int((time.perf_counter_ns() - t0) * _FRACTION)
