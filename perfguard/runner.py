@@ -100,7 +100,9 @@ class CaseResult:
             at += size
         return dataclasses.replace(
             self,
-            samples={m: [x for x, k in zip(v, keep, strict=True) if k] for m, v in self.samples.items()},
+            samples={
+                m: [x for x, k in zip(v, keep, strict=True) if k] for m, v in self.samples.items()
+            },
             reference=[x for x, k in zip(self.reference, keep, strict=True) if k],
             repeats=sum(keep),
             groups=groups if len(groups) > 1 else None,
