@@ -4,10 +4,11 @@ A case's figures move for two reasons: the code changed, or the machine did (ano
 job on the runner, a slower host of the same pool, a frequency cap). The reference
 workload separates the two. It is small (~1.5 ms on one CPU thread, ~3 MB of weights),
 deterministic, and a mix of what the pipelines spend their time on: matmuls and
-attention through torch's dispatcher, elementwise ops and normalizations on small tensors, and a Python loop that
-calls them one by one (on a shared runner the interpreter and the dispatcher slow down
-as much as the kernels). The runner times it once before every measured run of a case,
-in the same process and thread setting, so both see the same machine at the same time.
+attention through torch's dispatcher, elementwise ops and normalizations on small
+tensors, and a Python loop that calls them one by one (on a shared runner the
+interpreter and the dispatcher slow down as much as the kernels). The runner times it
+right before and right after every measured run of a case, in the same process and
+thread setting, so both see the same machine at the same time.
 
 Its median is stored in the baseline. When a check finds it much slower than at
 baseline time, the runner itself is slower, and the gate waits and measures again
