@@ -22,7 +22,10 @@ from perfguard.cases import Case, load_registry, select
 from perfguard.errors import (
     EXIT_CASE_FAILED,
     EXIT_CODES_HELP,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     PerfguardError,
 )
@@ -160,24 +163,108 @@ def run_selected(
 
 @click.group(context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="perfguard")
-def cli() -> None:
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="On an internal error (exit 70), print the traceback too (env: PERFGUARD_DEBUG=1).",
+)
+def cli(debug: bool) -> None:
     """perfguard: stage-level performance baselines and a CI gate for diffusion serving."""
+    if debug:
+        os.environ[ENV_DEBUG] = "1"
+
+
+ENV_DEBUG = "PERFGUARD_DEBUG"
+ENV_TRACEBACK_DIR = "PERFGUARD_TRACEBACK_DIR"
+
+
+class Terminated(BaseException):
+    """Raised by the SIGTERM handler, so that a terminated command unwinds like an
+    interrupted one: `finally` blocks run, locks are released, an atomic write in
+    progress removes its temporary file, and the previous file stays whole."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _debug() -> bool:
+    return os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _report_internal(exc: BaseException) -> None:
+    """One stderr line naming the error and the file holding its traceback.
+
+    The traceback goes to a file rather than the log so that CI shows one line that
+    cannot be mistaken for a verdict; `--debug` / `PERFGUARD_DEBUG=1` prints it as well.
+    """
+    import tempfile
+    import time
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    name = f"perfguard-traceback-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt"
+    where: str
+    try:
+        folder = os.environ.get(ENV_TRACEBACK_DIR) or tempfile.gettempdir()
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, name)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(f"perfguard {__version__}: {sys.argv!r}\n{text}")
+        where = f"traceback in {path}"
+    except OSError as write_error:
+        where = f"traceback not saved ({write_error.strerror or write_error}): rerun with --debug"
+    reason = " ".join(str(exc).split())
+    if len(reason) > 300:
+        reason = reason[:300] + "..."
+    if _debug():
+        click.echo(text.rstrip("\n"), err=True)
+    click.echo(
+        f"perfguard: internal error (exit {EXIT_INTERNAL}, not a verdict): "
+        f"{type(exc).__name__}: {reason or '(no message)'}; {where}",
+        err=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI and map `PerfguardError` to its one-line message and code."""
+    """Entry point and the one exit path of every command.
+
+    `PerfguardError` -> its one-line message and code (2 unless it says otherwise);
+    Ctrl-C -> 130; SIGTERM -> 143 (the handler raises, so files stay whole); anything else
+    (a bug, a library raising something unexpected) -> 70 with one line naming the error
+    and where its traceback is. A crash is never exit 1, which CI reads as a regression.
+    """
+    import signal
+    import threading
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    code: int
     try:
         rv = cli.main(args=argv, prog_name="perfguard", standalone_mode=False)
+        code = rv if isinstance(rv, int) else EXIT_OK
     except PerfguardError as exc:
         click.echo(f"perfguard: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("perfguard: aborted", err=True)
-        sys.exit(130)
+        code = exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("perfguard: interrupted", err=True)
+        code = EXIT_INTERRUPTED
+    except Terminated:
+        click.echo("perfguard: terminated (SIGTERM)", err=True)
+        code = EXIT_TERMINATED
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        code = EXIT_USAGE if exc.exit_code == 2 else exc.exit_code
+    except SystemExit:
+        raise
+    except BaseException as exc:  # the one place every other error ends
+        _report_internal(exc)
+        code = EXIT_INTERNAL
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    sys.exit(code)
 
 
 # ---- env ---------------------------------------------------------------------------------------

@@ -148,7 +148,8 @@ def loads(text: str, source: str) -> Any:
     def too_long(token: str) -> _NotFinite | None:
         if len(token) > MAX_NUMBER_CHARS:
             return _NotFinite(
-                f"{token[:12]}...", f"is a number of {len(token)} characters (limit {MAX_NUMBER_CHARS})"
+                f"{token[:12]}...",
+                f"is a number of {len(token)} characters (limit {MAX_NUMBER_CHARS})",
             )
         return None
 
