@@ -333,17 +333,24 @@ def list_cases(
         table.add_column(col)
     for c in cases:
         table.add_row(
-            c.id,
-            c.workload,
-            c.preset,
+            escape(c.id),
+            escape(c.workload),
+            escape(c.preset),
             f"{c.width}x{c.height}",
             str(c.steps),
             str(c.batch),
             str(c.num_devices),
-            ",".join(c.tags),
-            c.source,
+            escape(",".join(c.tags)),
+            escape(c.source),
         )
     console().print(table)
+    from perfguard.cases import display_path, registry_root, scan_registry
+
+    files = scan_registry(registry_root(cases_dir), platform.name)
+    console().print(escape(f"read: {', '.join(display_path(p) for p in files.read)}"))
+    if files.other_platforms:
+        others = ", ".join(display_path(p) for p in files.other_platforms)
+        console().print(escape(f"for other platforms: {others}"))
 
 
 # ---- ab ----------------------------------------------------------------------------------------
