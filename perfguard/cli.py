@@ -289,7 +289,7 @@ def env(platform_name: str | None, as_json: bool) -> None:
             value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
         elif isinstance(value, list):
             value = "; ".join(map(str, value)) or "-"
-        table.add_row(key, str(value))
+        table.add_row(escape(key), escape(str(value)))
     console().print(table)
 
 
@@ -1631,7 +1631,7 @@ def history_show(
     if as_csv:
         click.echo(frame.to_csv(index=False), nl=False)
         return EXIT_OK
-    table = Table(title=f"{db}: {len(frame)} row(s)")
+    table = Table(title=escape(f"{db}: {len(frame)} row(s)"))
     cols = (
         "date",
         "commit",
@@ -1654,8 +1654,8 @@ def history_show(
 
     for r in frame.itertuples(index=False):
         table.add_row(
-            str(r.date)[:19],
-            str(r.commit_sha or "-")[:10],
+            escape(str(r.date)[:19]),
+            escape(str(r.commit_sha or "-")[:10]),
             escape(str(r.case)),
             escape(str(r.metric)),
             cell(r.n),
@@ -1663,7 +1663,7 @@ def history_show(
             cell(r.iqr),
             cell(r.baseline),
             cell(r.ratio, 4),
-            cell(r.verdict),
+            escape(cell(r.verdict)),
         )
     console().print(table)
     return EXIT_OK
@@ -1697,8 +1697,8 @@ def history_changes(
         table.add_row(
             escape(c["case"]),
             escape(c["metric"]),
-            str(c["commit"] or "-")[:10],
-            str(c["date"])[:19],
+            escape(str(c["commit"] or "-")[:10]),
+            escape(str(c["date"])[:19]),
             f"{c['before']:.3f}",
             f"{c['after']:.3f}",
             f"{(c['ratio'] - 1) * 100:+.1f}% {c['direction']}",
