@@ -314,14 +314,20 @@ def save(path: str | os.PathLike[str], baseline: Baseline) -> None:
 def lock(path: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold `<path>.lock` for a read-modify-write of `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with filelock.FileLock(f"{path}.lock", timeout=timeout):
-            yield
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held = filelock.FileLock(f"{path}.lock", timeout=timeout)
+        held.acquire()
     except filelock.Timeout as exc:
         raise PerfguardError(
             f"{path}: another perfguard process holds {path}.lock (waited {timeout:g} s)"
         ) from exc
+    except OSError as exc:  # a read-only directory, no permission, a full disk
+        raise PerfguardError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+    try:
+        yield
+    finally:
+        held.release()
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -170,11 +170,11 @@ def run_selected(
 )
 def cli(debug: bool) -> None:
     """perfguard: stage-level performance baselines and a CI gate for diffusion serving."""
-    if debug:
-        os.environ[ENV_DEBUG] = "1"
+    _DEBUG[0] = debug
 
 
 ENV_DEBUG = "PERFGUARD_DEBUG"
+_DEBUG = [False]  # --debug of the command being run (main resets it)
 ENV_TRACEBACK_DIR = "PERFGUARD_TRACEBACK_DIR"
 
 
@@ -189,7 +189,8 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def _debug() -> bool:
-    return os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
+    env = os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
+    return _DEBUG[0] or env
 
 
 def _report_internal(exc: BaseException) -> None:
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     import signal
     import threading
 
+    _DEBUG[0] = False
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
