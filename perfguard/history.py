@@ -217,6 +217,10 @@ def add_reports(
                 added += 1
     except sqlite3.Error as exc:  # e.g. locked between the checks and the write
         raise _database_error(Path(db), exc) from exc
+    except UnicodeDecodeError as exc:
+        raise PerfguardError(
+            f"{db}: damaged history database: a text field is not UTF-8; left unchanged"
+        ) from exc
     return added, skipped
 
 
@@ -266,6 +270,10 @@ def load(
             return frame
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
         raise PerfguardError(f"{path}: not a perfguard history database: {exc}") from exc
+    except UnicodeDecodeError as exc:  # a damaged page: a text field that is not UTF-8
+        raise PerfguardError(
+            f"{path}: damaged history database: a text field is not UTF-8 ({exc.reason})"
+        ) from exc
 
 
 def metric_names(metric: str) -> list[str]:
