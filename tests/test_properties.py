@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -37,7 +38,7 @@ from test_sglang import H100, NPU, record, write_log
 pytestmark = pytest.mark.skipif(not H100.is_file(), reason="sglang fixtures not present")
 
 SETTINGS = settings(
-    max_examples=int(__import__("os").environ.get("PG_EXAMPLES", "30")),
+    max_examples=int(os.environ.get("PERFGUARD_HYPOTHESIS_EXAMPLES", "30")),  # 400 to search harder
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
