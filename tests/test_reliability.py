@@ -818,3 +818,46 @@ def _restore_sigterm() -> Iterator[None]:
     handler = signal.getsignal(signal.SIGTERM)
     yield
     signal.signal(signal.SIGTERM, handler)
+
+
+# ---- the workflow reads exit codes as documented ------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash")
+@pytest.mark.parametrize(
+    ("code", "title"),
+    [
+        (0, None),
+        (1, "performance regression"),
+        (2, "perfguard configuration or data error (exit 2)"),
+        (3, "perfguard infrastructure failure (exit 3)"),
+        (4, "perfguard infrastructure failure (exit 4)"),
+        (70, "perfguard infrastructure failure (exit 70)"),
+        (130, "perfguard infrastructure failure (exit 130)"),
+        (143, "perfguard infrastructure failure (exit 143)"),
+    ],
+)
+def test_perf_workflow_calls_only_exit_1_a_regression(code: int, title: str | None) -> None:
+    """The report job's last step, run as GitHub would run it, for each exit code."""
+    import subprocess
+
+    import yaml
+
+    workflow = Path(__file__).resolve().parents[1] / ".github" / "workflows" / "perf.yml"
+    step = yaml.safe_load(workflow.read_text())["jobs"]["report"]["steps"][-1]
+    done = subprocess.run(
+        ["bash", "-e", "-c", step["run"]],
+        env={"CODE": str(code), "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == code
+    annotations = [line for line in done.stdout.splitlines() if line.startswith("::error")]
+    if title is None:
+        assert annotations == []
+    else:
+        (line,) = annotations
+        assert line.startswith(f"::error title={title}::")
+        assert ("not a regression" in line) == (code != 1)
