@@ -185,6 +185,8 @@ def read_file(path: Path) -> dict[str, Any]:
         raise PerfguardError(f"{source}: malformed TOML: {exc}") from exc
     except RecursionError as exc:
         raise PerfguardError(f"{source}: malformed TOML: nested too deep") from exc
+    except ValueError as exc:  # an integer over Python's 4300-digit limit
+        raise PerfguardError(f"{source}: malformed TOML: {exc}".split("; use sys.")[0]) from exc
     unknown = set(doc) - {"case", "platforms"}
     if unknown:
         raise PerfguardError(
