@@ -204,15 +204,20 @@ def _report_internal(exc: BaseException) -> None:
     import traceback
 
     text = "".join(traceback.format_exception(exc))
-    name = f"perfguard-traceback-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt"
     where: str
     try:
         folder = os.environ.get(ENV_TRACEBACK_DIR) or tempfile.gettempdir()
         os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, name)
-        with open(path, "w", encoding="utf-8") as fh:
+        with tempfile.NamedTemporaryFile(
+            "w",
+            encoding="utf-8",
+            dir=folder,
+            prefix=f"perfguard-traceback-{time.strftime('%Y%m%dT%H%M%S')}-",
+            suffix=".txt",
+            delete=False,
+        ) as fh:
             fh.write(f"perfguard {__version__}: {sys.argv!r}\n{text}")
-        where = f"traceback in {path}"
+        where = f"traceback in {fh.name}"
     except OSError as write_error:
         where = f"traceback not saved ({write_error.strerror or write_error}): rerun with --debug"
     reason = " ".join(str(exc).split())
