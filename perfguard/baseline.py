@@ -286,6 +286,11 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
             samples = s.get("samples")
             if samples is not None and len(samples) != s["n"]:
                 yield path, f"n is {s['n']} but there are {len(samples)} samples"
+            if where != ["peak_memory"] and s["median"] == 0:
+                # A stage that took no time at all was not measured (a clock that did not
+                # move, a figure lost in a conversion); as a baseline it would flag any
+                # real time as an infinite slowdown.
+                yield [*path, "median"], "a time of 0 ms is not a measurement"
             lo, hi = s.get("min"), s.get("max")
             if lo is not None and hi is not None and not lo <= s["median"] <= hi:
                 yield path, f"median {s['median']} is outside [min {lo}, max {hi}]"
@@ -323,14 +328,20 @@ def save(path: str | os.PathLike[str], baseline: Baseline) -> None:
 def lock(path: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold `<path>.lock` for a read-modify-write of `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with filelock.FileLock(f"{path}.lock", timeout=timeout):
-            yield
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held = filelock.FileLock(f"{path}.lock", timeout=timeout)
+        held.acquire()
     except filelock.Timeout as exc:
         raise PerfguardError(
             f"{path}: another perfguard process holds {path}.lock (waited {timeout:g} s)"
         ) from exc
+    except OSError as exc:  # a read-only directory, no permission, a full disk
+        raise PerfguardError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+    try:
+        yield
+    finally:
+        held.release()
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

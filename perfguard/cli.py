@@ -22,7 +22,10 @@ from perfguard.cases import Case, load_registry, select
 from perfguard.errors import (
     EXIT_CASE_FAILED,
     EXIT_CODES_HELP,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     PerfguardError,
 )
@@ -160,24 +163,115 @@ def run_selected(
 
 @click.group(context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="perfguard")
-def cli() -> None:
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="On an internal error (exit 70), print the traceback too (env: PERFGUARD_DEBUG=1).",
+)
+def cli(debug: bool) -> None:
     """perfguard: stage-level performance baselines and a CI gate for diffusion serving."""
+    _DEBUG[0] = debug
+
+
+ENV_DEBUG = "PERFGUARD_DEBUG"
+_DEBUG = [False]  # --debug of the command being run (main resets it)
+ENV_TRACEBACK_DIR = "PERFGUARD_TRACEBACK_DIR"
+
+
+class Terminated(BaseException):
+    """Raised by the SIGTERM handler, so that a terminated command unwinds like an
+    interrupted one: `finally` blocks run, locks are released, an atomic write in
+    progress removes its temporary file, and the previous file stays whole."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _debug() -> bool:
+    env = os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
+    return _DEBUG[0] or env
+
+
+def _report_internal(exc: BaseException) -> None:
+    """One stderr line naming the error and the file holding its traceback.
+
+    The traceback goes to a file rather than the log so that CI shows one line that
+    cannot be mistaken for a verdict; `--debug` / `PERFGUARD_DEBUG=1` prints it as well.
+    """
+    import tempfile
+    import time
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    where: str
+    try:
+        folder = os.environ.get(ENV_TRACEBACK_DIR) or tempfile.gettempdir()
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w",
+            encoding="utf-8",
+            dir=folder,
+            prefix=f"perfguard-traceback-{time.strftime('%Y%m%dT%H%M%S')}-",
+            suffix=".txt",
+            delete=False,
+        ) as fh:
+            fh.write(f"perfguard {__version__}: {sys.argv!r}\n{text}")
+        where = f"traceback in {fh.name}"
+    except OSError as write_error:
+        where = f"traceback not saved ({write_error.strerror or write_error}): rerun with --debug"
+    reason = " ".join(str(exc).split())
+    if len(reason) > 300:
+        reason = reason[:300] + "..."
+    if _debug():
+        click.echo(text.rstrip("\n"), err=True)
+    click.echo(
+        f"perfguard: internal error (exit {EXIT_INTERNAL}, not a verdict): "
+        f"{type(exc).__name__}: {reason or '(no message)'}; {where}",
+        err=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI and map `PerfguardError` to its one-line message and code."""
+    """Entry point and the one exit path of every command.
+
+    `PerfguardError` -> its one-line message and code (2 unless it says otherwise);
+    Ctrl-C -> 130; SIGTERM -> 143 (the handler raises, so files stay whole); anything else
+    (a bug, a library raising something unexpected) -> 70 with one line naming the error
+    and where its traceback is. A crash is never exit 1, which CI reads as a regression.
+    """
+    import signal
+    import threading
+
+    _DEBUG[0] = False
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    code: int
     try:
         rv = cli.main(args=argv, prog_name="perfguard", standalone_mode=False)
+        code = rv if isinstance(rv, int) else EXIT_OK
     except PerfguardError as exc:
         click.echo(f"perfguard: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("perfguard: aborted", err=True)
-        sys.exit(130)
+        code = exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("perfguard: interrupted", err=True)
+        code = EXIT_INTERRUPTED
+    except Terminated:
+        click.echo("perfguard: terminated (SIGTERM)", err=True)
+        code = EXIT_TERMINATED
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        code = EXIT_USAGE if exc.exit_code == 2 else exc.exit_code
+    except SystemExit:
+        raise
+    except BaseException as exc:  # the one place every other error ends
+        _report_internal(exc)
+        code = EXIT_INTERNAL
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    sys.exit(code)
 
 
 # ---- env ---------------------------------------------------------------------------------------
@@ -202,7 +296,7 @@ def env(platform_name: str | None, as_json: bool) -> None:
             value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
         elif isinstance(value, list):
             value = "; ".join(map(str, value)) or "-"
-        table.add_row(key, str(value))
+        table.add_row(escape(key), escape(str(value)))
     console().print(table)
 
 
@@ -246,17 +340,24 @@ def list_cases(
         table.add_column(col)
     for c in cases:
         table.add_row(
-            c.id,
-            c.workload,
-            c.preset,
+            escape(c.id),
+            escape(c.workload),
+            escape(c.preset),
             f"{c.width}x{c.height}",
             str(c.steps),
             str(c.batch),
             str(c.num_devices),
-            ",".join(c.tags),
-            c.source,
+            escape(",".join(c.tags)),
+            escape(c.source),
         )
     console().print(table)
+    from perfguard.cases import display_path, registry_root, scan_registry
+
+    files = scan_registry(registry_root(cases_dir), platform.name)
+    console().print(escape(f"read: {', '.join(display_path(p) for p in files.read)}"))
+    if files.other_platforms:
+        others = ", ".join(display_path(p) for p in files.other_platforms)
+        console().print(escape(f"for other platforms: {others}"))
 
 
 # ---- ab ----------------------------------------------------------------------------------------
@@ -1618,7 +1719,7 @@ def history_show(
     if as_csv:
         click.echo(frame.to_csv(index=False), nl=False)
         return EXIT_OK
-    table = Table(title=f"{db}: {len(frame)} row(s)")
+    table = Table(title=escape(f"{db}: {len(frame)} row(s)"))
     cols = (
         "date",
         "commit",
@@ -1641,8 +1742,8 @@ def history_show(
 
     for r in frame.itertuples(index=False):
         table.add_row(
-            str(r.date)[:19],
-            str(r.commit_sha or "-")[:10],
+            escape(str(r.date)[:19]),
+            escape(str(r.commit_sha or "-")[:10]),
             escape(str(r.case)),
             escape(str(r.metric)),
             cell(r.n),
@@ -1650,7 +1751,7 @@ def history_show(
             cell(r.iqr),
             cell(r.baseline),
             cell(r.ratio, 4),
-            cell(r.verdict),
+            escape(cell(r.verdict)),
         )
     console().print(table)
     return EXIT_OK
@@ -1684,8 +1785,8 @@ def history_changes(
         table.add_row(
             escape(c["case"]),
             escape(c["metric"]),
-            str(c["commit"] or "-")[:10],
-            str(c["date"])[:19],
+            escape(str(c["commit"] or "-")[:10]),
+            escape(str(c["date"])[:19]),
             f"{c['before']:.3f}",
             f"{c['after']:.3f}",
             f"{(c['ratio'] - 1) * 100:+.1f}% {c['direction']}",

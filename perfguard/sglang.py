@@ -35,7 +35,7 @@ from typing import Any
 
 from perfguard.baseline import BASELINE_KIND, BASELINE_SCHEMA_VERSION, Baseline, parse
 from perfguard.errors import PerfguardError
-from perfguard.jsonio import loads, read_json
+from perfguard.jsonio import loads, read_json, read_text
 from perfguard.metrics import METRIC_CLASSES, metrics_of_run
 from perfguard.platform import PLATFORM_NAMES, slugify
 from perfguard.runner import CaseResult, Results, utc_now
@@ -324,12 +324,10 @@ def _record(obj: Any, where: str, line: int) -> PerfRecord:
 def read_perf_log(path: str | os.PathLike[str]) -> list[PerfRecord]:
     """Parse sglang's performance.log (one JSON object per line; blank lines skipped)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PerfguardError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    text = read_text(path, "performance.log")
     records = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    # "\n" only: str.splitlines() also splits at U+2028 and friends, which JSON strings may hold.
+    for n, line in enumerate(text.split("\n"), start=1):
         if line.strip():
             records.append(_record(loads(line, f"{path}:{n}"), f"{path}:{n}", n))
     if not records:
