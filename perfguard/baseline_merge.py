@@ -169,12 +169,18 @@ def _timestamp(value: Any, where: str) -> _dt.datetime:
     return stamp
 
 
-def _updated(item: MergeInput, case_id: str) -> _dt.datetime:
-    """When a scenario was measured: its `updated`, else its file's `metadata.updated`."""
+def _updated(item: MergeInput, case_id: str) -> tuple[bool, _dt.datetime]:
+    """When a scenario was measured, as a sort key: (dated, its `updated` or its file's).
+
+    A scenario that carries its own time (every one `gen-baselines` writes) is newer than
+    one that does not (an imported figure): the file's `updated` says when any case in
+    it was last written, not this one, so it only orders scenarios that are both undated.
+    """
     own = item.baseline.scenarios[case_id].updated
     if own is not None:
-        return _timestamp(own, f"{item.path}: $.scenarios.{case_id}.updated")
-    return _timestamp(item.baseline.metadata.get("updated"), f"{item.path}: $.metadata.updated")
+        return True, _timestamp(own, f"{item.path}: $.scenarios.{case_id}.updated")
+    file_time = item.baseline.metadata.get("updated")
+    return False, _timestamp(file_time, f"{item.path}: $.metadata.updated")
 
 
 def _merge_notes(holders: Sequence[tuple[MergeInput, Scenario]]) -> str | None:
@@ -235,7 +241,7 @@ def _choose(
             x, y = holders[tied[0]][0].path, holders[tied[1]][0].path
             raise PerfguardError(
                 f"{y}: scenario {case_id!r} differs from {x} and both were updated at "
-                f"{latest.isoformat()}: --prefer newest cannot choose; use --prefer first"
+                f"{latest[1].isoformat()}: --prefer newest cannot choose; use --prefer first"
             )
         kept = tied[0]
     figures = _figures(holders[kept][1])

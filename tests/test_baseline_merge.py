@@ -194,14 +194,22 @@ def test_prefer_newest_refuses_a_tie_it_cannot_break(conflict: tuple[Path, Path]
         merged(a, b, prefer="newest")
 
 
-def test_a_scenario_without_its_own_time_uses_its_files(tmp_path: Path) -> None:
-    def drop_time(data: dict[str, Any]) -> None:
-        del data["scenarios"]["x"]["updated"]
-        data["metadata"]["updated"] = "2030-01-01T00:00:00+00:00"
+def test_a_dated_scenario_is_newer_than_an_undated_one_and_files_order_the_undated(
+    tmp_path: Path,
+) -> None:
+    def undated(file_time: str) -> Callable[[dict[str, Any]], None]:
+        def change(data: dict[str, Any]) -> None:
+            del data["scenarios"]["x"]["updated"]
+            data["metadata"]["updated"] = file_time
 
-    old = edit(make(tmp_path / "old.json", x=1.0), stamp("x", "2026-01-01T00:00:00+00:00"))
-    undated = edit(make(tmp_path / "undated.json", x=1.2), drop_time)
-    assert merged(old, undated, prefer="newest").scenarios["x"].source == str(undated)
+        return change
+
+    dated = edit(make(tmp_path / "dated.json", x=1.0), stamp("x", "2026-01-01T00:00:00+00:00"))
+    old = edit(make(tmp_path / "old.json", x=1.1), undated("2027-01-01T00:00:00+00:00"))
+    new = edit(make(tmp_path / "new.json", x=1.2), undated("2030-01-01T00:00:00+00:00"))
+    # An imported figure has no time of its own; its file's time is when any case was written.
+    assert merged(old, dated, prefer="newest").scenarios["x"].source == str(dated)
+    assert merged(old, new, prefer="newest").scenarios["x"].source == str(new)
 
 
 def test_notes_of_every_input_are_kept_and_overrides_joined(tmp_path: Path) -> None:
