@@ -41,7 +41,7 @@ from perfguard.errors import PerfguardError
 from perfguard.jsonio import json_path, read_json, validate, write_json_atomic
 from perfguard.metrics import is_metric_name, metric_sort_key
 from perfguard.runner import CaseResult, utc_now
-from perfguard.stats import Summary, log_ratio_noise, summarize, z_quantile
+from perfguard.stats import Summary, log_ratio_noise, log_spread, summarize, z_quantile
 from perfguard.verdict import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
     Profile,
@@ -463,7 +463,9 @@ ADDED, REMOVED = "added", "removed"
 CREDIBLE_CHANGES = (SLOWER, FASTER)
 
 
-def judge_change(metric: str, old: Summary, new: Summary) -> tuple[float, float, str] | None:
+def judge_change(
+    metric: str, old: Summary, new: Summary
+) -> tuple[float | None, float | None, str] | None:
     """The DIFF_CONFIDENCE interval of new / old and what it says, or None without a ratio.
 
     The interval is the gate's (`stats.log_ratio_noise`: both sides' within-process
@@ -472,14 +474,16 @@ def judge_change(metric: str, old: Summary, new: Summary) -> tuple[float, float,
     estimate is at least the metric's minimum effect (`verdict.min_effect`) away from
     it, the same two conditions a regression needs; `small` when credible but below the
     minimum effect; `noise` when the interval contains 1; `unknown` when neither side
-    has a spread (an imported single figure): then only the ratio can be read.
+    has a spread (an imported single figure): then only the ratio can be read. A spread
+    that is known to be zero (a peak memory that every run repeats) is no noise at all:
+    the interval is the ratio itself.
     """
     if old.median <= 0 or new.median <= 0:
         return None
     ratio = new.median / old.median
     se = log_ratio_noise(old, new).se
-    if se <= 0:
-        return ratio, ratio, UNKNOWN
+    if se <= 0 and log_spread(old) is None and log_spread(new) is None:
+        return None, None, UNKNOWN
     spread = math.exp(z_quantile((1.0 - DIFF_CONFIDENCE) / 2) * se)
     low, high = ratio / spread, ratio * spread
     if low <= 1.0 <= high:

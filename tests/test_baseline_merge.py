@@ -409,13 +409,18 @@ def tight(median: float, n: int = 10, spread: float = 0.005) -> Summary:
         (tight(10.0), tight(8.0), "faster"),
         (tight(10.0), tight(10.1), "small"),  # credible, but 1 % < the 3 % minimum effect
         (tight(10.0, spread=0.4), tight(11.0, spread=0.4), "noise"),  # 10 % inside the noise
-        (Summary(10.0, 1), Summary(12.0, 1), "unknown"),  # imported single figures
+        (summarize([300.0] * 5), summarize([320.0] * 5), "slower"),  # exact repeats: no noise
     ],
 )
 def test_diff_says_whether_a_change_is_credible(old: Summary, new: Summary, change: str) -> None:
     low, high, got = store.judge_change("stage:DenoisingStage", old, new)  # type: ignore[misc]
     assert got == change
     assert low <= new.median / old.median <= high
+
+
+def test_a_change_between_single_figures_has_no_interval() -> None:
+    # Imported sglang figures: one request each, no spread on either side.
+    assert store.judge_change("e2e", Summary(10.0, 1), Summary(12.0, 1)) == (None, None, "unknown")
 
 
 def test_the_diff_interval_widens_with_the_spread_between_processes() -> None:
