@@ -129,11 +129,20 @@ def check_comparable(inputs: Sequence[MergeInput]) -> None:
             ref = reference[name]
             if ref == value or (name in _UNKNOWN_WHEN_ABSENT and None in (ref, value)):
                 continue
-            shown = "differ" if name == "tolerances" else f"{value!r} != {ref!r}"
+            where, value, ref = _first_mismatch(name, value, ref)
             raise PerfguardError(
-                f"{item.path}: {name}: {shown} ({first.path}): baselines measured under "
-                "different settings cannot be merged"
+                f"{item.path}: {where}: {value!r} != {ref!r} ({first.path}): baselines "
+                "measured under different settings cannot be merged"
             )
+
+
+def _first_mismatch(name: str, a: Any, b: Any) -> tuple[str, Any, Any]:
+    """The dotted path of the first difference between two JSON-like values, with both."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        for key in sorted(set(a) | set(b), key=str):
+            if a.get(key) != b.get(key):
+                return _first_mismatch(f"{name}.{key}", a.get(key), b.get(key))
+    return name, a, b
 
 
 # ---- scenarios -----------------------------------------------------------------------------

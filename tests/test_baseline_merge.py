@@ -261,7 +261,7 @@ INCOMPARABLE = {
     "metadata.platform": _set("metadata", "platform", value="cuda"),
     "metadata.hardware": _set("metadata", "hardware", value="other-cpu"),
     "metadata.advisory": _set("metadata", "advisory", value=True),
-    "tolerances": _set("tolerances", "pr_test", "rel", "e2e", value=0.1),
+    "tolerances.pr_test.rel.e2e": _set("tolerances", "pr_test", "rel", "e2e", value=0.1),
     "improvement_threshold": _set("improvement_threshold", value=0.3),
     "sampling.step_fractions": _set("sampling", value={"step_fractions": [0.5]}),
 }
