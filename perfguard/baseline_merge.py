@@ -7,7 +7,8 @@ figures is a conflict. A conflict is an error by default, naming both files, the
 the first metric that differs, because silently keeping one of two measurements (as
 sglang's case registry does with duplicate ids) hides that one was thrown away. `prefer`
 resolves conflicts explicitly: `newest` keeps the scenario measured last (its `updated`
-stamp, else its file's), which is what a refresh wants; `first` keeps the first input's.
+stamp; an undated, imported one ranks below any dated one), which is what a refresh
+wants; `first` keeps the first input's.
 
 Only files whose figures are comparable merge: the same platform, hardware slug, thread
 policy, tolerance profiles (with improvement threshold and step sampling) and schema
@@ -193,7 +194,9 @@ def _updated(item: MergeInput, case_id: str) -> tuple[bool, _dt.datetime]:
 
 
 def _merge_notes(holders: Sequence[tuple[MergeInput, Scenario]]) -> str | None:
-    """Every distinct line of every input's notes, in input order."""
+    """The notes, when every input has the same; else each distinct line once, in order."""
+    if len({scenario.notes for _, scenario in holders}) == 1:
+        return holders[0][1].notes
     lines: list[str] = []
     for _, scenario in holders:
         for line in (scenario.notes or "").splitlines():

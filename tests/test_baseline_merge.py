@@ -228,6 +228,8 @@ def test_notes_of_every_input_are_kept_and_overrides_joined(tmp_path: Path) -> N
     assert s.tolerance_overrides == {"e2e": {"rel": 0.5, "abs": 1.0}, "step:0": {"rel": 2.0}}
     assert s.source is None  # same figures in every input: nothing to attribute
     assert merged(a, a).scenarios["x"].notes == "decode is bursty"
+    edit(a, lambda d: d["scenarios"]["x"].update(notes="line one\n\nline one"))
+    assert merged(a, a).scenarios["x"].notes == "line one\n\nline one"  # agreed: as written
 
 
 def test_overrides_that_conflict_are_an_error(tmp_path: Path) -> None:
