@@ -41,8 +41,13 @@ from perfguard.errors import PerfguardError
 from perfguard.jsonio import json_path, read_json, validate, write_json_atomic
 from perfguard.metrics import is_metric_name, metric_sort_key
 from perfguard.runner import CaseResult, utc_now
-from perfguard.stats import Summary, log_ratio_noise, summarize, t_quantile
-from perfguard.verdict import DEFAULT_IMPROVEMENT_THRESHOLD, Profile, default_profiles
+from perfguard.stats import Summary, log_ratio_noise, log_spread, summarize, t_quantile, z_quantile
+from perfguard.verdict import (
+    DEFAULT_IMPROVEMENT_THRESHOLD,
+    Profile,
+    default_profiles,
+    min_effect,
+)
 
 BASELINE_KIND = "perfguard.baseline"
 BASELINE_SCHEMA_VERSION = 1
@@ -79,6 +84,8 @@ class Scenario:
     reference: Summary | None = None
     reference_version: str | None = None
     dropped_runs: int | None = None
+    source: str | None = None
+    """The input file `baselines merge` took this scenario from (perfguard.baseline_merge)."""
 
     @property
     def step_count(self) -> int:
@@ -111,6 +118,7 @@ class Scenario:
             "reference": None if self.reference is None else self.reference.to_json(DIGITS),
             "reference_version": self.reference_version,
             "dropped_runs": self.dropped_runs,
+            "source": self.source,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.tolerance_overrides:
@@ -150,6 +158,7 @@ class Scenario:
             else Summary.from_json(data["reference"]),
             reference_version=data.get("reference_version"),
             dropped_runs=data.get("dropped_runs"),
+            source=data.get("source"),
         )
 
 
@@ -305,6 +314,14 @@ def parse(data: Any, source: str) -> Baseline:
         raise PerfguardError(
             f"{source}: this looks like an sglang perf_baselines.json, not a perfguard "
             "baseline: convert it with `perfguard baselines import-sglang`"
+        )
+    if isinstance(data, dict) and data.get("kind") not in (None, BASELINE_KIND):
+        raise PerfguardError(f"{source}: $.kind: {data['kind']!r} is not a perfguard baseline")
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if isinstance(version, int) and version > BASELINE_SCHEMA_VERSION:
+        raise PerfguardError(
+            f"{source}: $.schema_version: {version} is newer than this perfguard reads "
+            f"({BASELINE_SCHEMA_VERSION}): upgrade perfguard"
         )
     validate(data, "baseline", source)
     for path, message in _semantic_errors(data):
@@ -542,15 +559,66 @@ def prune(path: str | os.PathLike[str], keep: Iterable[str]) -> list[str]:
 
 # ---- comparing two files -------------------------------------------------------------------
 
+DIFF_CONFIDENCE = 0.99
+"""The two-sided confidence of the interval `baselines diff` puts on each new / old ratio.
+
+99 %, the gate's own confidence (`Rule.alpha` is 1 % one-sided), split over both tails:
+a baseline refresh can move a figure either way, and a reviewer should hear about a
+faster figure (it tightens the gate) as readily as about a slower one (it loosens it).
+"""
+
+SLOWER, FASTER, SMALL, NOISE, UNKNOWN = "slower", "faster", "small", "noise", "unknown"
+ADDED, REMOVED = "added", "removed"
+CREDIBLE_CHANGES = (SLOWER, FASTER)
+
+
+def judge_change(
+    metric: str, old: Summary, new: Summary
+) -> tuple[float | None, float | None, str] | None:
+    """The DIFF_CONFIDENCE interval of new / old and what it says, or None without a ratio.
+
+    The interval is the gate's (`stats.log_ratio_noise`: both sides' within-process
+    spread, and the spread of per-process medians where either side has them), two-sided.
+    The change is `slower` / `faster` when the interval excludes 1 and the point
+    estimate is at least the metric's minimum effect (`verdict.min_effect`) away from
+    it, the same two conditions a regression needs; `small` when credible but below the
+    minimum effect; `noise` when the interval contains 1; `unknown` when neither side
+    has a spread (an imported single figure): then only the ratio can be read. A spread
+    that is known to be zero (a peak memory that every run repeats) is no noise at all:
+    the interval is the ratio itself.
+    """
+    if old.median <= 0 or new.median <= 0:
+        return None
+    ratio = new.median / old.median
+    se = log_ratio_noise(old, new).se
+    if se <= 0 and log_spread(old) is None and log_spread(new) is None:
+        return None, None, UNKNOWN
+    spread = math.exp(z_quantile((1.0 - DIFF_CONFIDENCE) / 2) * se)
+    low, high = ratio / spread, ratio * spread
+    if low <= 1.0 <= high:
+        change = NOISE
+    elif abs(math.log(ratio)) < math.log1p(min_effect(metric)):
+        change = SMALL
+    else:
+        change = SLOWER if ratio > 1 else FASTER
+    return low, high, change
+
 
 @dataclass(frozen=True)
 class DiffRow:
-    """One difference between two baselines: a metric's median before and after."""
+    """One difference between two baselines: a metric's median before and after.
+
+    `low` / `high` bound the ratio at `DIFF_CONFIDENCE`; `change` says whether it is
+    credible (`judge_change`), or that the metric was `added` or `removed`.
+    """
 
     case_id: str
     metric: str
     old: float | None
     new: float | None
+    low: float | None = None
+    high: float | None = None
+    change: str | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -558,14 +626,26 @@ class DiffRow:
             return None
         return self.new / self.old
 
+    @property
+    def credible(self) -> bool:
+        return self.change in CREDIBLE_CHANGES
+
     def to_json(self) -> dict[str, Any]:
         ratio = self.ratio
+
+        def r4(v: float | None) -> float | None:
+            return None if v is None else round(v, 4)
+
         return {
             "case": self.case_id,
             "metric": self.metric,
             "old": self.old,
             "new": self.new,
-            "ratio": None if ratio is None else round(ratio, 4),
+            "ratio": r4(ratio),
+            "ratio_low": r4(self.low),
+            "ratio_high": r4(self.high),
+            "change": self.change,
+            "credible": self.credible,
         }
 
 
@@ -575,10 +655,20 @@ class BaselineDiff:
     removed: tuple[str, ...]
     changed: tuple[DiffRow, ...]
     tolerance_changes: tuple[str, ...]
+    confidence: float = DIFF_CONFIDENCE
 
     @property
     def empty(self) -> bool:
         return not (self.added or self.removed or self.changed or self.tolerance_changes)
+
+    def counts(self) -> dict[str, int]:
+        """How many changed rows say each `change` (every key present, zero or not)."""
+        keys = (SLOWER, FASTER, SMALL, NOISE, UNKNOWN, ADDED, REMOVED)
+        out = dict.fromkeys(keys, 0)
+        for row in self.changed:
+            if row.change in out:
+                out[row.change] += 1
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -586,21 +676,32 @@ class BaselineDiff:
             "removed": list(self.removed),
             "changed": [r.to_json() for r in self.changed],
             "tolerance_changes": list(self.tolerance_changes),
+            "confidence": self.confidence,
+            "counts": self.counts(),
         }
 
 
 def diff(a: Baseline, b: Baseline) -> BaselineDiff:
-    """Scenarios added and removed, medians that changed, tolerances that changed."""
+    """Scenarios added and removed, medians that changed (and how credibly), tolerances."""
     added = tuple(sorted(set(b.scenarios) - set(a.scenarios)))
     removed = tuple(sorted(set(a.scenarios) - set(b.scenarios)))
     rows: list[DiffRow] = []
     for cid in sorted(set(a.scenarios) & set(b.scenarios)):
         ma, mb = a.scenarios[cid].metrics, b.scenarios[cid].metrics
         for metric in sorted(set(ma) | set(mb), key=metric_sort_key):
-            old = ma[metric].median if metric in ma else None
-            new = mb[metric].median if metric in mb else None
-            if old != new:
-                rows.append(DiffRow(cid, metric, old, new))
+            sa, sb = ma.get(metric), mb.get(metric)
+            old = None if sa is None else sa.median
+            new = None if sb is None else sb.median
+            if old == new:
+                continue
+            if sa is None or sb is None:
+                rows.append(DiffRow(cid, metric, old, new, change=ADDED if sa is None else REMOVED))
+                continue
+            judged = judge_change(metric, sa, sb)
+            if judged is None:
+                rows.append(DiffRow(cid, metric, old, new, change=UNKNOWN))
+            else:
+                rows.append(DiffRow(cid, metric, old, new, *judged))
     tol: list[str] = []
     for name in sorted(set(a.profiles) | set(b.profiles)):
         pa = a.profiles[name].to_json() if name in a.profiles else None

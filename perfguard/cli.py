@@ -1393,7 +1393,7 @@ def _calibration_table(cal: Any, runs: int) -> Table:
 
 @cli.group("baselines", context_settings=CONTEXT_SETTINGS)
 def baselines_group() -> None:
-    """Inspect, compare and import baseline files."""
+    """Inspect, compare, merge and import baseline files."""
 
 
 @baselines_group.command("validate", context_settings=CONTEXT_SETTINGS)
@@ -1486,15 +1486,35 @@ def baselines_show(path: str, case_id: str | None, as_json: bool) -> int:
 @baselines_group.command("diff", context_settings=CONTEXT_SETTINGS)
 @click.argument("a", type=click.Path(dir_okay=False))
 @click.argument("b", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def baselines_diff(a: str, b: str, as_json: bool) -> int:
-    """Compare two baseline files: scenarios added / removed, medians and tolerances changed."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (same as --format json).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "md", "json"]),
+    default="table",
+    show_default=True,
+    help="md: the Markdown for a baseline pull request's description.",
+)
+def baselines_diff(a: str, b: str, as_json: bool, fmt: str) -> int:
+    """Compare two baseline files: what moved from A (old) to B (new), and whether it matters.
+
+    Per case and metric: old -> new median, the ratio with its 99 % interval from both
+    sides' noise, and the change: slower / faster (credible and at least the metric's
+    minimum effect), small (credible but below it), noise (the interval contains 1) or
+    unknown (no spread on either side). Also scenarios added / removed and tolerances
+    changed.
+    """
     from perfguard import baseline as store
     from perfguard.jsonio import dumps
 
     d = store.diff(store.load(a), store.load(b))
-    if as_json:
+    if as_json or fmt == "json":
         click.echo(dumps(d.to_json()), nl=False)
+        return EXIT_OK
+    if fmt == "md":
+        from perfguard.report import render_baseline_diff_markdown
+
+        click.echo(render_baseline_diff_markdown(d, a, b), nl=False)
         return EXIT_OK
     out = console()
     if d.empty:
@@ -1507,18 +1527,75 @@ def baselines_diff(a: str, b: str, as_json: bool) -> int:
         out.print(escape(f"tolerances changed: {', '.join(d.tolerance_changes)}"))
     if d.changed:
         table = Table(title=escape(f"{a} -> {b}"))
-        for col in ("case", "metric", "old", "new", "new/old"):
+        for col in ("case", "metric", "old", "new", "new/old", f"{d.confidence:.0%} interval"):
             table.add_column(col, justify="left" if col in ("case", "metric") else "right")
+        table.add_column("change")
+        styles = {"slower": "red", "faster": "green"}
         for row in d.changed:
             ratio = row.ratio
+            interval = (
+                "-" if row.low is None or row.high is None else f"{row.low:.3f}-{row.high:.3f}"
+            )
+            change = row.change or "-"
             table.add_row(
                 escape(row.case_id),
                 escape(row.metric),
                 "-" if row.old is None else f"{row.old:.3f}",
                 "-" if row.new is None else f"{row.new:.3f}",
                 "-" if ratio is None else f"{ratio:.3f}",
+                interval,
+                f"[{styles[change]}]{change}[/]" if change in styles else change,
             )
         out.print(table)
+        counts = d.counts()
+        out.print(
+            f"{counts['slower']} slower, {counts['faster']} faster (credible, at least the "
+            f"minimum effect); {counts['small']} small, {counts['noise']} within noise, "
+            f"{counts['unknown']} without a known spread"
+        )
+    return EXIT_OK
+
+
+@baselines_group.command("merge", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The merged baseline (may be one of the inputs; written atomically under its lock).",
+)
+@click.option(
+    "--prefer",
+    type=click.Choice(["newest", "first"]),
+    default=None,
+    help="Resolve a case held with different figures: newest keeps the scenario updated "
+    "last, first the first input's (default: such a conflict is an error).",
+)
+def baselines_merge(paths: tuple[str, ...], out: str, prefer: str | None) -> int:
+    """Merge baseline files (e.g. the shards of `gen-baselines --shard K/N`) into one.
+
+    Scenarios are deduplicated by case id; identical ones collapse to one. A case held
+    with different figures is an error naming both files, the case and the first metric
+    that differs, unless --prefer resolves it; the merged file records which input each
+    such scenario came from (`source`). The inputs must share platform, hardware, thread
+    policy, tolerance profiles and schema version (else exit 2 naming the field). Every
+    input's notes and tolerance_overrides are kept; overrides that conflict are an error.
+    """
+    from perfguard.baseline_merge import merge_files
+
+    result = merge_files(paths, out, prefer)
+    b = result.baseline
+    # Plain lines, not a rich console: paths are long and must not wrap mid-name in a log.
+    click.echo(
+        f"{out}: {len(b.scenarios)} scenario(s) from {len(result.inputs)} file(s) "
+        f"({b.platform}/{b.hardware}); {len(result.collapsed)} identical in several "
+        f"inputs, {len(result.conflicts)} conflict(s) resolved"
+        + (f" with --prefer {prefer}" if result.conflicts else "")
+    )
+    for c in result.conflicts:
+        click.echo(
+            f"  {c.case_id}: kept {c.kept}, not {', '.join(c.dropped)} (first in {c.metric})"
+        )
     return EXIT_OK
 
 

@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -48,6 +48,9 @@ from perfguard.verdict import (
     Judgement,
     MetricVerdict,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfguard.baseline import BaselineDiff, DiffRow
 
 REPORT_KIND = "perfguard.report"
 REPORT_SCHEMA_VERSION = 1
@@ -614,3 +617,71 @@ def build_against(
         settings=settings,
         improvement_threshold=baseline.improvement_threshold,
     )
+
+
+# ---- baseline diff (the description of a baseline pull request) -----------------------------
+
+
+def render_baseline_diff_markdown(d: BaselineDiff, old_label: str, new_label: str) -> str:
+    """What a baseline refresh moved, for the pull request that proposes it.
+
+    Credible slowdowns first (they loosen the gate: the reviewer must agree that the code
+    really got slower), then credible speed-ups (they tighten it), then a collapsed table
+    of every changed figure with its interval and verdict, so that figures that moved
+    within noise are visible without drowning the ones that matter.
+    """
+    from perfguard.baseline import ADDED, FASTER, REMOVED, SLOWER
+
+    counts = d.counts()
+    conf = f"{d.confidence:.0%}"
+    lines = [
+        f"### Baseline changes: {escape_md(old_label)} → {escape_md(new_label)}",
+        "",
+    ]
+    if d.empty:
+        return "\n".join([*lines, "No scenario, figure or tolerance changed.", ""])
+    cases = {r.case_id for r in d.changed if r.credible}
+    lines += [
+        f"**{counts[SLOWER]} slower, {counts[FASTER]} faster** (credible at {conf} and at "
+        f"least the metric's minimum effect, in {len(cases)} case(s)); {counts['small']} "
+        f"credible but small, {counts['noise']} within noise, {counts['unknown']} without a "
+        f"known spread; {counts[ADDED]} metric(s) added, {counts[REMOVED]} removed.",
+        "",
+    ]
+    for label, ids in (("Scenarios added", d.added), ("Scenarios removed", d.removed)):
+        if ids:
+            lines += [f"{label} ({len(ids)}): {', '.join(escape_md(i) for i in ids)}.", ""]
+    if d.tolerance_changes:
+        changed = ", ".join(escape_md(t) for t in d.tolerance_changes)
+        lines += [f"**Tolerances changed:** {changed}.", ""]
+
+    def row(r: DiffRow, with_change: bool) -> list[str]:
+        interval = "-" if r.low is None or r.high is None else f"{r.low:.3f}–{r.high:.3f}"
+        cells = [
+            escape_md(r.case_id),
+            escape_md(r.metric),
+            escape_md(fmt_value(r.old, r.metric)),
+            escape_md(fmt_value(r.new, r.metric)),
+            escape_md(fmt_ratio(r.ratio)),
+            interval,
+        ]
+        return [*cells, escape_md(r.change or "-")] if with_change else cells
+
+    header = ["case", "metric", "old", "new", "ratio", f"{conf} interval"]
+    for change, title in ((SLOWER, "Slower"), (FASTER, "Faster")):
+        rows = [row(r, False) for r in d.changed if r.change == change]
+        if rows:
+            lines += [f"#### {title} ({len(rows)})", ""]
+            lines += _md_table(header, rows)
+            lines.append("")
+    if d.changed:
+        lines += [f"<details><summary>All {len(d.changed)} changed figures</summary>", ""]
+        lines += _md_table([*header, "change"], [row(r, True) for r in d.changed])
+        lines += ["", "</details>", ""]
+    lines += [
+        f"_slower / faster: the {conf} interval of new / old (from both files' noise, "
+        "as the gate computes it) excludes 1 and the ratio is at least the metric's "
+        "minimum effect; small: credible but below it; noise: the interval contains 1._",
+        "",
+    ]
+    return "\n".join(lines)
