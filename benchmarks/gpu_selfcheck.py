@@ -105,7 +105,25 @@ class Row:
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return plain(dataclasses.asdict(self))
+
+
+def plain(value: Any) -> Any:
+    """`value` as strict JSON: a non-finite number is its name as a string ("inf", "nan"),
+    anything JSON cannot hold (a dtype, a device) is its `str`; so a figure never breaks
+    the file that reports it."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    with contextlib.suppress(TypeError, ValueError):
+        number = float(value)  # numpy and 0-d torch scalars
+        return number if math.isfinite(number) else str(number)
+    return str(value)
 
 
 def verdict(ok: bool, good: str, bad: str, **figures: Any) -> tuple[str, str, dict[str, Any]]:

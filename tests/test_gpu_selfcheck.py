@@ -230,6 +230,13 @@ def test_a_crashing_check_is_a_failed_row_not_a_crashed_run() -> None:
     assert row.status == sc.FAILED and "device fell off the bus" in row.reason
 
 
+def test_odd_figures_still_make_strict_json(tmp_path: Path) -> None:
+    row = sc.Row("x", "odd", sc.FAILED, "r", {"sd": float("inf"), "dtype": torch.bfloat16})
+    row.figures["n"] = np.float64(2.5)
+    assert row.to_json()["figures"] == {"sd": "inf", "dtype": "torch.bfloat16", "n": 2.5}
+    sc.write_json_atomic(tmp_path / "x.json", sc.document(_cpu_env(), [row], {}, 1.0))
+
+
 # ---- row 0: the parent's device context ----------------------------------------------------------
 
 
