@@ -11,7 +11,8 @@ figure means nothing away from the machine it was measured on. A file holds:
   reviewer sees the band next to the figures;
 - `improvement_threshold` and optional `sampling.step_fractions` (sglang's);
 - `scenarios` by case id: `e2e`, `stages`, `steps` (a list, in step order), `step_avg`,
-  `step_median`, `peak_memory`, each a summary (median, n, spread, samples, and with
+  `step_median`, `peak_memory`, `stage_peak_memory` (the device allocator's peak per
+  stage, by stage name; CUDA/ROCm/NPU only), each a summary (median, n, spread, samples, and with
   `gen-baselines --processes K` the median of each process), plus
   `tolerance_overrides` and `notes`, which regeneration keeps.
 
@@ -39,7 +40,7 @@ import filelock
 from perfguard import __version__
 from perfguard.errors import PerfguardError
 from perfguard.jsonio import json_path, read_json, validate, write_json_atomic
-from perfguard.metrics import is_metric_name, metric_sort_key
+from perfguard.metrics import STAGE_PEAK_PREFIX, is_metric_name, metric_sort_key
 from perfguard.runner import CaseResult, utc_now
 from perfguard.stats import Summary, log_ratio_noise, log_spread, summarize, t_quantile, z_quantile
 from perfguard.verdict import (
@@ -100,6 +101,13 @@ class Scenario:
         out["stages"] = {
             m[6:]: s.to_json(DIGITS) for m, s in self.metrics.items() if m.startswith("stage:")
         }
+        peaks = {
+            m[len(STAGE_PEAK_PREFIX) :]: s.to_json(DIGITS)
+            for m, s in self.metrics.items()
+            if m.startswith(STAGE_PEAK_PREFIX)
+        }
+        if peaks:  # absent on CPU, so CPU baselines keep their layout
+            out["stage_peak_memory"] = peaks
         steps: list[Any] = [None] * self.step_count
         for m, s in self.metrics.items():
             if m.startswith("step:"):
@@ -135,6 +143,8 @@ class Scenario:
                 metrics[name] = Summary.from_json(data[name])
         for stage, s in data.get("stages", {}).items():
             metrics[f"stage:{stage}"] = Summary.from_json(s)
+        for stage, s in data.get("stage_peak_memory", {}).items():
+            metrics[STAGE_PEAK_PREFIX + stage] = Summary.from_json(s)
         for i, s in enumerate(data.get("steps", [])):
             if s is not None:
                 metrics[f"step:{i}"] = Summary.from_json(s)
@@ -287,6 +297,9 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
     for cid, scen in data["scenarios"].items():
         entries: list[tuple[list[Any], Any]] = [([n], scen.get(n)) for n in _SCALARS]
         entries += [(["stages", k], v) for k, v in scen.get("stages", {}).items()]
+        entries += [
+            (["stage_peak_memory", k], v) for k, v in scen.get("stage_peak_memory", {}).items()
+        ]
         entries += [(["steps", i], v) for i, v in enumerate(scen.get("steps", []))]
         for where, s in entries:
             if s is None:
@@ -303,9 +316,10 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
             lo, hi = s.get("min"), s.get("max")
             if lo is not None and hi is not None and not lo <= s["median"] <= hi:
                 yield path, f"median {s['median']} is outside [min {lo}, max {hi}]"
-        for stage in scen.get("stages", {}):
-            if not is_metric_name(f"stage:{stage}"):
-                yield ["scenarios", cid, "stages", stage], "not a valid stage name"
+        for key in ("stages", "stage_peak_memory"):
+            for stage in scen.get(key, {}):
+                if not is_metric_name(f"stage:{stage}"):
+                    yield ["scenarios", cid, key, stage], "not a valid stage name"
 
 
 def parse(data: Any, source: str) -> Baseline:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from perfguard.baseline import Scenario
-from perfguard.metrics import metric_sort_key
+from perfguard.metrics import metric_class, metric_sort_key
 from perfguard.runner import CaseResult
 from perfguard.stats import MAD_TO_SD, MEDIAN_SE_FACTOR, split_groups, summarize
 from perfguard.verdict import DEFAULT_RULE, REGRESSION, Band, Profile, Rule, judge_metric
@@ -354,7 +354,7 @@ def calibrate_case(
     names = [
         m
         for m in result.samples
-        if m != "peak_memory" and (all_metrics or not m.startswith("step:"))
+        if metric_class(m) != "peak_memory" and (all_metrics or not m.startswith("step:"))
     ]
     detections = tuple(
         detection(noise, profile.band(noise.metric, overrides), setup)

@@ -409,6 +409,7 @@ def ab_command(
     """
     from perfguard.ab import parse_variant, run_ab, toggle_variants
     from perfguard.jsonio import write_json_atomic
+    from perfguard.metrics import unit as metric_unit
 
     if toggles and (spec_a or spec_b):
         raise PerfguardError("use either --toggle or --a/--b, not both")
@@ -430,7 +431,7 @@ def ab_command(
     for col in ("metric", "A median", "B median", "B/A", "95% CI", "p"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for comp in result.comparisons():
-        unit = "MB" if comp.metric == "peak_memory" else "ms"
+        unit = metric_unit(comp.metric)
         table.add_row(
             comp.metric,
             f"{comp.median_a:.3f} {unit}",
@@ -928,6 +929,7 @@ def check(
     from perfguard import baseline as store
     from perfguard import report as rep
     from perfguard.inject import describe, inject_from
+    from perfguard.metrics import STAGE_PEAK_PREFIX
     from perfguard.sglang import NOT_IN_PERF_LOG, perf_log_results, read_perf_log
     from perfguard.verdict import judge
 
@@ -957,7 +959,17 @@ def check(
         results = perf_log_results(
             read_perf_log(perf_log), baseline, case_id=case_id, source=perf_log
         )
-        ignore_missing = NOT_IN_PERF_LOG
+        # sglang's log has no per-stage allocator peaks either (`peak_memory:<Stage>`).
+        ignore_missing = NOT_IN_PERF_LOG + tuple(
+            sorted(
+                {
+                    m
+                    for s in baseline.scenarios.values()
+                    for m in s.metrics
+                    if m.startswith(STAGE_PEAK_PREFIX)
+                }
+            )
+        )
         settings = {"source": "sglang-perf-log", "perf_log": perf_log, "inject": None}
     elif results_file:
         results = _filter_results(rep.read_results(results_file), case_ids, match, tags)

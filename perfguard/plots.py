@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.errors import PerfguardError
+from perfguard.metrics import unit
 
 
 def literal(text: object) -> str:
@@ -87,7 +88,7 @@ def plot_trend(
     step = max(1, len(x) // 20)
     ax.set_xticks(x[::step], commits[::step], rotation=60, fontsize=7)
     ax.set_xlabel("commit (oldest first)")
-    ax.set_ylabel(literal(f"{metric} ({'MB' if metric == 'peak_memory' else 'ms'})"))
+    ax.set_ylabel(literal(f"{metric} ({unit(metric)})"))
     ax.set_title(literal(f"{case} · {metric}"))
     ax.legend(loc="upper left", fontsize=8)
     return _save(plt, fig, out)

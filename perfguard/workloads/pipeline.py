@@ -123,6 +123,20 @@ class T2IPipeline:
     latent_channels: int = 16
     size_multiple = VAE_SCALE * 2  # a 2x2 patch of latents
 
+    def set_toggles(self, toggles: dict[str, bool]) -> None:
+        """Switch optimizations on this built pipeline, sharing its weights.
+
+        The toggles choose code paths, not weights, so an A/B run builds the model once and
+        flips them between runs (`perfguard.ab`): two copies of Qwen-Image at `full` would
+        not fit one 80 GB device. Toggles of the other workload are ignored, as in
+        `build_model`. A captured CUDA graph keeps the path it recorded, which is the
+        capture-safe one for every toggle.
+        """
+        mine = {k: bool(v) for k, v in toggles.items() if k in self.toggle_names}
+        self.case = self.case.with_toggles(**toggles)
+        for name, value in mine.items():
+            setattr(self.transformer, name, value)
+
     def _standin(self, module: torch.nn.Module, salt: int) -> torch.nn.Module:
         return _seeded_init(module, self.case.seed * 1000 + salt).to(self.device, self.dtype).eval()
 

@@ -60,7 +60,7 @@ from perfguard.workloads.attention import (
     joint_txt_img_ranges,
     varlen_attention,
 )
-from perfguard.workloads.graphs import is_in_breakable_cuda_graph
+from perfguard.workloads.graphs import is_in_breakable_cuda_graph, is_stream_capturing
 
 __all__ = ["ModulationKey", "QwenImageTransformer2DModel", "QwenImageTransformerBlock"]
 
@@ -204,7 +204,7 @@ def _modulation_cache_allowed() -> bool:
         return False
     if is_in_breakable_cuda_graph():  # replay never re-enters python: a hit can't be replayed
         return False
-    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    return not is_stream_capturing()
 
 
 @dataclass(frozen=True, eq=False)
@@ -618,15 +618,25 @@ class QwenImageTransformer2DModel(nn.Module):
                 f"txt_seq_lens={txt_seq_lens!r} must be {batch_size} ints in [0, {txt_len}] "
                 "(or pass encoder_hidden_states_mask)"
             )
-        in_graph = is_in_breakable_cuda_graph()
+        capturing = is_stream_capturing()
+        in_graph = capturing or is_in_breakable_cuda_graph()
         if lens is not None and all(n == txt_len for n in lens) and in_graph:
             # Nothing padded, known on the host: dense attention, as the optimized path
             # decides below. The mask path would call nonzero(), which cannot be captured.
             return None
+        if capturing and (lens is not None or encoder_hidden_states_mask is not None):
+            # A plain stream capture records the host path's H2D copy from a pinned buffer
+            # built from this call's ints (stale on replay), and the mask path's nonzero()
+            # cannot be recorded at all: padded prompts cannot be captured.
+            raise ValueError(
+                f"padded prompts (txt_seq_lens={txt_seq_lens!r}, mask given: "
+                f"{encoder_hidden_states_mask is not None}) cannot be captured in a CUDA "
+                "graph: their varlen metadata is data dependent; use equal prompt lengths"
+            )
         if self.qwen_varlen_host_meta and lens is not None and not in_graph:
             # Optimized: lengths are host ints already -> build on the CPU, one async H2D copy,
-            # no device sync. (Not inside a breakable graph: host ints would be baked into
-            # the captured graph and be wrong on replay.)
+            # no device sync. (Not under any capture: host ints would be baked into the
+            # captured graph and be wrong on replay.)
             if all(n == txt_len for n in lens):
                 return None
             ranges = joint_txt_img_ranges(lens, txt_len, img_len)
