@@ -32,6 +32,8 @@ else:  # pragma: no cover
 
 ENV_CASES = "PERFGUARD_CASES"
 TOGGLES = ("glm_prior_drop_inplace", "qwen_modulation_cache", "qwen_varlen_host_meta")
+DIFFUSERS = "diffusers"
+"""The workload that runs a user's diffusers pipeline (`perfguard.workloads.diffusers_pipeline`)."""
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,15 @@ class Case:
     `prompt_lengths` gives one text length per batch row; rows shorter than the longest
     are padded, which is what exercises the masked joint-attention path. Optimization
     `toggles` default on; a case turns one off to measure the reference behaviour.
+
+    A `diffusers` case has no preset: it names a `save_pretrained` directory (`model`),
+    its `prompt` (and `negative_prompt`) and, with `dit = "perfguard"`, swaps perfguard's
+    DiT into the pipeline (the toggles then apply to it).
     """
 
     id: str
     workload: str
-    preset: str
+    preset: str = ""
     height: int = 64
     width: int = 64
     steps: int = 4
@@ -62,6 +68,10 @@ class Case:
     toggles: dict[str, bool] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     tolerance_overrides: dict[str, dict[str, float]] = field(default_factory=dict)
+    model: str = ""
+    prompt: str = ""
+    negative_prompt: str | None = None
+    dit: str = "diffusers"
     source: str = field(default="", compare=False)
 
     def __hash__(self) -> int:
@@ -91,6 +101,9 @@ class Case:
         data.pop("source")
         data["prompt_lengths"] = list(self.prompt_lengths)
         data["tags"] = list(self.tags)
+        if self.workload != DIFFUSERS:  # keep built-in cases' definitions as they were
+            for key in ("model", "prompt", "negative_prompt", "dit"):
+                data.pop(key)
         return data
 
     def to_json(self) -> dict[str, Any]:
@@ -116,7 +129,13 @@ def parse_case(raw: dict[str, Any], source: str) -> Case:
     if errors:
         err = errors[0]
         where = _json_path(err.absolute_path)
-        raise PerfguardError(f"{source}: case {case_id!r}: {where}: {err.message}")
+        message = err.message
+        if err.validator == "not" and err.schema == {"not": {}}:  # forbidden by the workload
+            workload = raw.get("workload") if isinstance(raw, dict) else None
+            message = f"does not apply to a {workload!r} case"
+            if where == "toggles" and workload == DIFFUSERS:
+                message += ' unless dit = "perfguard"'
+        raise PerfguardError(f"{source}: case {case_id!r}: {where}: {message}")
     data = dict(raw)
     lengths = data.get("prompt_lengths")
     batch = data.get("batch", 1)

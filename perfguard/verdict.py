@@ -541,6 +541,8 @@ class CaseVerdict:
     deterministic: bool | None = None
     notes: str | None = None
     sampling: Mapping[str, Any] | None = None
+    components: Mapping[str, Any] | None = None
+    counters: Mapping[str, Any] | None = None
 
     @property
     def borderline(self) -> list[str]:
@@ -564,6 +566,10 @@ class CaseVerdict:
         }
         if self.sampling is not None:
             out["sampling"] = dict(self.sampling)
+        if self.components is not None:
+            out["components"] = {k: dict(v) for k, v in self.components.items()}
+        if self.counters is not None:
+            out["counters"] = {k: list(v) for k, v in self.counters.items()}
         return out
 
     @classmethod
@@ -579,6 +585,8 @@ class CaseVerdict:
             deterministic=data.get("deterministic"),
             notes=data.get("notes"),
             sampling=data.get("sampling"),
+            components=data.get("components"),
+            counters=data.get("counters"),
         )
 
 
@@ -624,6 +632,8 @@ def judge_case(
         "deterministic": result.deterministic,
         "baseline_output_hash": scenario.output_hash if scenario else None,
         "notes": scenario.notes if scenario else None,
+        "components": result.components,
+        "counters": result.counters,
     }
     if result.status != "ok":
         return CaseVerdict(case_id, ERROR, error=result.error or "case failed", **common)
