@@ -398,3 +398,28 @@ def test_dit_perfguard_needs_a_pipeline_perfguard_has_a_dit_for(
     reg = _registry(tmp_path, _case_toml("ddpm", models["ddpm"], dit="perfguard"))
     code, _, err = pg("run", "--cases", reg, "--platform", "cpu", "--repeats", "1")
     _one_line_error(code, err, 2, "'ddpm'", "dit:", "DDPMPipeline")
+
+
+def test_a_glm_image_pipelines_transformer_swaps_for_perfguards_with_its_weights() -> None:
+    import diffusers
+
+    from perfguard.workloads.diffusers_pipeline import swap_dit
+    from tests.test_models_vs_diffusers import GLM_TINY, _glm_inputs
+
+    class GlmImagePipeline:  # what swap_dit needs of the pipeline: its class name, .transformer
+        transformer = diffusers.GlmImageTransformer2DModel(**GLM_TINY).eval()
+
+    pipe = GlmImagePipeline()
+    theirs = pipe.transformer
+    case = _case(Path("unused"), dit="perfguard", toggles={"glm_prior_drop_inplace": False})
+    ours = swap_dit(pipe, case)
+    assert pipe.transformer is ours and ours.glm_prior_drop_inplace is False
+    assert type(ours).__module__ == "perfguard.workloads.glm_image"
+    inputs = _glm_inputs(GLM_TINY)
+    with torch.no_grad(), ours.cache_context("cond"):
+        torch.testing.assert_close(
+            ours(**inputs, return_dict=False)[0],
+            theirs(**inputs, return_dict=False)[0],
+            rtol=0,
+            atol=1e-5,
+        )
