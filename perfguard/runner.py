@@ -306,7 +306,11 @@ def components_of(pipeline: Any) -> dict[str, dict[str, Any]] | None:
         items = list(declared.items())
     else:
         attrs = getattr(pipeline, "__dict__", {})
-        items = [(k, v) for k, v in attrs.items() if isinstance(v, torch.nn.Module)]
+        items = [
+            (k, v)
+            for k, v in attrs.items()
+            if isinstance(v, torch.nn.Module) and not k.startswith("_")
+        ]
     out: dict[str, dict[str, Any]] = {}
     for role, value in items:
         if isinstance(value, torch.nn.Module):

@@ -252,7 +252,11 @@ def test_run_gen_baselines_and_check_end_to_end(
     code, _, err = pg("gen-baselines", *measure, "--baseline", base)
     assert code == 0, err
     report, md = str(tmp_path / "rep.json"), str(tmp_path / "rep.md")
-    code, _, err = pg("check", *measure, "--baseline", base, "--report", report, "--markdown", md)
+    # One pass, no adaptive sampling or re-runs: the verdict's content is not the point here.
+    once = ("--max-repeats", "3", "--max-reruns", "0")
+    code, _, err = pg(
+        "check", *measure, *once, "--baseline", base, "--report", report, "--markdown", md
+    )
     assert code in (0, 1), err  # a verdict (a shared CPU may be slower the second time)
     rep = json.loads(Path(report).read_text())["cases"]["my_qwen"]
     assert rep["components"]["vae"]["class"].endswith("AutoencoderKLQwenImage")
@@ -423,3 +427,28 @@ def test_a_glm_image_pipelines_transformer_swaps_for_perfguards_with_its_weights
             rtol=0,
             atol=1e-5,
         )
+
+
+def test_an_isolated_run_keeps_components_and_counters(
+    models: dict[str, Path], tmp_path: Path, pg: PG
+) -> None:
+    reg = _registry(tmp_path, _case_toml("iso", models["qwen"]))
+    out = tmp_path / "r.json"
+    code, _, err = pg(
+        "run",
+        "--cases",
+        reg,
+        "--platform",
+        "cpu",
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--isolate",
+        "--out",
+        str(out),
+    )
+    assert code == 0, err
+    case = json.loads(out.read_text())["cases"]["iso"]
+    assert case["components"]["text_encoder"]["parameters"] > 0
+    assert case["counters"] == {"denoise_steps": [STEPS] * 2, "denoiser_calls": [4, 4]}
