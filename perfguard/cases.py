@@ -93,6 +93,11 @@ class Case:
         for name in toggles:
             if name not in TOGGLES:
                 raise PerfguardError(f"unknown toggle {name!r}: choose from {', '.join(TOGGLES)}")
+        if toggles and self.workload == DIFFUSERS and self.dit != "perfguard":
+            raise PerfguardError(
+                f"case {self.id!r}: toggles: do not apply to a diffusers pipeline's own "
+                'transformer (set dit = "perfguard")'
+            )
         return replace(self, toggles={**self.toggles, **toggles})
 
     def definition(self) -> dict[str, Any]:

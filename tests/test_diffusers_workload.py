@@ -452,3 +452,12 @@ def test_an_isolated_run_keeps_components_and_counters(
     case = json.loads(out.read_text())["cases"]["iso"]
     assert case["components"]["text_encoder"]["parameters"] > 0
     assert case["counters"] == {"denoise_steps": [STEPS] * 2, "denoiser_calls": [4, 4]}
+
+
+def test_ab_toggles_on_a_pipelines_own_transformer_are_refused(models: dict[str, Path]) -> None:
+    from perfguard.errors import PerfguardError
+
+    with pytest.raises(PerfguardError, match='toggles: .*dit = "perfguard"'):
+        _case(models["qwen"]).with_toggles(qwen_modulation_cache=False)
+    swapped = _case(models["qwen"], dit="perfguard").with_toggles(qwen_modulation_cache=False)
+    assert swapped.toggles == {"qwen_modulation_cache": False}
