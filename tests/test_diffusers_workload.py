@@ -457,7 +457,7 @@ def test_an_isolated_run_keeps_components_and_counters(
 def test_ab_toggles_on_a_pipelines_own_transformer_are_refused(models: dict[str, Path]) -> None:
     from perfguard.errors import PerfguardError
 
-    with pytest.raises(PerfguardError, match='toggles: .*dit = "perfguard"'):
+    with pytest.raises(PerfguardError, match=r'toggles: .*dit = "perfguard"'):
         _case(models["qwen"]).with_toggles(qwen_modulation_cache=False)
     swapped = _case(models["qwen"], dit="perfguard").with_toggles(qwen_modulation_cache=False)
     assert swapped.toggles == {"qwen_modulation_cache": False}
