@@ -186,7 +186,13 @@ def test_stages_steps_components_and_counters_come_from_the_pipelines_own_seams(
     )
     assert comps["text_encoder"]["class"].endswith("Qwen2_5_VLForConditionalGeneration")
     assert comps["vae"]["class"].endswith("AutoencoderKLQwenImage")
-    assert all(c["parameters"] > 0 for c in comps.values())
+    assert all(comps[r]["parameters"] > 0 for r in ("text_encoder", "transformer", "vae"))
+    assert comps["scheduler"] == {
+        "class": "diffusers.schedulers.scheduling_flow_match_euler_discrete."
+        "FlowMatchEulerDiscreteScheduler",
+        "parameters": None,
+    }
+    assert comps["tokenizer"]["class"].endswith("Qwen2Tokenizer")
     # True CFG (a negative prompt and true_cfg_scale > 1): two transformer calls per step.
     assert result.counters == {"denoise_steps": [STEPS, STEPS], "denoiser_calls": [4, 4]}
 

@@ -321,7 +321,15 @@ class DiffusersCase:
             for role, comp in sorted(pipe.components.items())
             if isinstance(comp, torch.nn.Module)
         }
-        self.components = modules  # the runner records class and parameter count
+        # The runner records each module's class and parameter count; the other parts
+        # (tokenizer, scheduler, processor) by class, since they shape what runs too.
+        self.components: dict[str, Any] = {
+            role: comp
+            if isinstance(comp, torch.nn.Module)
+            else {"class": f"{type(comp).__module__}.{type(comp).__qualname__}", "parameters": None}
+            for role, comp in sorted(pipe.components.items())
+            if comp is not None
+        }
         for role, module in modules.items():
             if role.startswith("text_encoder"):
                 _hook_stage(module, self.observer, TEXT_ENCODING)
