@@ -170,7 +170,9 @@ def test_stages_steps_components_and_counters_come_from_the_pipelines_own_seams(
     result = run_case(_case(models["qwen"]), probe("cpu"), repeats=2, warmup=1)
     assert result.status == "ok", result.error
     s = result.samples
-    for name in ("stage:TextEncodingStage", "stage:DenoisingStage", "stage:DecodingStage"):
+    stages = ("stage:TextEncodingStage", "stage:DenoisingStage", "stage:DecodingStage")
+    assert sorted(k for k in s if k.startswith("stage:")) == sorted(stages)  # none nested
+    for name in stages:
         assert all(v > 0 for v in s[name]), name
     assert sorted(k for k in s if k.startswith("step:")) == [f"step:{i}" for i in range(STEPS)]
     for run in range(2):

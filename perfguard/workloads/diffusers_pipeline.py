@@ -8,7 +8,8 @@ and times its stages from outside, without editing diffusers:
 * `PriorTokenGenerationStage`: a wrapper around `vision_language_encoder.generate`
   (GLM-Image's autoregressive prior; forward hooks when it has no `generate`);
 * `DenoisingStage`: opened by the denoiser's (`transformer` / `unet`) first forward
-  pre-hook, closed when the next stage starts or the call ends;
+  pre-hook, closed by the callback of the last step (the pipeline's `num_timesteps`), else
+  when the next stage starts or the call ends;
 * `step:<i>`: from the denoiser's first call in step `i` to `callback_on_step_end` of
   step `i`;
 * `DecodingStage`: a wrapper around `vae.decode`.
@@ -345,6 +346,8 @@ class DiffusersCase:
 
     def _on_step_end(self, pipe: Any, i: int, t: Any, callback_kwargs: dict[str, Any]) -> dict:
         self.observer.step_end()
+        if i + 1 == getattr(pipe, "num_timesteps", None):
+            self.observer.end_denoising()  # the loop is over: what follows is not denoising
         return {}
 
     def __call__(self) -> torch.Tensor:
