@@ -44,6 +44,8 @@ REGISTRY_PLATFORMS = ("cuda", "rocm", "npu", "cpu")
 """The platforms a registry file can name (`perfguard.platform.PLATFORM_NAMES`; kept here
 so that reading cases does not import torch)."""
 TOGGLES = ("glm_prior_drop_inplace", "qwen_modulation_cache", "qwen_varlen_host_meta")
+DIFFUSERS = "diffusers"
+"""The workload that runs a user's diffusers pipeline (`perfguard.workloads.diffusers_pipeline`)."""
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,15 @@ class Case:
     `toggles` default on; a case turns one off to measure the reference behaviour.
     `threads` is torch's intra-op thread count while it is measured; None takes the
     platform's default (`perfguard.threads`: 1 on CPU).
+
+    A `diffusers` case has no preset: it names a `save_pretrained` directory (`model`),
+    its `prompt` (and `negative_prompt`) and, with `dit = "perfguard"`, swaps perfguard's
+    DiT into the pipeline (the toggles then apply to it).
     """
 
     id: str
     workload: str
-    preset: str
+    preset: str = ""
     height: int = 64
     width: int = 64
     steps: int = 4
@@ -77,6 +83,10 @@ class Case:
     toggles: dict[str, bool] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     tolerance_overrides: dict[str, dict[str, float]] = field(default_factory=dict)
+    model: str = ""
+    prompt: str = ""
+    negative_prompt: str | None = None
+    dit: str = "diffusers"
     source: str = field(default="", compare=False)
 
     def __hash__(self) -> int:
@@ -98,6 +108,11 @@ class Case:
         for name in toggles:
             if name not in TOGGLES:
                 raise PerfguardError(f"unknown toggle {name!r}: choose from {', '.join(TOGGLES)}")
+        if toggles and self.workload == DIFFUSERS and self.dit != "perfguard":
+            raise PerfguardError(
+                f"case {self.id!r}: toggles: do not apply to a diffusers pipeline's own "
+                'transformer (set dit = "perfguard")'
+            )
         return replace(self, toggles={**self.toggles, **toggles})
 
     def definition(self) -> dict[str, Any]:
@@ -106,6 +121,9 @@ class Case:
         data.pop("source")
         data["prompt_lengths"] = list(self.prompt_lengths)
         data["tags"] = list(self.tags)
+        if self.workload != DIFFUSERS:  # keep built-in cases' definitions as they were
+            for key in ("model", "prompt", "negative_prompt", "dit"):
+                data.pop(key)
         return data
 
     def to_json(self) -> dict[str, Any]:
@@ -131,7 +149,13 @@ def parse_case(raw: dict[str, Any], source: str) -> Case:
     if errors:
         err = errors[0]
         where = _json_path(err.absolute_path)
-        raise PerfguardError(f"{source}: case {case_id!r}: {where}: {err.message}")
+        message = err.message
+        if err.validator == "not" and err.schema == {"not": {}}:  # forbidden by the workload
+            workload = raw.get("workload") if isinstance(raw, dict) else None
+            message = f"does not apply to a {workload!r} case"
+            if where == "toggles" and workload == DIFFUSERS:
+                message += ' unless dit = "perfguard"'
+        raise PerfguardError(f"{source}: case {case_id!r}: {where}: {message}")
     bad = _not_finite(raw)
     if bad is not None:
         raise PerfguardError(

@@ -86,6 +86,9 @@ def selected_cases(
     cases = select(load_registry(platform.name, cases_dir), case_ids, match, tags)
     if not cases:
         raise PerfguardError("no case matches the selection (see `perfguard list-cases`)")
+    from perfguard.workloads.diffusers_pipeline import preflight_all
+
+    preflight_all(cases)  # a diffusers model that cannot load offline: exit 2 before any run
     return cases
 
 
@@ -333,7 +336,16 @@ def list_cases(
         path = _baseline_path(baseline_path, platform.name, platform.hardware_slug())
         cases = sharded(cases, shard_spec, path)
     if as_json:
-        click.echo(json.dumps([c.to_json() for c in cases], indent=2, sort_keys=True))
+        from perfguard.runner import planned_components
+
+        listed = []
+        for c in cases:
+            components, note = planned_components(c, platform)
+            entry = {**c.to_json(), "components": components}
+            if note:
+                entry["components_note"] = note
+            listed.append(entry)
+        click.echo(json.dumps(listed, indent=2, sort_keys=True))
         return
     table = Table(title=f"cases for {platform.name} ({len(cases)})")
     for col in ("id", "workload", "preset", "size", "steps", "batch", "devices", "tags", "file"):
@@ -342,7 +354,7 @@ def list_cases(
         table.add_row(
             escape(c.id),
             escape(c.workload),
-            escape(c.preset),
+            escape(c.preset or c.model or ""),
             f"{c.width}x{c.height}",
             str(c.steps),
             str(c.batch),

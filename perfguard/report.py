@@ -236,6 +236,33 @@ def fmt_value(value: float | None, metric: str) -> str:
     return f"{value:.3f} {unit(metric)}" if value < 100 else f"{value:.1f} {unit(metric)}"
 
 
+def fmt_count(n: int | None) -> str:
+    """A parameter count the way model cards give it: 88.8K, 20.4B."""
+    if n is None:
+        return "?"
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{suffix}"
+    return str(n)
+
+
+def components_line(components: Mapping[str, Any]) -> str:
+    """`role Class (params), ...`: what the case measured, in one line."""
+    return ", ".join(
+        f"{role} {str(c.get('class', '?')).rsplit('.', 1)[-1]} ({fmt_count(c.get('parameters'))})"
+        for role, c in sorted(components.items())
+    )
+
+
+def counters_line(counters: Mapping[str, Sequence[int]]) -> str:
+    """`name value` per counter; `min-max` when the runs disagree."""
+    parts = []
+    for name, values in sorted(counters.items()):
+        lo, hi = (min(values), max(values)) if values else (0, 0)
+        parts.append(f"{name} {lo}" if lo == hi else f"{name} {lo}-{hi}")
+    return ", ".join(parts)
+
+
 def fmt_ratio(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
@@ -535,6 +562,10 @@ def render_markdown(report: Report) -> str:
             extra.append(f"output {escape_md(case.output_hash)}{same}")
         if case.notes:
             extra.append(f"notes: {escape_md(case.notes)}")
+        if case.components:
+            extra.append(f"components: {escape_md(components_line(case.components))}")
+        if case.counters:
+            extra.append(f"counters per run: {escape_md(counters_line(case.counters))}")
         lines.append(
             f"**{escape_md(case.case_id)}**: {escape_md(case.verdict)}"
             + (f" · {' · '.join(extra)}" if extra else "")

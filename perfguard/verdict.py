@@ -666,6 +666,9 @@ class CaseVerdict:
             or (m.measured is not None and m.bound is not None and m.measured.median > m.bound)
         ]
 
+    components: Mapping[str, Any] | None = None
+    counters: Mapping[str, Any] | None = None
+
     @property
     def borderline(self) -> list[str]:
         """The metrics whose verdict asks for a re-run of the case."""
@@ -690,6 +693,10 @@ class CaseVerdict:
             out["sampling"] = dict(self.sampling)
         if self.runner is not None:
             out["runner"] = dict(self.runner)
+        if self.components is not None:
+            out["components"] = {k: dict(v) for k, v in self.components.items()}
+        if self.counters is not None:
+            out["counters"] = {k: list(v) for k, v in self.counters.items()}
         return out
 
     @classmethod
@@ -706,6 +713,8 @@ class CaseVerdict:
             notes=data.get("notes"),
             sampling=data.get("sampling"),
             runner=data.get("runner"),
+            components=data.get("components"),
+            counters=data.get("counters"),
         )
 
 
@@ -756,6 +765,8 @@ def judge_case(
         "deterministic": result.deterministic,
         "baseline_output_hash": scenario.output_hash if scenario else None,
         "notes": scenario.notes if scenario else None,
+        "components": result.components,
+        "counters": result.counters,
     }
     if result.status != "ok":
         return CaseVerdict(case_id, ERROR, error=result.error or "case failed", **common)

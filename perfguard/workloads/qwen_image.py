@@ -18,9 +18,10 @@ Inputs of :meth:`QwenImageTransformer2DModel.forward` (as the diffusers pipeline
   passes ``None`` when nothing is padded.
 * ``timestep``: ``[B]`` float in ``[0, 1]`` (the pipeline passes ``t.expand(B) / 1000``).
 * ``img_shapes``: ``[[(1, H/16, W/16)]] * B`` -- per sample a list of ``(frame, h, w)``.
-* ``txt_seq_lens`` (keyword only, sglang): ``list[int]`` of ``B`` valid text lengths, each
-  in ``[0, T]``; the valid tokens are the prefix ``[0, len)``. When given it lets the model
-  build the varlen metadata on the host (no device sync); it is trusted over the mask.
+* ``txt_seq_lens`` (keyword only, sglang): ``B`` valid text lengths, each in ``[0, T]``
+  (python, numpy or tensor ints); the valid tokens are the prefix ``[0, len)``. When given
+  it lets the model build the varlen metadata on the host (no device sync); it is trusted
+  over the mask. Invalid lengths are ignored and the mask is used, as diffusers does.
 * ``additional_t_cond``: ``[B]`` long in ``{0, 1}`` (only with ``use_additional_t_cond``).
 
 Output: ``[B, I, patch_size**2 * out_channels]`` (``.sample`` or ``[0]`` with
@@ -39,6 +40,7 @@ Optimizations (attributes, default on; the reference path sits beside each one):
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -592,11 +594,41 @@ class QwenImageTransformer2DModel(nn.Module):
 
     @staticmethod
     def _valid_txt_seq_lens(txt_seq_lens: Any, batch_size: int, txt_len: int) -> list[int] | None:
-        if not isinstance(txt_seq_lens, (list, tuple)) or len(txt_seq_lens) != batch_size:
+        """``txt_seq_lens`` as python ints when usable, else ``None`` (use the mask).
+
+        Integer-like entries are accepted as sglang passes them: python ints, numpy
+        integers, 0-d integer tensors, or a 1-D integer tensor / array (a device tensor is
+        read with one sync, as the mask path would pay). Anything else -- the wrong count,
+        a length outside ``[0, txt_len]``, floats, bools -- is not trusted: the caller
+        falls back to the mask, which is what diffusers' reference always uses.
+        """
+        if isinstance(txt_seq_lens, torch.Tensor):
+            if txt_seq_lens.dim() != 1 or txt_seq_lens.is_floating_point():
+                return None
+            if txt_seq_lens.is_complex() or txt_seq_lens.dtype == torch.bool:
+                return None
+            values = txt_seq_lens.tolist()
+        elif isinstance(txt_seq_lens, (str, bytes, dict)):
             return None
-        if not all(isinstance(n, int) and 0 <= n <= txt_len for n in txt_seq_lens):
+        else:
+            try:
+                values = list(txt_seq_lens)
+            except TypeError:
+                return None
+        if len(values) != batch_size:
             return None
-        return [int(n) for n in txt_seq_lens]
+        out = []
+        for n in values:
+            if isinstance(n, bool) or (isinstance(n, torch.Tensor) and n.dtype == torch.bool):
+                return None
+            try:
+                n = operator.index(n)
+            except TypeError:
+                return None
+            if not 0 <= n <= txt_len:
+                return None
+            out.append(n)
+        return out
 
     def _joint_varlen_meta(
         self,
@@ -613,11 +645,6 @@ class QwenImageTransformer2DModel(nn.Module):
             if txt_seq_lens is None
             else self._valid_txt_seq_lens(txt_seq_lens, batch_size, txt_len)
         )
-        if txt_seq_lens is not None and lens is None and encoder_hidden_states_mask is None:
-            raise ValueError(
-                f"txt_seq_lens={txt_seq_lens!r} must be {batch_size} ints in [0, {txt_len}] "
-                "(or pass encoder_hidden_states_mask)"
-            )
         capturing = is_stream_capturing()
         in_graph = capturing or is_in_breakable_cuda_graph()
         if lens is not None and all(n == txt_len for n in lens) and in_graph:
