@@ -63,13 +63,14 @@ QWEN_PROMPT_TEMPLATE_START_IDX = 34
 QWEN_PROMPT_SUFFIX_TOKENS = 5
 
 # Prompt words: lowercase, one token each in both in-memory tokenizers.
-WORDS: tuple[str, ...] = tuple(
+_WORD_TEXT = (
     "red fox snow forest river mountain city street night light cat dog bird tree flower "
     "sky cloud sun moon star house window door road car boat sea beach sand stone glass "
     "paper book table chair lamp garden field grass rain wind fire smoke bridge tower "
     "castle market crowd child woman man portrait painting photo blue green golden silver "
-    "old young quiet bright dark soft sharp".split()
+    "old young quiet bright dark soft sharp"
 )
+WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
 
 # Scheduler configs as the checkpoints' `scheduler/scheduler_config.json`.
 SCHEDULER_CONFIGS: dict[str, dict[str, Any]] = {

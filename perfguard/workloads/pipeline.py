@@ -575,11 +575,15 @@ class GlmImagePipeline(T2IPipeline):
         inputs = self.processor.apply_chat_template(
             messages,
             tokenize=True,
-            padding=len(messages) > 1,
-            target_h=self.case.height,
-            target_w=self.case.width,
             return_dict=True,
-            return_tensors="pt",
+            # diffusers passes these as plain kwargs, which transformers 5 forwards to the
+            # processor with a warning per call; the same values, without the warning.
+            processor_kwargs={
+                "padding": len(messages) > 1,
+                "target_h": self.case.height,
+                "target_w": self.case.width,
+                "return_tensors": "pt",
+            },
         ).to(self.device)
         grids = inputs["image_grid_thw"][: int(inputs["images_per_sample"][0])]
         max_new, offset, token_h, token_w = pipe_cls._compute_generation_params(grids, True)
