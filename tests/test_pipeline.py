@@ -373,3 +373,20 @@ def test_bad_sizes_fail_input_validation() -> None:
     case = replace(SMOKE["glm_image"], height=48)
     with pytest.raises(ValueError, match="multiples of 32"):
         build_pipeline(case, CPU)()
+
+
+def test_cond_and_uncond_passes_get_the_same_timestep_object() -> None:
+    """The one deliberate difference from diffusers' loop (which divides by 1000 inside
+    each call, so its uncond pass gets a new tensor and the modulation cache never hits)."""
+    case = SMOKE["qwen_image"]
+    pipe = build_pipeline(case, CPU)
+    seen: list[torch.Tensor] = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(kwargs["timestep"]), with_kwargs=True
+    )
+    pipe()
+    assert len(seen) == 2 * case.steps
+    for i in range(case.steps):
+        cond, uncond = seen[2 * i], seen[2 * i + 1]
+        assert cond is uncond
+    assert seen[0] is not seen[2]  # a new tensor each step
