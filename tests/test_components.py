@@ -1,103 +1,82 @@
-"""Results say what was measured: each case's components and per-run counters."""
+"""The real components at their published sizes: parameter counts, built on the meta
+device (shapes only, no memory), so a `full` case is known to gate the published models."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
+import pytest
 import torch
 
-from perfguard.cases import Case
-from perfguard.platform import probe
-from perfguard.report import components_line, counters_line, read_results, write_results
-from perfguard.runner import CaseResult, Results, components_of, pool, run_case
+pytest.importorskip("diffusers")
 
-CASE = Case(id="fake", workload="qwen_image", preset="tiny")
+from perfguard.workloads.components import (
+    component_info,
+    glm_components,
+    qwen_components,
+    seeded_init_,
+)
+from perfguard.workloads.presets import get_preset
 
-
-class _Pipeline:
-    """A factory's pipeline with declared components and a counter that changes per call."""
-
-    def __init__(self) -> None:
-        self.components = {
-            "transformer": torch.nn.Linear(4, 3),
-            "scheduler": {"class": "diffusers.FlowMatchEulerDiscreteScheduler", "parameters": None},
-        }
-        self.calls = 0
-
-    def __call__(self) -> torch.Tensor:
-        self.calls += 1
-        return torch.zeros(2)
-
-    def counters(self) -> dict[str, int]:
-        out = {"cache_hits": self.calls}
-        if self.calls % 2:
-            out["odd_only"] = 1
-        return out
+META = torch.device("meta")
 
 
-def _factory(case: Case, platform: Any) -> _Pipeline:
-    return _Pipeline()
+def _counts(parts: dict[str, object]) -> dict[str, int]:
+    return {role: component_info(obj)["parameters"] for role, obj in parts.items()}
 
 
-def test_components_and_counters_are_read_after_every_measured_run(tmp_path: Path) -> None:
-    res = run_case(CASE, probe("cpu"), repeats=3, warmup=1, factory=_factory)
-    assert res.status == "ok", res.error
-    assert res.components == {
-        "scheduler": {"class": "diffusers.FlowMatchEulerDiscreteScheduler", "parameters": None},
-        "transformer": {"class": "torch.nn.modules.linear.Linear", "parameters": 15},
-    }
-    # The warm-up is call 1: measured calls are 2, 3, 4; a counter missing from a run is 0.
-    assert res.counters == {"cache_hits": [2, 3, 4], "odd_only": [0, 1, 0]}
-    results = Results(environment={"platform": "cpu", "hardware": "h"}, settings={})
-    results.cases["fake"] = res
-    path = tmp_path / "r.json"
-    write_results(path, results)  # validates against the results schema
-    back = read_results(path).cases["fake"]
-    assert back.components == res.components and back.counters == res.counters
-
-
-def test_a_factory_that_shows_nothing_records_nothing() -> None:
-    def plain(case: Case, platform: Any) -> Any:
-        return lambda: torch.ones(1)
-
-    res = run_case(CASE, probe("cpu"), repeats=1, warmup=0, factory=plain)
-    assert res.status == "ok" and res.components is None and res.counters is None
-    data = res.to_json()
-    assert "components" not in data and "counters" not in data
-
-
-def test_modules_held_as_attributes_are_the_components_when_none_are_declared() -> None:
-    class Held:
-        def __init__(self) -> None:
-            self.text_encoder = torch.nn.Embedding(10, 2)
-            self.vae_decoder = torch.nn.Conv2d(2, 3, 1)
-            self._private = torch.nn.Linear(1, 1)
-            self.case = CASE
-
-    assert components_of(Held()) == {
-        "text_encoder": {"class": "torch.nn.modules.sparse.Embedding", "parameters": 20},
-        "vae_decoder": {"class": "torch.nn.modules.conv.Conv2d", "parameters": 9},
-    }
-
-
-def test_pooled_results_keep_every_runs_counters_in_sample_order() -> None:
-    a = CaseResult("c", samples={"e2e": [1.0, 2.0]}, repeats=2, counters={"hits": [4, 4]})
-    b = CaseResult("c", samples={"e2e": [3.0]}, repeats=1, counters={"hits": [5], "new": [1]})
-    c = CaseResult("c", samples={"e2e": [4.0]}, repeats=1)
-    pooled = pool([a, b, c])
-    assert pooled.samples["e2e"] == [1.0, 2.0, 3.0, 4.0]
-    assert pooled.counters == {"hits": [4, 4, 5, 0], "new": [0, 0, 1, 0]}
-
-
-def test_the_report_lines_name_classes_sizes_and_counter_ranges() -> None:
-    comps = {
-        "transformer": {"class": "a.b.QwenImageTransformer2DModel", "parameters": 20_430_000_000},
-        "scheduler": {"class": "diffusers.FlowMatchEulerDiscreteScheduler", "parameters": None},
-        "vae": {"class": "x.AutoencoderKLQwenImage", "parameters": 126_900_000},
-    }
-    assert components_line(comps) == (
-        "scheduler FlowMatchEulerDiscreteScheduler (?), "
-        "transformer QwenImageTransformer2DModel (20.4B), vae AutoencoderKLQwenImage (126.9M)"
+def test_qwen_image_full_components_have_the_published_sizes() -> None:
+    dit = get_preset("qwen_image", "full")
+    parts = qwen_components(
+        "full",
+        text_dim=dit["joint_attention_dim"],
+        latent_channels=dit["in_channels"] // 4,
+        device=META,
+        dtype=torch.bfloat16,
+        seed=0,
     )
-    assert counters_line({"hits": [8, 8], "calls": [3, 4]}) == "calls 3-4, hits 8"
+    # Qwen2.5-VL-7B-Instruct: 8,292,166,656 parameters (its model card's 8.29B); the
+    # Qwen-Image VAE: 126.9M.
+    assert _counts(parts) == {"tokenizer": 0, "text_encoder": 8_292_166_656, "vae": 126_892_531}
+    text = parts["text_encoder"].config.text_config
+    assert (text.hidden_size, text.num_hidden_layers, text.vocab_size) == (3584, 28, 152064)
+
+
+def test_glm_image_full_components_have_the_published_sizes() -> None:
+    dit = get_preset("glm_image", "full")
+    parts = glm_components(
+        "full",
+        text_dim=dit["text_embed_dim"],
+        latent_channels=dit["in_channels"],
+        codebook_size=dit["prior_vq_quantizer_codebook_size"],
+        device=META,
+        dtype=torch.bfloat16,
+        seed=0,
+    )
+    assert _counts(parts) == {
+        "processor": 0,
+        # GLM-Image's AR model: the 9B language model (8,847,155,200 + a 16512-way head)
+        # plus its vision tower and VQ tokenizer.
+        "vision_language_encoder": 10_114_245_632,
+        "tokenizer": 0,
+        "text_encoder": 218_222_720,  # ByT5-small's encoder
+        "vae": 83_819_683,
+    }
+    ar = parts["vision_language_encoder"]
+    language = sum(p.numel() for p in ar.model.language_model.parameters())
+    assert language == 8_847_155_200
+    assert ar.lm_head.weight.shape == (16512, 4096)
+
+
+def test_seeded_init_is_deterministic_and_scaled_by_fan_in() -> None:
+    def make() -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(64, 32, 3), torch.nn.GroupNorm(4, 32), torch.nn.Linear(32, 8)
+        )
+
+    a, b, c = seeded_init_(make(), 0), seeded_init_(make(), 0), seeded_init_(make(), 1)
+    assert all(
+        torch.equal(x, y)
+        for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+    assert not torch.equal(a[0].weight, c[0].weight)
+    assert a[0].weight.std().item() == pytest.approx((64 * 9) ** -0.5, rel=0.05)
+    assert torch.equal(a[1].weight, torch.ones(32)) and torch.equal(a[0].bias, torch.zeros(32))

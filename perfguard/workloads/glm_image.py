@@ -459,6 +459,7 @@ class GlmImageTransformer2DModel(nn.Module):
         self.proj_out = nn.Linear(inner_dim, patch_size * patch_size * out_channels)
 
         self.glm_prior_drop_inplace = glm_prior_drop_inplace
+        self.prior_drops_inplace = 0  # passes that took the in-place drop (a plain int)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -479,6 +480,7 @@ class GlmImageTransformer2DModel(nn.Module):
             # Values: x * 0.0 gives -0.0 for negative x where masked_fill gives +0.0; equal
             # under ==, and the prior projector's bias makes the next op's output identical.
             prior_embedding[drop] *= 0.0
+            self.prior_drops_inplace += 1
             return prior_embedding
         # Reference / graph-safe: static-shape out-of-place fill; no nonzero, no index_put_
         # with a data-dependent shape, so it is capturable in a CUDA graph.

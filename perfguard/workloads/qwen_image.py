@@ -364,6 +364,9 @@ class QwenImageTransformerBlock(nn.Module):
 
         self.zero_cond_t = zero_cond_t
         self._modulation_slot: _ModulationSlot | None = None
+        # Hits served from the slot since construction: a pipeline reads the difference per
+        # run, so a report shows whether the optimization engaged (a plain int, no sync).
+        self.modulation_cache_hits = 0
 
     @staticmethod
     def _modulate(
@@ -410,6 +413,7 @@ class QwenImageTransformerBlock(nn.Module):
             # very same values, skip two [B, dim] x [dim, 6*dim] GEMMs per block. Consume the
             # slot so it can serve exactly one reuse and frees the tensors right away.
             self._modulation_slot = None
+            self.modulation_cache_hits += 1
             return slot.img_mod_params, slot.txt_mod_params
         img_mod_params = self.img_mod(temb)
         txt_mod_params = self.txt_mod(temb_txt)
@@ -560,6 +564,10 @@ class QwenImageTransformer2DModel(nn.Module):
         return self.img_in.weight.device
 
     # -- optimization plumbing ---------------------------------------------------------------
+
+    def modulation_cache_hits(self) -> int:
+        """Modulation-cache hits of every block since construction."""
+        return sum(block.modulation_cache_hits for block in self.transformer_blocks)
 
     def clear_modulation_cache(self) -> None:
         """Drop every block's cached modulation projections (e.g. after a request)."""
