@@ -162,8 +162,7 @@ def verdicts(report_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
 
     report = read_report(report_path)
     return {
-        c.case_id: (v(c.verdict), {m.metric: v(m.verdict) for m in c.metrics})
-        for c in report.cases
+        c.case_id: (v(c.verdict), {m.metric: v(m.verdict) for m in c.metrics}) for c in report.cases
     }
 
 

@@ -42,7 +42,7 @@ if os.environ.get("PERFGUARD_BENCH_DOUBLE_LINEAR") == "1":
 
     _forward = torch.nn.Linear.forward
 
-    def _twice(self, input):  # noqa: ANN001
+    def _twice(self, input):
         _forward(self, input)
         return _forward(self, input)
 
