@@ -537,12 +537,14 @@ def processes_option(fn: Callable[..., Any], default: int = 1) -> Callable[..., 
     )(fn)
 
 
-DEFAULT_BASELINE_PROCESSES = 5
-"""gen-baselines measures in 5 fresh processes by default: the verdict's interval needs
-the between-process spread, and 5 processes give it 4 degrees of freedom of the
-baseline's own (the one-sided 99 % t quantile falls from 6.96 with 2 to 3.75 with 4,
-3.14 with 6 once a check's 3 processes add theirs). A baseline is made rarely; a check
-runs on every PR, so the baseline side pays for the precision."""
+DEFAULT_BASELINE_PROCESSES = 3
+"""gen-baselines measures in 3 fresh processes by default: the verdict's interval needs
+the between-process spread, and a baseline of 3 processes gives it 2 degrees of freedom
+of its own; a check confirmed in 2 more fresh processes adds 2, and the one-sided 99 %
+t quantile is then 3.75 (with one process a side there is no spread at all). Each
+process pays ~5 s of imports and builds with the real diffusers / transformers
+components, so 3 keeps the smoke suite's gen-baselines + check under 30 s on the 2-core
+runner; `--processes 5` buys more power at +5 % for ~10 s more (docs/verdicts.md)."""
 
 
 def baseline_processes_option(fn: Callable[..., Any]) -> Callable[..., Any]:
