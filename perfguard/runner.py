@@ -41,7 +41,7 @@ import torch
 
 from perfguard.cases import Case
 from perfguard.errors import PerfguardError
-from perfguard.inject import describe
+from perfguard.inject import InjectionUnmatched, describe
 from perfguard.metrics import metrics_of_run
 from perfguard.platform import Platform, fingerprint
 from perfguard.timer import RunRecord, StageTimer
@@ -277,6 +277,8 @@ def run_case(
                 result.repeats += 1
                 if on_run is not None:
                     on_run(result)
+    except InjectionUnmatched:
+        raise  # a mistake in the command line, not this case's failure: exit 2
     except Exception as exc:
         result.status = "error"
         oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()

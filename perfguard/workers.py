@@ -353,6 +353,8 @@ class Worker:
             self.kill()
             how = describe_exit(self.proc.returncode)
             return error_result(case, f"{self.label} died while running this case ({how})", options)
+        if "usage_error" in msg:  # e.g. an --inject that matched no stage: exit 2, not a case
+            raise PerfguardError(str(msg["usage_error"]))
         return CaseResult.from_json(case.id, msg["result"])
 
     def close(self) -> None:
@@ -419,7 +421,10 @@ def run_distributed(case: Case, options: RunOptions, env: dict[str, str], label:
                 case, f"timeout: killed after {time.monotonic() - started:.1f} s ({why})", options
             )
         if result.is_file():
-            return CaseResult.from_json(case.id, read_json(result))
+            data = read_json(result)
+            if "usage_error" in data:
+                raise PerfguardError(str(data["usage_error"]))
+            return CaseResult.from_json(case.id, data)
         last = [ln.strip() for ln in text.splitlines() if ln.strip()][-1:] or [""]
         how = describe_exit(proc.returncode)
         message = f"{label} (torchrun, {case.num_devices} ranks) failed ({how})"
@@ -516,6 +521,7 @@ def run_cases(
     )
     lock = threading.Lock()
     parts: dict[str, list[CaseResult]] = {}
+    fatal: list[PerfguardError] = []  # a usage error from a worker ends the whole command
 
     def record(res: CaseResult) -> None:
         with lock:
@@ -556,6 +562,12 @@ def run_cases(
                             record(error_result(case, reason, options))
                             continue
                     record(worker.run(case, options))
+                except PerfguardError as exc:
+                    fatal.append(exc)
+                    while not todo.empty():  # the other workers stop after their case
+                        with contextlib.suppress(queue.Empty):
+                            todo.get_nowait()
+                    return
                 except Exception as exc:  # cannot start a process, a garbled reply, ...
                     if worker is not None:
                         worker.kill()
@@ -572,6 +584,8 @@ def run_cases(
         thread.start()
     for thread in threads:
         thread.join()
+    if fatal:
+        raise fatal[0]
 
     for _ in range(processes):
         for case in (c for c in cases if c.num_devices > 1):

@@ -219,6 +219,37 @@ def test_a_bad_factory_is_a_usage_error_before_anything_runs(fake: Path) -> None
         workers.run_cases([fake_case("a")], CPU, factory="no_such_module_xyz:f")
 
 
+def test_an_injection_that_matched_no_stage_ends_the_command_from_a_worker(fake: Path) -> None:
+    cases = [fake_case("a"), fake_case("b")]
+    with pytest.raises(PerfguardError, match="no stage named Denoising ran") as err:
+        workers.run_cases(
+            cases,
+            CPU,
+            isolate=True,
+            repeats=1,
+            warmup=0,
+            inject={"Denoising": 0.1},
+            factory=FACTORY,
+        )
+    assert err.value.exit_code == 2
+    assert "stages that ran: DenoisingStage" in str(err.value)
+    assert len(log_lines(fake, "build")) == 1  # the first case's error stops the queue
+
+
+def test_an_injection_that_matched_no_stage_is_not_a_case_failure_in_process(fake: Path) -> None:
+    from perfguard.inject import InjectionUnmatched
+
+    with pytest.raises(InjectionUnmatched, match="no stage named Denoising ran"):
+        run_case(
+            fake_case("a"),
+            CPU,
+            repeats=1,
+            warmup=0,
+            inject={"Denoising": 0.1},
+            factory=workers.import_factory(FACTORY),
+        )
+
+
 # ---- torchrun ------------------------------------------------------------------------------
 
 
