@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-
 import types
 
 import pytest
@@ -283,9 +282,8 @@ def test_an_injection_that_matched_no_stage_is_a_usage_error() -> None:
 
 
 def test_a_nested_stage_must_be_named_by_its_path() -> None:
-    with StageTimer(inject={"VaeStage": 0.1}) as timer:
-        with stage("DecodingStage"), stage("VaeStage"):
-            pass
+    with StageTimer(inject={"VaeStage": 0.1}) as timer, stage("DecodingStage"), stage("VaeStage"):
+        pass
     with pytest.raises(InjectionUnmatched, match=r"VaeStage is nested: name it DecodingStage/Vae"):
         timer.record()
 
