@@ -50,11 +50,14 @@ class Platform:
     """The CPU platform; the device platforms below override what differs.
 
     CPU timing is `time.perf_counter_ns()` (monotonic, ns resolution; CPU work is
-    synchronous so the host clock is the device clock). CPU peak memory is the process's
-    peak resident set size (`VmHWM` in /proc/self/status), reset per run by writing `5` to
-    /proc/self/clear_refs (Linux >= 4.0). Where that reset is not possible the figure is
-    `ru_maxrss`, the peak since the process started, and `peak_memory_resettable` is False.
-    It counts the whole process (interpreter, torch, model weights), not tensors alone.
+    synchronous so the host clock is the device clock). `peak_memory_bytes()` is the
+    process's peak resident set size (`VmHWM` in /proc/self/status), reset per run by
+    writing `5` to /proc/self/clear_refs (Linux >= 4.0). Where that reset is not possible
+    the figure is `ru_maxrss`, the peak since the process started, and
+    `peak_memory_resettable` is False. It counts the whole process (interpreter, torch,
+    model weights), not tensors alone, so the runner does not gate on it: the
+    `peak_memory` metric on CPU is the tensor storage a run allocates, measured by
+    `perfguard.memory` in a run of its own (`separate_memory_run`).
     """
 
     name: str = "cpu"
@@ -97,6 +100,17 @@ class Platform:
     def stage_memory(self) -> bool:
         """Whether peak memory per stage is cheap enough to read at every stage boundary."""
         return False
+
+    @property
+    def separate_memory_run(self) -> bool:
+        """Whether peak memory comes from a tracked run of its own (`perfguard.memory`).
+
+        True on CPU, where no allocator statistics exist and the resident set counts
+        the whole process: the runner measures tensor storage in one untimed run and
+        the timed runs record no memory. Device platforms read their allocator's peak
+        in every timed run.
+        """
+        return True
 
     def reset_peak_memory(self) -> None:
         if _clear_refs_works():
@@ -155,6 +169,10 @@ class _DeviceEventsMixin:
     @property
     def stage_memory(self) -> bool:
         return True
+
+    @property
+    def separate_memory_run(self) -> bool:
+        return False
 
     def reset_peak_memory(self) -> None:
         self.module.reset_peak_memory_stats()

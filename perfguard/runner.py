@@ -42,6 +42,7 @@ import torch
 from perfguard.cases import Case
 from perfguard.errors import PerfguardError
 from perfguard.inject import InjectionUnmatched, describe
+from perfguard.memory import measure_run
 from perfguard.metrics import metrics_of_run
 from perfguard.platform import Platform, fingerprint
 from perfguard.timer import RunRecord, StageTimer
@@ -69,6 +70,7 @@ class CaseResult:
     repeats: int = 0
     case: dict[str, Any] = field(default_factory=dict)
     groups: list[int] | None = None
+    memory: dict[str, Any] | None = None  # the tracked memory run, where there is one
 
     def add_run(self, record: RunRecord) -> None:
         for name, value in metrics_of_run(record.to_dict()).items():
@@ -86,6 +88,7 @@ class CaseResult:
             "repeats": self.repeats,
             "case": self.case,
             **({"groups": list(self.groups)} if self.groups else {}),
+            **({"memory": dict(self.memory)} if self.memory else {}),
         }
 
     @classmethod
@@ -102,6 +105,7 @@ class CaseResult:
             repeats=int(data.get("repeats", 0)),
             case=dict(data.get("case", {})),
             groups=[int(g) for g in data["groups"]] if data.get("groups") else None,
+            memory=dict(data["memory"]) if data.get("memory") else None,
         )
 
 
@@ -145,6 +149,7 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
         repeats=sum(p.repeats for p in parts),
         case=first.case,
         groups=groups if len(groups) > 1 else None,
+        memory=first.memory,
     )
 
 
@@ -252,6 +257,11 @@ def run_case(
 
     With `until` and `max_repeats` > `repeats`, keep running after the first `repeats`
     until `until(result)` is true or `max_repeats` runs are measured.
+
+    Where the platform has no allocator statistics (CPU, `separate_memory_run`), one
+    untimed run after the warm-up measures the tensor memory the pipeline allocates
+    (`perfguard.memory`): the `peak_memory` sample of this build, and per-stage peaks in
+    `memory`. The tracker costs too much per op to ride along in timed runs.
     """
     if repeats < 1 or warmup < 0:
         raise PerfguardError("--repeats must be >= 1 and --warmup >= 0")
@@ -267,10 +277,20 @@ def run_case(
             result.load_ms = (time.perf_counter() - t0) * 1e3
             for _ in range(warmup):
                 pipeline()
+            separate = platform.separate_memory_run
+            if separate:
+                memory = measure_run(pipeline, platform)
+                result.samples["peak_memory"] = [memory.peak_mb]
+                result.memory = memory.to_json()
             while result.repeats < limit:
                 if result.repeats >= repeats and until is not None and until(result):
                     break
-                with StageTimer(platform, sync=sync, inject=inject) as timer:  # type: ignore[arg-type]
+                with StageTimer(
+                    platform,
+                    sync=sync,  # type: ignore[arg-type]
+                    inject=inject,
+                    track_memory=not separate,
+                ) as timer:
                     output = pipeline()
                 result.add_run(timer.record())
                 hashes.append(tensor_hash(output))
