@@ -5,7 +5,8 @@ and every page the allocator ever touched (~350 MB for a model whose activations
 under 1 MB), so a change in what the pipeline allocates disappears in it, and a 64 MB
 pad on it catches nothing. torch keeps no statistics for its CPU allocator (nothing like
 `torch.cuda.max_memory_allocated`; the profiler's memory events cost a trace of every
-op), and `tracemalloc` does not see it (tensors are allocated in C++).
+op), and `tracemalloc` does not see it (tensors are allocated in C++: a 16 MiB tensor
+moves its count by 480 bytes).
 
 What is measured instead: `TensorMemory` is a `TorchDispatchMode` that sees every aten
 op's outputs. An output that does not alias an input (its schema says so) is a fresh
@@ -19,9 +20,9 @@ of torch's own `torch.distributed._tools.mem_tracker`, without its per-module
 accounting. It does not see memory a kernel allocates and frees inside itself
 (workspaces) nor allocations outside torch.
 
-Why a run of its own: the dispatch mode puts a Python call on every op, ~1.5-4x the
-run's time on the smoke cases (`benchmarks/memory_overhead.py` prints it), so timed runs
-cannot carry it. The runner makes one tracked run per pipeline build, after the
+Why a run of its own: the dispatch mode puts a Python call on every op, ~8 us per op
+or ~3x the run's time on the smoke cases (`benchmarks/memory_overhead.py` prints it),
+so timed runs cannot carry it. The runner makes one tracked run per pipeline build, after the
 warm-up, and takes the peak memory from it; on a deterministic pipeline the figure is
 the same every run, so one run is the measurement, not a sample of it.
 """
