@@ -21,6 +21,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from perfguard.pinning import die_with_parent, narrow_visible_devices, pin_cores
+
+_narrow_visible_devices = narrow_visible_devices  # the name tests and older callers use
+
 
 def _run(case: Any, platform: Any, options: Any) -> Any:
     """`runner.run_case` with the parent's `RunOptions` (the factory imported here)."""
@@ -39,37 +43,10 @@ def _run(case: Any, platform: Any, options: Any) -> Any:
     )
 
 
-ENV_CPU_AFFINITY = "PERFGUARD_CPU_AFFINITY"
-"""The cores a CPU worker pins itself to (cpuset notation, `0-1,4`), set by the parent."""
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """`'0-2,5'` -> `[0, 1, 2, 5]` (the inverse of `perfguard.platform.cpu_list`)."""
-    cores: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        cores.extend(range(int(lo), int(hi or lo) + 1))
-    return cores
-
-
-def _pin_cores() -> list[int] | None:
-    """Pin this process to the cores the parent chose (`$PERFGUARD_CPU_AFFINITY`).
-
-    Done first, before anything imports torch, so that every thread torch starts
-    (OpenMP, intra- and inter-op pools) inherits the mask; the cores it ended on are
-    reported back to the parent with `ready`.
-    """
-    text = os.environ.get(ENV_CPU_AFFINITY)
-    if not text or not hasattr(os, "sched_setaffinity"):
-        return None
-    os.sched_setaffinity(0, parse_cpu_list(text))
-    return sorted(os.sched_getaffinity(0))
-
-
 def _serve(result_fd: int) -> int:
-    cores = _pin_cores()
-    from perfguard.workers import die_with_parent
-
+    # The parent pinned this worker's devices in its environment before starting it;
+    # the cores it chose for a CPU worker are applied here, before torch is imported.
+    cores = pin_cores()
     die_with_parent()
     out = os.fdopen(result_fd, "w", buffering=1, encoding="utf-8")
 
@@ -104,38 +81,26 @@ def _serve(result_fd: int) -> int:
     return 0
 
 
-def _narrow_visible_devices(platform_name: str, local_rank: int) -> None:
-    """Leave this rank only its own device, which it then sees as device 0."""
-    from perfguard.workers import visible_devices_env
-
-    var = visible_devices_env(platform_name)
-    if not var:
-        return
-    listed = [d for d in os.environ.get(var, "").split(",") if d.strip()]
-    os.environ[var] = listed[local_rank] if local_rank < len(listed) else str(local_rank)
-
-
 def _rank(request_path: str, result_path: str) -> int:
-    from perfguard.workers import die_with_parent
-
+    # Nothing that imports torch before the visible devices are narrowed (perfguard.pinning).
     die_with_parent()
-    from perfguard.jsonio import read_json
-
-    request = read_json(request_path)
-    options_data = request["options"]
+    with open(request_path, encoding="utf-8") as fh:  # validated by perfguard.jsonio below
+        platform_name = json.load(fh)["options"]["platform"]
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    _narrow_visible_devices(options_data["platform"], local_rank)
+    narrow_visible_devices(platform_name, local_rank)
 
     import torch
     import torch.distributed as dist
 
     from perfguard.inject import InjectionUnmatched
-    from perfguard.jsonio import write_json_atomic
+    from perfguard.jsonio import read_json, write_json_atomic
     from perfguard.platform import probe
     from perfguard.workers import RunOptions, case_from_json
 
+    request = read_json(request_path)
+    options_data = request["options"]
     case = case_from_json(request["case"])
     options = RunOptions.from_json(options_data)
     platform = probe(options.platform)

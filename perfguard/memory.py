@@ -167,6 +167,15 @@ class MemoryRun:
     stage_peak_mb: dict[str, float]
     ops: int
 
+    def metrics(self) -> dict[str, float]:
+        """`peak_memory` and `peak_memory:<Stage>`, the metrics a device run records."""
+        from perfguard.metrics import STAGE_PEAK_PREFIX
+
+        out = {"peak_memory": self.peak_mb}
+        for stage, mb in self.stage_peak_mb.items():
+            out[STAGE_PEAK_PREFIX + stage] = mb
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {
             "measure": MEASURE,

@@ -156,7 +156,8 @@ class PerfguardTimer:
             from perfguard.memory import measure_run
 
             memory = measure_run(fn, self.platform)
-            self.result.samples.setdefault("peak_memory", []).append(memory.peak_mb)
+            for name, mb in memory.metrics().items():
+                self.result.samples.setdefault(name, []).append(mb)
             self.result.memory = memory.to_json()
         hashes: list[str] = []
         output = None

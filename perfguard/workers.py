@@ -46,7 +46,6 @@ can run under perfguard, in process or in workers alike.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import json
 import os
@@ -63,18 +62,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfguard._worker import ENV_CPU_AFFINITY
 from perfguard.cases import Case
 from perfguard.errors import PerfguardError
 from perfguard.inject import describe
 from perfguard.jsonio import read_json, write_json_atomic
-from perfguard.platform import (
-    CudaPlatform,
-    NpuPlatform,
-    Platform,
-    RocmPlatform,
-    fingerprint,
-)
+from perfguard.pinning import ENV_CPU_AFFINITY, die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
+from perfguard.platform import Platform, fingerprint
 from perfguard.platform import cpu_list as _cpu_list
 from perfguard.runner import CaseResult, PipelineFactory, Results, pool
 from perfguard.shard import expected_time_s
@@ -94,14 +87,6 @@ def kill_grace_s(timeout: float) -> float:
     case stuck where a signal cannot reach (a device kernel, a collective, C code).
     """
     return 2.0 + 0.05 * timeout
-
-
-def visible_devices_env(platform_name: str) -> str:
-    """The variable that pins devices on `platform_name` ('' on CPU: nothing to pin)."""
-    for cls in (CudaPlatform, RocmPlatform, NpuPlatform):
-        if cls.name == platform_name:
-            return cls.visible_devices_env
-    return Platform.visible_devices_env
 
 
 # ---- options --------------------------------------------------------------------------------
@@ -240,20 +225,6 @@ def kill_tree(proc: subprocess.Popen[Any]) -> None:
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere).
-
-    A worker or rank must not outlive the perfguard (or torchrun) that started it: an
-    orphan would hold its device and disturb every later measurement on it.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 def _log_fd() -> int | None:
@@ -488,8 +459,11 @@ def cpu_pins(slots: int, threads: int, devices: Sequence[str] | None = None) -> 
 
 
 def threads_per_worker(cases: Sequence[Case]) -> int:
-    """Intra-op threads a CPU worker needs: the most any case asks for (`threads`), else 1."""
-    return max([int(getattr(c, "threads", None) or 1) for c in cases] or [1])
+    """Intra-op threads a CPU worker needs: the most any case measures with
+    (`perfguard.threads.case_threads`: `$PERFGUARD_THREADS`, the case's `threads`, else 1)."""
+    from perfguard.threads import case_threads
+
+    return max([case_threads(c, "cpu") for c in cases] or [1])
 
 
 def _env_for(

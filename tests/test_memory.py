@@ -127,6 +127,9 @@ def test_the_cpu_runner_takes_peak_memory_from_one_tracked_run() -> None:
     assert result.status == "ok", result.error
     assert len(calls) == 1 + 1 + 3  # warm-up, the memory run, the timed runs
     assert result.samples["peak_memory"] == [pytest.approx(3.0)]
+    # Per stage too, under the names a device run records them with.
+    assert result.samples["peak_memory:TextEncodingStage"] == [pytest.approx(1.0)]
+    assert result.samples["peak_memory:DenoisingStage"] == [pytest.approx(3.0)]
     assert len(result.samples["e2e"]) == 3
     assert result.memory is not None and result.memory["stage_peak_mb"]["DenoisingStage"] > 0
     assert result.to_json()["memory"] == result.memory

@@ -175,8 +175,7 @@ def test_cpu_workers_get_disjoint_cores_or_a_usage_error(monkeypatch: pytest.Mon
         "--devices 0,1,2,3: 4 CPU workers x 2 thread(s) each need 8 cores, but this "
         "process may run on 6 (0-3,6-7): list fewer devices"
     )
-    threaded = Case(id="t", workload="qwen_image", preset="tiny")
-    object.__setattr__(threaded, "threads", 3)  # the case field `threads`, where cases have it
+    threaded = Case(id="t", workload="qwen_image", preset="tiny", threads=3)
     assert workers.threads_per_worker([fake_case("a"), threaded]) == 3
     assert workers.threads_per_worker([fake_case("a")]) == 1
 
