@@ -155,8 +155,15 @@ REGISTRY = "".join(
 def verdicts(report_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
     from perfguard.report import read_report
 
+    # An improvement never fails a check and, on stages that sleep a millisecond, comes and
+    # goes with the machine's load between two checks: it counts as a pass here.
+    def v(verdict: str) -> str:
+        return "pass" if verdict == "improvement" else verdict
+
     report = read_report(report_path)
-    return {c.case_id: (c.verdict, {m.metric: m.verdict for m in c.metrics}) for c in report.cases}
+    return {
+        c.case_id: (v(c.verdict), {m.metric: v(m.verdict) for m in c.metrics}) for c in report.cases
+    }
 
 
 def test_merged_shard_reports_give_the_verdicts_and_exit_code_of_one_check(

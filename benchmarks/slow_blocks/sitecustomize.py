@@ -5,6 +5,9 @@ that starts then busy-waits, after each forward of a module whose class name end
 `TransformerBlock`, for 10 % of the time that forward took. A regression made where a
 real one would be (inside the model), unknown to perfguard's timer, and present in every
 process the gate starts (its confirmations included).
+
+PERFGUARD_BENCH_DOUBLE_LINEAR=1 instead makes every `torch.nn.Linear` do its work twice
+(the README's own example of a slowdown the gate must catch).
 """
 
 import os
@@ -33,3 +36,14 @@ if _FRACTION > 0:
 
         torch.nn.modules.module.register_module_forward_pre_hook(_pre)
         torch.nn.modules.module.register_module_forward_hook(_post)
+
+if os.environ.get("PERFGUARD_BENCH_DOUBLE_LINEAR") == "1":
+    import torch
+
+    _forward = torch.nn.Linear.forward
+
+    def _twice(self, input):
+        _forward(self, input)
+        return _forward(self, input)
+
+    torch.nn.Linear.forward = _twice
