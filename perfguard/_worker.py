@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from perfguard.pinning import die_with_parent, narrow_visible_devices
+from perfguard.pinning import die_with_parent, narrow_visible_devices, pin_cores
 
 _narrow_visible_devices = narrow_visible_devices  # the name tests and older callers use
 
@@ -44,7 +44,9 @@ def _run(case: Any, platform: Any, options: Any) -> Any:
 
 
 def _serve(result_fd: int) -> int:
-    # The parent pinned this worker's devices in its environment before starting it.
+    # The parent pinned this worker's devices in its environment before starting it;
+    # the cores it chose for a CPU worker are applied here, before torch is imported.
+    cores = pin_cores()
     die_with_parent()
     out = os.fdopen(result_fd, "w", buffering=1, encoding="utf-8")
 
@@ -54,10 +56,11 @@ def _serve(result_fd: int) -> int:
 
     # Importing torch and the runner is the slow part of a start: do it before `ready`.
     import perfguard.runner  # noqa: F401
+    from perfguard.inject import InjectionUnmatched
     from perfguard.platform import probe
     from perfguard.workers import RunOptions, case_from_json, error_result
 
-    send({"ready": True, "pid": os.getpid()})
+    send({"ready": True, "pid": os.getpid(), "cores": cores})
     platforms: dict[str, Any] = {}
     for line in sys.stdin:
         if not line.strip():
@@ -69,6 +72,9 @@ def _serve(result_fd: int) -> int:
             if options.platform not in platforms:
                 platforms[options.platform] = probe(options.platform)
             result = _run(case, platforms[options.platform], options)
+        except InjectionUnmatched as exc:  # the command line's mistake: the parent exits 2
+            send({"case_id": case.id, "usage_error": str(exc)})
+            continue
         except Exception as exc:  # a bad factory or platform: this case's error
             result = error_result(case, f"{type(exc).__name__}: {exc}", options)
         send({"case_id": case.id, "result": result.to_json()})
@@ -88,6 +94,7 @@ def _rank(request_path: str, result_path: str) -> int:
     import torch
     import torch.distributed as dist
 
+    from perfguard.inject import InjectionUnmatched
     from perfguard.jsonio import read_json, write_json_atomic
     from perfguard.platform import probe
     from perfguard.workers import RunOptions, case_from_json
@@ -108,7 +115,13 @@ def _rank(request_path: str, result_path: str) -> int:
     if rank == 0:  # every rank has joined: the parent's --timeout starts now
         Path(result_path + ".started").touch()
     try:
-        result = _combine(_run(case, platform, options), rank, world, device, torch, dist)
+        try:
+            measured = _run(case, platform, options)
+        except InjectionUnmatched as exc:  # every rank runs the same stages: all stop here
+            if rank == 0:
+                write_json_atomic(result_path, {"usage_error": str(exc)})
+            return 2
+        result = _combine(measured, rank, world, device, torch, dist)
         if rank == 0:
             write_json_atomic(result_path, result.to_json())
     finally:

@@ -1194,7 +1194,8 @@ def _emit_report(
     default=5,
     show_default=True,
     type=click.IntRange(min=2),
-    help="Fresh processes to measure each case in (the between-process noise needs 2+).",
+    help="Fresh processes to measure each case in (the between-process noise needs 2+; "
+    "--write needs 10+).",
 )
 @click.option(
     "--repeats",
@@ -1294,6 +1295,7 @@ def calibrate_command(
     import os
 
     from perfguard import baseline as store
+    from perfguard import calibrate as calibration
     from perfguard.calibrate import CheckSetup, calibrate_case, suggested_overrides
     from perfguard.inject import ENV_INJECT, inject_from
     from perfguard.jsonio import write_json_atomic
@@ -1301,6 +1303,13 @@ def calibrate_command(
 
     if inject_from(None):
         raise PerfguardError(f"calibrate refuses fault injection (${ENV_INJECT} is set)")
+    if write and runs < calibration.MIN_RUNS_TO_WRITE:
+        raise PerfguardError(
+            f"calibrate --write needs --runs >= {calibration.MIN_RUNS_TO_WRITE} (got {runs}): "
+            f"from {runs} processes the simulated false-alarm rate moves in steps of "
+            f"1/{runs}^2 = {1 / runs**2:.0%}, too coarse to hold a band to "
+            f"{calibration.FALSE_ALARM_TARGET:.0%}"
+        )
     platform = probe(platform_name)
     cases = selected_cases(platform, cases_dir, case_ids, match, tags)
     path = _baseline_path(baseline_path, platform.name, platform.hardware_slug())

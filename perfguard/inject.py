@@ -4,12 +4,18 @@
 stage timer busy-wait for 10 % of that stage's own measured time at the end of the stage,
 so a CI owner can prove that the gate catches a slowdown of that size. It is off by
 default and `gen-baselines` refuses it: a baseline must never contain injected time.
+
+A stage is named by its full path as the timer records it (`Outer/Inner` for a nested
+one). A name that matched no stage of a run is an error (`InjectionUnmatched`, exit 2),
+raised by the timer when the run is recorded: otherwise a typo would inject nothing
+while the report says the injection was made, and the self-test would prove nothing.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 
 from perfguard.errors import PerfguardError
 
@@ -45,3 +51,29 @@ def describe(inject: dict[str, float]) -> str | None:
     if not inject:
         return None
     return ",".join(f"{k}=+{v * 100:g}%" for k, v in sorted(inject.items()))
+
+
+class InjectionUnmatched(PerfguardError):
+    """An injected stage name matched no stage of a run (exit 2, a usage error).
+
+    Its own type so that the runner lets it end the command instead of recording it as
+    one case's failure: the mistake is in the command line, not in the case.
+    """
+
+
+def check_matched(inject: dict[str, float], stages: Iterable[str]) -> None:
+    """Raise `InjectionUnmatched` when a name in `inject` is not among the run's `stages`."""
+    ran = list(stages)
+    missed = sorted(set(inject) - set(ran))
+    if not missed:
+        return
+    hint = ""
+    for name in missed:
+        nested = [s for s in ran if s.endswith("/" + name)]
+        if nested:
+            hint = f" ({name} is nested: name it {nested[0]})"
+            break
+    raise InjectionUnmatched(
+        f"inject {describe(inject)}: no stage named {', '.join(missed)} ran{hint}; "
+        f"stages that ran: {', '.join(ran) or 'none'}"
+    )

@@ -15,7 +15,8 @@ A run of a case yields flat metrics, named so that they sort and read well in re
 NPU; see `perfguard.timer`). The timer pays for it at every stage boundary, so it is
 stored, reported and gated like the run's peak: a stage that starts holding an extra
 buffer shows under its own name, where the run's peak would hide it under the largest
-stage. CPU runs have the run's peak only (a process RSS is too dear to read per stage).
+stage. On CPU both come from one tracked, untimed run per pipeline build (the tensor
+storage the run allocates, `perfguard.memory`), not from the timed runs.
 """
 
 from __future__ import annotations

@@ -49,3 +49,30 @@ def die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+ENV_CPU_AFFINITY = "PERFGUARD_CPU_AFFINITY"
+"""The cores a CPU worker pins itself to (cpuset notation, `0-1,4`), set by the parent."""
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """`'0-2,5'` -> `[0, 1, 2, 5]` (the inverse of `perfguard.platform.cpu_list`)."""
+    cores: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cores.extend(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
+def pin_cores() -> list[int] | None:
+    """Pin this process to the cores the parent chose (`$PERFGUARD_CPU_AFFINITY`).
+
+    Done first, before anything imports torch, so that every thread torch starts
+    (OpenMP, intra- and inter-op pools) inherits the mask; the cores it ended on are
+    reported back to the parent with `ready`.
+    """
+    text = os.environ.get(ENV_CPU_AFFINITY)
+    if not text or not hasattr(os, "sched_setaffinity"):
+        return None
+    os.sched_setaffinity(0, parse_cpu_list(text))
+    return sorted(os.sched_getaffinity(0))

@@ -51,11 +51,14 @@ class Platform:
     """The CPU platform; the device platforms below override what differs.
 
     CPU timing is `time.perf_counter_ns()` (monotonic, ns resolution; CPU work is
-    synchronous so the host clock is the device clock). CPU peak memory is the process's
-    peak resident set size (`VmHWM` in /proc/self/status), reset per run by writing `5` to
-    /proc/self/clear_refs (Linux >= 4.0). Where that reset is not possible the figure is
-    `ru_maxrss`, the peak since the process started, and `peak_memory_resettable` is False.
-    It counts the whole process (interpreter, torch, model weights), not tensors alone.
+    synchronous so the host clock is the device clock). `peak_memory_bytes()` is the
+    process's peak resident set size (`VmHWM` in /proc/self/status), reset per run by
+    writing `5` to /proc/self/clear_refs (Linux >= 4.0). Where that reset is not possible
+    the figure is `ru_maxrss`, the peak since the process started, and
+    `peak_memory_resettable` is False. It counts the whole process (interpreter, torch,
+    model weights), not tensors alone, so the runner does not gate on it: the
+    `peak_memory` metric on CPU is the tensor storage a run allocates, measured by
+    `perfguard.memory` in a run of its own (`separate_memory_run`).
     """
 
     name: str = "cpu"
@@ -102,6 +105,17 @@ class Platform:
     def stage_memory(self) -> bool:
         """Whether peak memory per stage is cheap enough to read at every stage boundary."""
         return False
+
+    @property
+    def separate_memory_run(self) -> bool:
+        """Whether peak memory comes from a tracked run of its own (`perfguard.memory`).
+
+        True on CPU, where no allocator statistics exist and the resident set counts
+        the whole process: the runner measures tensor storage in one untimed run and
+        the timed runs record no memory. Device platforms read their allocator's peak
+        in every timed run.
+        """
+        return True
 
     def reset_peak_memory(self) -> None:
         if _clear_refs_works():
@@ -178,6 +192,10 @@ class _DeviceEventsMixin:
     @property
     def stage_memory(self) -> bool:
         return True
+
+    @property
+    def separate_memory_run(self) -> bool:
+        return False
 
     def reset_peak_memory(self) -> None:
         self.module.reset_peak_memory_stats()
@@ -350,7 +368,16 @@ def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
 
 
 def fingerprint(platform: Platform) -> dict[str, Any]:
-    """What a baseline or report needs to say where its figures came from."""
+    """What a baseline or report needs to say where its figures came from.
+
+    Besides versions and names it records what changes timings on the same hardware,
+    where this process can read it: the CPUs it may run on (affinity, not just the
+    count: a container or `taskset` limit halves throughput without changing the
+    model name), the CPU frequency governor and clocks, and on CUDA the GPU clocks,
+    power limit and persistence mode. Each reader is cheap and never raises: what
+    cannot be read is recorded with the reason, so `perfguard env` always succeeds.
+    """
+    affinity = cpu_affinity()
     try:
         name, count = platform.device_name(), platform.device_count()
     except Exception as exc:  # pragma: no cover - a device that vanished
@@ -368,6 +395,10 @@ def fingerprint(platform: Platform) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "os": f"{_pyplatform.system()} {_pyplatform.release()}",
         "cpu": _cpu_model_name(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": cpu_list(affinity) if affinity else None,
+        "cpu_frequency": cpu_frequency(affinity),
+        **({"gpu_clocks": gpu_clocks()} if platform.name == "cuda" else {}),
         "notes": list(platform.notes),
         **_measurement_settings(platform),
     }
@@ -385,6 +416,183 @@ def _measurement_settings(platform: Platform) -> dict[str, Any]:
         },
         "reference_workload": reference.version(),
     }
+
+
+# ---- what else changes timings ---------------------------------------------------------------
+
+SYS_CPU = Path("/sys/devices/system/cpu")
+"""Where Linux exposes per-CPU frequency scaling (`cpuN/cpufreq/`); a module attribute
+so that tests can point it at a fake tree."""
+
+NVIDIA_SMI_QUERY = (
+    "index,name,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,persistence_mode"
+)
+_GPU_FIELDS = (
+    "index",
+    "name",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "max_sm_clock_mhz",
+    "max_mem_clock_mhz",
+    "power_limit_w",
+    "persistence_mode",
+)
+
+
+def cpu_affinity() -> list[int]:
+    """The CPUs this process may run on (`os.sched_getaffinity`), [] where unknown."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        return []
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """`[0, 1, 2, 5]` -> `'0-2,5'`, the cpuset / taskset notation."""
+    runs: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and runs[-1][1] == cpu - 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
+def _read_sys(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def cpu_frequency(cpus: list[int] | None = None) -> dict[str, Any]:
+    """Frequency governor and current/min/max clocks (MHz) of `cpus` (default: all).
+
+    Read from /sys/devices/system/cpu/cpuN/cpufreq/ (scaling_governor,
+    scaling_cur_freq, scaling_min_freq, scaling_max_freq, in kHz). A `powersave` or
+    `ondemand` governor, or a lowered max, makes the same code slower or noisier, so a
+    baseline records them. Each figure is the range over the CPUs (`[lo, hi]`); virtual
+    machines and containers often expose no cpufreq at all, which is recorded as such.
+    """
+    if not cpus:
+        names = sorted((p.name for p in _glob(SYS_CPU, "cpu[0-9]*")), key=lambda n: int(n[3:] or 0))
+        cpus = [int(n[3:]) for n in names if n[3:].isdigit()]
+    governors: set[str] = set()
+    figures: dict[str, list[int]] = {"cur_mhz": [], "min_mhz": [], "max_mhz": []}
+    for cpu in cpus:
+        base = SYS_CPU / f"cpu{cpu}" / "cpufreq"
+        governor = _read_sys(base / "scaling_governor")
+        if governor:
+            governors.add(governor)
+        for key, name in (("cur_mhz", "cur"), ("min_mhz", "min"), ("max_mhz", "max")):
+            text = _read_sys(base / f"scaling_{name}_freq")
+            if text and text.isdigit():
+                figures[key].append(round(int(text) / 1000))
+    if not governors and not any(figures.values()):
+        return {"available": False, "reason": f"no cpufreq under {SYS_CPU} (VM or container?)"}
+    out: dict[str, Any] = {"available": True, "governor": ",".join(sorted(governors)) or None}
+    for key, values in figures.items():
+        out[key] = [min(values), max(values)] if values else None
+    return out
+
+
+def _glob(root: Path, pattern: str) -> list[Path]:
+    try:
+        return list(root.glob(pattern))
+    except OSError:
+        return []
+
+
+def gpu_clocks() -> dict[str, Any]:
+    """Per-GPU clocks (current and max, SM and memory), power limit and persistence mode.
+
+    Locked or lowered clocks, a reduced power limit or persistence mode off (the driver
+    re-initialises between processes) all change timings on the same GPU model. Read
+    through NVML (`nvidia-ml-py`'s `pynvml`) when it imports, else through
+    `nvidia-smi --query-gpu` when it is on PATH; otherwise recorded as unavailable with
+    the reason. NVML lists every GPU of the machine, not only the visible ones.
+    """
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        nvml_reason = "pynvml (nvidia-ml-py) is not installed"
+    except Exception as exc:  # a broken install: fall through to nvidia-smi
+        nvml_reason = f"importing pynvml raised {type(exc).__name__}: {exc}"
+    else:
+        try:
+            return {"available": True, "source": "nvml", "gpus": _nvml_gpus(pynvml)}
+        except Exception as exc:
+            nvml_reason = f"NVML: {type(exc).__name__}: {exc}"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"available": False, "reason": f"{nvml_reason}; nvidia-smi: {exc}"}
+    if out.returncode != 0:
+        why = (out.stderr or out.stdout).strip().splitlines()[:1] or [f"exit {out.returncode}"]
+        return {"available": False, "reason": f"{nvml_reason}; nvidia-smi: {why[0][:200]}"}
+    gpus = [_smi_row(line) for line in out.stdout.strip().splitlines() if line.strip()]
+    return {"available": True, "source": "nvidia-smi", "gpus": gpus}
+
+
+def _number(text: str) -> int | float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]"
+    return int(value) if value.is_integer() else value
+
+
+def _smi_row(line: str) -> dict[str, Any]:
+    cells = [c.strip() for c in line.split(",")]
+    row: dict[str, Any] = dict(zip(_GPU_FIELDS, cells, strict=False))
+    for key in _GPU_FIELDS[2:7]:
+        if key in row:
+            row[key] = _number(row[key])
+    if "index" in row:
+        row["index"] = _number(row["index"])
+    return row
+
+
+def _nvml_gpus(nvml: Any) -> list[dict[str, Any]]:
+    nvml.nvmlInit()
+    try:
+        gpus = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            name = nvml.nvmlDeviceGetName(h)
+
+            def read(fn: str, *args: Any, handle: Any = h) -> Any:
+                try:
+                    return getattr(nvml, fn)(handle, *args)
+                except Exception:  # NVML_ERROR_NOT_SUPPORTED on some boards
+                    return None
+
+            limit = read("nvmlDeviceGetPowerManagementLimit")
+            persistence = read("nvmlDeviceGetPersistenceMode")
+            gpus.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "sm_clock_mhz": read("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM),
+                    "mem_clock_mhz": read("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM),
+                    "max_sm_clock_mhz": read("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM),
+                    "max_mem_clock_mhz": read("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_MEM),
+                    "power_limit_w": None if limit is None else limit / 1000,
+                    "persistence_mode": None
+                    if persistence is None
+                    else ("Enabled" if persistence else "Disabled"),
+                }
+            )
+        return gpus
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
 
 
 # ---- small readers ---------------------------------------------------------------------------

@@ -121,10 +121,15 @@ class PerfguardTimer:
 
     @contextlib.contextmanager
     def run(self) -> Iterator[StageTimer]:
-        """One measured run: the body's wall time is `e2e`, its `stage()`s its stages."""
+        """One measured run: the body's wall time is `e2e`, its `stage()`s its stages.
+
+        On CPU a run by hand records no peak memory: the figure there comes from a
+        tracked run of its own (`perfguard.memory`), which only `measure` can make.
+        """
         from perfguard.timer import StageTimer
 
-        with StageTimer(self.platform) as timer:
+        track = not self.platform.separate_memory_run
+        with StageTimer(self.platform, track_memory=track) as timer:
             yield timer
         self.result.add_run(timer.record())
         self.result.repeats += 1
@@ -135,7 +140,8 @@ class PerfguardTimer:
         """Call `fn` `warmup` times untimed, then `repeats` times measured; the last output.
 
         The warm-up runs pay one-off costs (lazy initialisation, allocator growth, kernel
-        selection) that a serving process pays once, as in `perfguard run`.
+        selection) that a serving process pays once, as in `perfguard run`. On CPU `fn`
+        is called once more after them, untimed, to measure its tensor memory.
         """
         repeats = self.repeats if repeats is None else repeats
         warmup = self.warmup if warmup is None else warmup
@@ -146,6 +152,13 @@ class PerfguardTimer:
         for _ in range(warmup):
             fn()
         self.result.warmup += warmup
+        if self.platform.separate_memory_run:  # CPU: one tracked run, as `perfguard run`
+            from perfguard.memory import measure_run
+
+            memory = measure_run(fn, self.platform)
+            for name, mb in memory.metrics().items():
+                self.result.samples.setdefault(name, []).append(mb)
+            self.result.memory = memory.to_json()
         hashes: list[str] = []
         output = None
         for _ in range(repeats):

@@ -50,7 +50,8 @@ import torch
 from perfguard import threads
 from perfguard.cases import DIFFUSERS, Case
 from perfguard.errors import PerfguardError
-from perfguard.inject import describe
+from perfguard.inject import InjectionUnmatched, describe
+from perfguard.memory import measure_run
 from perfguard.metrics import metrics_of_run
 from perfguard.platform import Platform, fingerprint
 from perfguard.reference import Reference
@@ -79,6 +80,7 @@ class CaseResult:
     repeats: int = 0
     case: dict[str, Any] = field(default_factory=dict)
     groups: list[int] | None = None
+    memory: dict[str, Any] | None = None  # the tracked memory run, where there is one
     threads: dict[str, int] | None = None
     reference: list[float] = field(default_factory=list)
     components: dict[str, dict[str, Any]] | None = None
@@ -144,6 +146,7 @@ class CaseResult:
             "repeats": self.repeats,
             "case": self.case,
             **({"groups": list(self.groups)} if self.groups else {}),
+            **({"memory": dict(self.memory)} if self.memory else {}),
             **({"threads": dict(self.threads)} if self.threads else {}),
             **({"reference": list(self.reference)} if self.reference else {}),
             **({"components": self.components} if self.components is not None else {}),
@@ -164,6 +167,7 @@ class CaseResult:
             repeats=int(data.get("repeats", 0)),
             case=dict(data.get("case", {})),
             groups=[int(g) for g in data["groups"]] if data.get("groups") else None,
+            memory=dict(data["memory"]) if data.get("memory") else None,
             threads={k: int(v) for k, v in data["threads"].items()}
             if data.get("threads")
             else None,
@@ -226,6 +230,7 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
         repeats=sum(p.repeats for p in parts),
         case=first.case,
         groups=groups if len(groups) > 1 else None,
+        memory=first.memory,
         threads=first.threads,
         reference=reference,
         components=first.components,
@@ -424,6 +429,11 @@ def run_case(
 
     With `until` and `max_repeats` > `repeats`, keep running after the first `repeats`
     until `until(result)` is true or `max_repeats` runs are measured.
+
+    Where the platform has no allocator statistics (CPU, `separate_memory_run`), one
+    untimed run after the warm-up measures the tensor memory the pipeline allocates
+    (`perfguard.memory`): the `peak_memory` and `peak_memory:<Stage>` samples of this
+    build. The tracker costs too much per op to ride along in timed runs.
     """
     if repeats < 1 or warmup < 0:
         raise PerfguardError("--repeats must be >= 1 and --warmup >= 0")
@@ -443,11 +453,22 @@ def run_case(
             counters = getattr(pipeline, "counters", None)
             for _ in range(warmup):
                 pipeline()
+            separate = platform.separate_memory_run
+            if separate:
+                memory = measure_run(pipeline, platform)
+                for name, mb in memory.metrics().items():
+                    result.samples[name] = [mb]
+                result.memory = memory.to_json()
             before = yardstick.time_ms()
             while result.repeats < limit:
                 if result.repeats >= repeats and until is not None and until(result):
                     break
-                with StageTimer(platform, sync=sync, inject=inject) as timer:  # type: ignore[arg-type]
+                with StageTimer(
+                    platform,
+                    sync=sync,  # type: ignore[arg-type]
+                    inject=inject,
+                    track_memory=not separate,
+                ) as timer:
                     output = pipeline()
                 # The yardstick right before and right after each run: a run counts as
                 # contended when either saw the machine slow (perfguard.reference).
@@ -461,6 +482,8 @@ def run_case(
                 result.repeats += 1
                 if on_run is not None:
                     on_run(result)
+    except InjectionUnmatched:
+        raise  # a mistake in the command line, not this case's failure: exit 2
     except Exception as exc:
         result.status = "error"
         oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from perfguard.inject import check_matched
 from perfguard.platform import Platform
 
 SyncPolicy = Literal["none", "stage"]
@@ -151,7 +152,8 @@ class StageTimer:
 
     `inject` maps stage names to a fraction (0.10 = +10 %) by which that stage is slowed
     with real busy work, for the gate self-test (`perfguard.inject`); it is empty in
-    normal runs and costs one falsy check per stage exit.
+    normal runs and costs one falsy check per stage exit. `record()` raises
+    `perfguard.inject.InjectionUnmatched` when an injected name matched no stage.
 
     `enabled=False` makes every call a no-op (the timer still activates, so code that
     asks for `current_timer()` gets it). `track_memory` reads the device allocator's peak
@@ -265,6 +267,8 @@ class StageTimer:
         stages: dict[str, float] = {}
         for name, start, end in self._spans:
             stages[name] = stages.get(name, 0.0) + elapsed(start, end)
+        if self._inject:
+            check_matched(self._inject, stages)
         peak = self._run_peak / MB if self._track_memory and self._run_peak else None
         return RunRecord(
             stages_ms=stages,

@@ -66,8 +66,9 @@ from perfguard.cases import Case
 from perfguard.errors import PerfguardError
 from perfguard.inject import describe
 from perfguard.jsonio import read_json, write_json_atomic
-from perfguard.pinning import die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
+from perfguard.pinning import ENV_CPU_AFFINITY, die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
 from perfguard.platform import Platform, fingerprint
+from perfguard.platform import cpu_list as _cpu_list
 from perfguard.runner import CaseResult, PipelineFactory, Results, pool
 from perfguard.shard import expected_time_s
 
@@ -282,6 +283,7 @@ class Worker:
             os.close(write_fd)
         self.reader = _LineReader(read_fd)
         self.alive = True
+        self.cores: list[int] | None = None  # the CPU cores it reported being pinned to
 
     def start(self) -> str | None:
         """Wait for the worker to report ready; the reason it did not, else None."""
@@ -293,6 +295,7 @@ class Worker:
         if msg is None or not msg.get("ready"):
             self.kill()
             return f"{self.label} died while starting ({describe_exit(self.proc.poll())})"
+        self.cores = msg.get("cores")
         return None
 
     def run(self, case: Case, options: RunOptions) -> CaseResult:
@@ -325,6 +328,8 @@ class Worker:
             self.kill()
             how = describe_exit(self.proc.returncode)
             return error_result(case, f"{self.label} died while running this case ({how})", options)
+        if "usage_error" in msg:  # e.g. an --inject that matched no stage: exit 2, not a case
+            raise PerfguardError(str(msg["usage_error"]))
         return CaseResult.from_json(case.id, msg["result"])
 
     def close(self) -> None:
@@ -391,7 +396,10 @@ def run_distributed(case: Case, options: RunOptions, env: dict[str, str], label:
                 case, f"timeout: killed after {time.monotonic() - started:.1f} s ({why})", options
             )
         if result.is_file():
-            return CaseResult.from_json(case.id, read_json(result))
+            data = read_json(result)
+            if "usage_error" in data:
+                raise PerfguardError(str(data["usage_error"]))
+            return CaseResult.from_json(case.id, data)
         last = [ln.strip() for ln in text.splitlines() if ln.strip()][-1:] or [""]
         how = describe_exit(proc.returncode)
         message = f"{label} (torchrun, {case.num_devices} ranks) failed ({how})"
@@ -427,12 +435,51 @@ def _wait_distributed(
 # ---- scheduling ------------------------------------------------------------------------------
 
 
-def _env_for(platform: Platform, devices: Sequence[str] | None, slots: int) -> dict[str, str]:
+def cpu_pins(slots: int, threads: int, devices: Sequence[str] | None = None) -> list[list[int]]:
+    """Disjoint sets of `threads` cores for `slots` parallel CPU workers, in core order.
+
+    Why pin: `--devices 0,1` on CPU starts two workers at once, and unpinned the
+    scheduler moves their threads across the same cores, so each worker's figures
+    depend on what the other is doing at that moment. With each worker on cores of its
+    own the two measure side by side, as two GPUs do. The cores are the ones this
+    process may run on (`os.sched_getaffinity`); fewer than `slots x threads` is a
+    usage error (exit 2) rather than an oversubscribed, silently slower measurement.
+    """
+    from perfguard.platform import cpu_affinity
+
+    cores = cpu_affinity() or list(range(os.cpu_count() or 1))
+    need = slots * threads
+    if len(cores) < need:
+        asked = f"--devices {','.join(devices)}: " if devices else ""
+        raise PerfguardError(
+            f"{asked}{slots} CPU workers x {threads} thread(s) each need {need} cores, but "
+            f"this process may run on {len(cores)} ({_cpu_list(cores)}): list fewer devices"
+        )
+    return [cores[i * threads : (i + 1) * threads] for i in range(slots)]
+
+
+def threads_per_worker(cases: Sequence[Case]) -> int:
+    """Intra-op threads a CPU worker needs: the most any case measures with
+    (`perfguard.threads.case_threads`: `$PERFGUARD_THREADS`, the case's `threads`, else 1)."""
+    from perfguard.threads import case_threads
+
+    return max([case_threads(c, "cpu") for c in cases] or [1])
+
+
+def _env_for(
+    platform: Platform,
+    devices: Sequence[str] | None,
+    slots: int,
+    cores: Sequence[int] | None = None,
+) -> dict[str, str]:
     env = dict(os.environ)
     var = visible_devices_env(platform.name)
     if var and devices is not None:
         env[var] = ",".join(devices)
-    if platform.name == "cpu" and slots > 1 and "OMP_NUM_THREADS" not in env:
+    if cores:
+        env[ENV_CPU_AFFINITY] = _cpu_list(list(cores))
+        env.setdefault("OMP_NUM_THREADS", str(len(cores)))
+    elif platform.name == "cpu" and slots > 1 and "OMP_NUM_THREADS" not in env:
         # Parallel CPU workers would otherwise each start one thread per core and fight.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // slots))
     return env
@@ -472,6 +519,13 @@ def run_cases(
         platform=platform.name, repeats=repeats, warmup=warmup, timeout=timeout, sync=sync,
         inject=dict(inject or {}), factory=factory,
     )  # fmt: skip
+    single = sorted(
+        (c for c in cases if c.num_devices <= 1), key=lambda c: (-expected_time_s(c), c.id)
+    )
+    slots: list[Sequence[str] | None] = [[d] for d in devices] if devices else [None]
+    pins: list[list[int]] | None = None
+    if platform.name == "cpu" and len(slots) > 1 and single:
+        pins = cpu_pins(len(slots), threads_per_worker(single), devices)
     results = Results(
         environment=fingerprint(platform),
         settings={
@@ -481,6 +535,7 @@ def run_cases(
             "sync": sync,
             "inject": describe(inject or {}),
             "devices": list(devices) if devices is not None else None,
+            **({"cpu_pins": [_cpu_list(p) for p in pins]} if pins else {}),
             "isolate": isolate,
             "factory": factory,
             **({"processes": processes} if processes > 1 else {}),
@@ -488,6 +543,7 @@ def run_cases(
     )
     lock = threading.Lock()
     parts: dict[str, list[CaseResult]] = {}
+    fatal: list[PerfguardError] = []  # a usage error from a worker ends the whole command
 
     def record(res: CaseResult) -> None:
         with lock:
@@ -500,18 +556,16 @@ def run_cases(
             if on_case is not None:
                 on_case(pooled)
 
-    single = sorted(
-        (c for c in cases if c.num_devices <= 1), key=lambda c: (-expected_time_s(c), c.id)
-    )
-    slots: list[Sequence[str] | None] = [[d] for d in devices] if devices else [None]
     todo: queue.SimpleQueue[Case] = queue.SimpleQueue()
     for _ in range(processes):
         for case in single:
             todo.put(case)
 
-    def drive(slot: Sequence[str] | None) -> None:
+    def drive(slot: Sequence[str] | None, cores: list[int] | None) -> None:
         label = f"worker for device {slot[0]}" if slot else "worker"
-        env = _env_for(platform, slot, len(slots))
+        if cores:
+            label += f" (cores {_cpu_list(cores)})"
+        env = _env_for(platform, slot, len(slots), cores)
         worker: Worker | None = None
         try:
             while True:
@@ -528,6 +582,12 @@ def run_cases(
                             record(error_result(case, reason, options))
                             continue
                     record(worker.run(case, options))
+                except PerfguardError as exc:
+                    fatal.append(exc)
+                    while not todo.empty():  # the other workers stop after their case
+                        with contextlib.suppress(queue.Empty):
+                            todo.get_nowait()
+                    return
                 except Exception as exc:  # cannot start a process, a garbled reply, ...
                     if worker is not None:
                         worker.kill()
@@ -539,11 +599,16 @@ def run_cases(
             if worker is not None:
                 worker.close()
 
-    threads = [threading.Thread(target=drive, args=(slot,), daemon=True) for slot in slots]
+    threads = [
+        threading.Thread(target=drive, args=(slot, pins[i] if pins else None), daemon=True)
+        for i, slot in enumerate(slots)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if fatal:
+        raise fatal[0]
 
     for _ in range(processes):
         for case in (c for c in cases if c.num_devices > 1):

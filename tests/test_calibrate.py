@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from perfguard import calibrate as calibrate_module
 from perfguard.calibrate import (
     CheckSetup,
     calibrate_case,
@@ -106,7 +107,15 @@ def test_calibrate_on_the_smoke_case_prints_noise_and_writes_bands(
         return int(exc.value.code or 0)
 
     assert pg("gen-baselines", *case, "--repeats", "3", "--warmup", "0", "--processes", "1") == 0
+    before = Path("b.json").read_bytes()
     capsys.readouterr()
+    # Two processes cannot hold a band to 1 % false alarms: refused before anything runs.
+    assert pg("calibrate", *case, "--runs", "2", "--write") == 2
+    err = capsys.readouterr().err
+    assert "calibrate --write needs --runs >= 10 (got 2)" in err and "steps of 1/2^2 = 25%" in err
+    assert Path("b.json").read_bytes() == before
+    # The write path itself, at the suite's budget of two processes.
+    monkeypatch.setattr(calibrate_module, "MIN_RUNS_TO_WRITE", 2)
     code = pg(
         "calibrate", *case, "--runs", "2", "--repeats", "4", "--trials", "50",
         "--write", "--json", "cal.json",
@@ -121,3 +130,10 @@ def test_calibrate_on_the_smoke_case_prints_noise_and_writes_bands(
     assert report["qwen_image_t2i_smoke"]["metrics"][M]["noise"]["processes"] == 2
     monkeypatch.setenv("PERFGUARD_INJECT", "DenoisingStage=+10%")
     assert pg("calibrate", *case, "--runs", "2") == 2  # never calibrate on injected time
+
+
+def test_the_minimum_runs_to_write_resolve_the_false_alarm_target() -> None:
+    # The simulated rate is a sum over K x K offset pairs: steps of 1/K^2 <= the target.
+    k = calibrate_module.MIN_RUNS_TO_WRITE
+    assert k == 10
+    assert 1 / k**2 <= calibrate_module.FALSE_ALARM_TARGET < 1 / (k - 1) ** 2

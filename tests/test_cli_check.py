@@ -243,6 +243,18 @@ def test_check_without_a_baseline_file_says_how_to_make_one(fake: Path, pg: PG) 
 # ---- gen-baselines details -----------------------------------------------------------------
 
 
+def test_an_injection_that_matched_no_stage_is_a_one_line_usage_error(fake: Path, pg: PG) -> None:
+    pg(*GEN)
+    code, out, err = pg(*CHECK, "--inject", "DenoisingStep=+60%", "--report", "r.json")
+    assert code == 2, out + err
+    (line,) = err.strip().splitlines()
+    assert line.endswith(
+        "error: inject DenoisingStep=+60%: no stage named DenoisingStep ran; stages that ran: "
+        "InputValidationStage, TextEncodingStage, DenoisingStage, DecodingStage"
+    )
+    assert not Path("r.json").exists()  # no report that claims an injection was made
+
+
 def test_gen_baselines_refuses_injection_and_leaves_the_file_byte_identical(
     fake: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
 ) -> None:

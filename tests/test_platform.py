@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,3 +172,181 @@ def test_cpu_peak_memory_is_a_process_measure_that_resets() -> None:
     del blob
     assert before is not None and after is not None
     assert after - before >= 48 * 1024 * 1024
+
+
+# ---- what else changes timings -------------------------------------------------------------
+
+
+def _fake_cpufreq(root: Path, cpu: int, governor: str, cur: int, lo: int, hi: int) -> None:
+    d = root / f"cpu{cpu}" / "cpufreq"
+    d.mkdir(parents=True)
+    (d / "scaling_governor").write_text(governor + "\n")
+    for name, khz in (("cur", cur), ("min", lo), ("max", hi)):
+        (d / f"scaling_{name}_freq").write_text(f"{khz}\n")
+
+
+def test_fingerprint_records_cpu_count_affinity_and_frequency_scaling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_cpufreq(tmp_path, 0, "performance", 2_900_000, 800_000, 3_500_000)
+    _fake_cpufreq(tmp_path, 1, "powersave", 1_200_000, 800_000, 3_400_000)
+    _fake_cpufreq(tmp_path, 2, "powersave", 1_000_000, 800_000, 3_400_000)
+    (tmp_path / "cpufreq").mkdir()  # not a CPU: ignored
+    monkeypatch.setattr(pf, "SYS_CPU", tmp_path)
+    monkeypatch.setattr(pf.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    fp = pf.fingerprint(pf.probe("cpu"))
+    assert fp["cpu_count"] == pf.os.cpu_count()
+    assert fp["cpu_affinity"] == "0-1"
+    # Only the CPUs this process may run on count: cpu2's 1000 MHz is left out.
+    assert fp["cpu_frequency"] == {
+        "available": True,
+        "governor": "performance,powersave",
+        "cur_mhz": [1200, 2900],
+        "min_mhz": [800, 800],
+        "max_mhz": [3400, 3500],
+    }
+    assert "gpu_clocks" not in fp  # only CUDA platforms read GPU clocks
+    assert pf.cpu_frequency()["cur_mhz"] == [1000, 2900]  # all CPUs when none are named
+
+
+def test_cpu_list_uses_the_cpuset_notation() -> None:
+    assert pf.cpu_list([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert pf.cpu_list([3]) == "3"
+    assert pf.cpu_list([]) == ""
+
+
+def test_missing_cpufreq_or_affinity_is_recorded_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pf, "SYS_CPU", tmp_path / "absent")
+
+    def no_affinity(pid: int) -> set[int]:
+        raise OSError("not supported")
+
+    monkeypatch.setattr(pf.os, "sched_getaffinity", no_affinity, raising=False)
+    fp = pf.fingerprint(pf.probe("cpu"))
+    assert fp["cpu_affinity"] is None
+    assert fp["cpu_frequency"]["available"] is False
+    assert "no cpufreq under" in fp["cpu_frequency"]["reason"]
+
+
+class _FakeNvml(types.ModuleType):
+    """The part of nvidia-ml-py's `pynvml` that `gpu_clocks` reads: two H200s."""
+
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+        self.calls: list[str] = []
+
+    def nvmlInit(self) -> None:
+        self.calls.append("init")
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
+        return {1: 1980, 2: 3201}[kind] - 100 * h
+
+    def nvmlDeviceGetMaxClockInfo(self, h: int, kind: int) -> int:
+        return {1: 1980, 2: 3201}[kind]
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: int) -> int:
+        if h == 1:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return 700_000  # milliwatts
+
+    def nvmlDeviceGetPersistenceMode(self, h: int) -> int:
+        return 1 - h
+
+
+def test_gpu_clocks_come_from_nvml_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    clocks = pf.gpu_clocks()
+    assert clocks["available"] and clocks["source"] == "nvml"
+    first, second = clocks["gpus"]
+    assert first == {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "sm_clock_mhz": 1980,
+        "mem_clock_mhz": 3201,
+        "max_sm_clock_mhz": 1980,
+        "max_mem_clock_mhz": 3201,
+        "power_limit_w": 700.0,
+        "persistence_mode": "Enabled",
+    }
+    assert second["sm_clock_mhz"] == 1880 and second["persistence_mode"] == "Disabled"
+    assert second["power_limit_w"] is None  # not supported on that board: None, not a crash
+    assert nvml.calls == ["init", "shutdown"]
+
+
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+  *--query-gpu=index,name,clocks.sm*) echo "0, NVIDIA H200, 1980, 3201, 1980, 3201, 700.00, Enabled"
+     echo "1, NVIDIA H200, 345, 3201, 1980, 3201, [N/A], Disabled" ;;
+  *) echo "unexpected: $*" >&2; exit 9 ;;
+esac
+"""
+
+
+def _fake_smi_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(script)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+
+
+def test_gpu_clocks_fall_back_to_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_smi_on_path(tmp_path, monkeypatch, FAKE_SMI)
+    clocks = pf.gpu_clocks()
+    assert clocks["source"] == "nvidia-smi"
+    assert clocks["gpus"][0]["power_limit_w"] == 700
+    assert clocks["gpus"][1] == {
+        "index": 1,
+        "name": "NVIDIA H200",
+        "sm_clock_mhz": 345,
+        "mem_clock_mhz": 3201,
+        "max_sm_clock_mhz": 1980,
+        "max_mem_clock_mhz": 3201,
+        "power_limit_w": None,
+        "persistence_mode": "Disabled",
+    }
+
+
+def test_gpu_clocks_unavailable_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_smi_on_path(
+        tmp_path, monkeypatch, "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n"
+    )
+    clocks = pf.gpu_clocks()
+    assert clocks == {
+        "available": False,
+        "reason": "pynvml (nvidia-ml-py) is not installed; nvidia-smi: NVIDIA-SMI has failed",
+    }
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert "nvidia-smi: " in pf.gpu_clocks()["reason"]  # not on PATH: recorded, not raised
+
+
+def test_cuda_fingerprint_records_gpu_clocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    cuda = pf.CudaPlatform()
+    monkeypatch.setattr(pf.CudaPlatform, "device_name", lambda self: "NVIDIA H200")
+    monkeypatch.setattr(pf.CudaPlatform, "device_count", lambda self: 2)
+    monkeypatch.setattr(pf, "_nvidia_driver", lambda: "570.1")
+    fp = pf.fingerprint(cuda)
+    assert fp["gpu_clocks"]["source"] == "nvml" and len(fp["gpu_clocks"]["gpus"]) == 2

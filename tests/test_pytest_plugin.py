@@ -69,6 +69,10 @@ def test_fixture_records_stages_and_e2e_as_a_results_file(user: pytest.Pytester)
     assert mine.case["source"].endswith("test_user.py::test_pipeline_speed")
     by_hand = results.cases["test_by_hand"]  # no marker: the test's name is the case id
     assert len(by_hand.samples["stage:InputValidationStage"]) == 2
+    # CPU peak memory is the tensor storage of one tracked run (torch.ones(3): 12 bytes),
+    # not the process's resident set; a run by hand cannot be re-run, so it has none.
+    assert mine.samples["peak_memory"] == [12 / 2**20]
+    assert "peak_memory" not in by_hand.samples
 
 
 def test_baseline_gate_passes_then_fails_a_slowdown_like_perfguard_check(

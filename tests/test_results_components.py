@@ -47,8 +47,9 @@ def test_components_and_counters_are_read_after_every_measured_run(tmp_path: Pat
         "scheduler": {"class": "diffusers.FlowMatchEulerDiscreteScheduler", "parameters": None},
         "transformer": {"class": "torch.nn.modules.linear.Linear", "parameters": 15},
     }
-    # The warm-up is call 1: measured calls are 2, 3, 4; a counter missing from a run is 0.
-    assert res.counters == {"cache_hits": [2, 3, 4], "odd_only": [0, 1, 0]}
+    # The warm-up is call 1 and the CPU memory run (perfguard.memory) call 2: measured
+    # calls are 3, 4, 5; a counter missing from a run is 0.
+    assert res.counters == {"cache_hits": [3, 4, 5], "odd_only": [1, 0, 1]}
     results = Results(environment={"platform": "cpu", "hardware": "h"}, settings={})
     results.cases["fake"] = res
     path = tmp_path / "r.json"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 
+import perfguard.timer
+from perfguard.errors import EXIT_USAGE
+from perfguard.inject import InjectionUnmatched
 from perfguard.platform import Platform
 from perfguard.timer import StageTimer, current_timer, stage, step
 
@@ -237,11 +241,88 @@ def test_injection_slows_the_named_stage_by_its_own_time_and_no_other() -> None:
     assert rec.e2e_ms >= rec.stages_ms["DenoisingStage"] + rec.stages_ms["DecodingStage"]
 
 
-def test_injection_of_a_stage_that_does_not_run_changes_nothing() -> None:
+def test_injection_of_a_stage_that_does_not_run_slows_nothing_and_is_an_error() -> None:
     clock = _ManualClock()
     with StageTimer(clock, inject={"TextEncodingStage": 1.0}) as timer, stage("DecodingStage"):
         clock.advance(20.0)
-    assert timer.record().stages_ms == {"DecodingStage": 20.0}
+    assert timer._spans == [("DecodingStage", 0, 20_000_000)]  # no time injected anywhere
+    with pytest.raises(InjectionUnmatched, match="no stage named TextEncodingStage ran"):
+        timer.record()
+
+
+class _VirtualClock(Platform):
+    """A platform whose marks read a virtual clock that only the test (and the injected
+    busy-wait, one tick per read of its spin clock) moves: bounds can then be exact."""
+
+    TICK_MS = 0.01
+
+    def __init__(self) -> None:
+        super().__init__(name="virtual")
+        self.now_ns = 0
+
+    def mark(self) -> int:
+        return self.now_ns
+
+    def work(self, ms: float) -> None:
+        self.now_ns += round(ms * 1e6)
+
+    def perf_counter(self) -> float:  # what the injected spin reads
+        self.now_ns += round(self.TICK_MS * 1e6)
+        return self.now_ns / 1e9
+
+
+def test_injected_time_stays_inside_the_named_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _VirtualClock()
+    monkeypatch.setattr(
+        perfguard.timer, "time", types.SimpleNamespace(perf_counter=clock.perf_counter)
+    )
+    inject = {"DenoisingStage": 0.5, "DecodingStage/VaeStage": 0.25}
+    with StageTimer(clock, inject=inject, track_memory=False) as timer:
+        with stage("TextEncodingStage"):
+            clock.work(2.0)
+        with stage("DenoisingStage"):
+            for i in range(4):
+                with step(i):
+                    clock.work(10.0)
+            clock.work(1.0)
+        with stage("DecodingStage"):
+            clock.work(1.0)
+            with stage("VaeStage"):
+                clock.work(4.0)
+    rec = timer.record()
+    tick = _VirtualClock.TICK_MS
+    # The named stage grows by its own time x the fraction, give or take two spin reads...
+    assert 41 * 1.5 <= rec.stages_ms["DenoisingStage"] <= 41 * 1.5 + 2 * tick
+    assert 4 * 1.25 <= rec.stages_ms["DecodingStage/VaeStage"] <= 4 * 1.25 + 2 * tick
+    # ...and the injection lands nowhere else: not in the steps it contains (it is spent
+    # after the last one ends), not in a sibling, only in the stages that enclose it.
+    assert rec.steps_ms == [10.0] * 4
+    assert rec.stages_ms["TextEncodingStage"] == 2.0
+    vae = rec.stages_ms["DecodingStage/VaeStage"]
+    assert rec.stages_ms["DecodingStage"] == pytest.approx(1.0 + vae)
+    assert rec.e2e_ms == pytest.approx(2.0 + rec.stages_ms["DenoisingStage"] + 1.0 + vae)
+
+
+def test_an_injection_that_matched_no_stage_is_a_usage_error() -> None:
+    with StageTimer(inject={"Denoisingstage": 0.1}) as timer:
+        with stage("TextEncodingStage"):
+            pass
+        with stage("DenoisingStage"):
+            pass
+    with pytest.raises(InjectionUnmatched) as err:
+        timer.record()
+    assert err.value.exit_code == EXIT_USAGE
+    assert str(err.value) == (
+        "inject Denoisingstage=+10%: no stage named Denoisingstage ran; "
+        "stages that ran: TextEncodingStage, DenoisingStage"
+    )
+
+
+def test_a_nested_stage_must_be_named_by_its_path() -> None:
+    with StageTimer(inject={"VaeStage": 0.1}) as timer, stage("DecodingStage"), stage("VaeStage"):
+        pass
+    with pytest.raises(InjectionUnmatched, match=r"VaeStage is nested: name it DecodingStage/Vae"):
+        timer.record()
 
 
 def test_bad_sync_policy_is_refused() -> None:

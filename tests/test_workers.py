@@ -38,6 +38,9 @@ def _log(case, what):
 def pipeline(case, platform):
     behaviour = case.options.get("fake", "ok")
     _log(case, "build")
+    cores = sorted(os.sched_getaffinity(0))
+    with open(os.environ["PG_FAKE_LOG"], "a") as fh:
+        fh.write(f"{case.id} cores {os.getpid()} {','.join(map(str, cores))}\\n")
 
     def run():
         if behaviour == "crash" or (behaviour == "crash_rank1" and os.environ.get("RANK") == "1"):
@@ -157,11 +160,39 @@ def test_parallel_cpu_workers_split_the_cores(monkeypatch: pytest.MonkeyPatch) -
     threads = int(workers._env_for(CPU, ["0"], 2)["OMP_NUM_THREADS"])
     assert threads == max(1, (os.cpu_count() or 1) // 2)
     assert "OMP_NUM_THREADS" not in workers._env_for(CPU, None, 1)
+    pinned = workers._env_for(CPU, ["1"], 2, [2, 3])
+    assert pinned["PERFGUARD_CPU_AFFINITY"] == "2-3" and pinned["OMP_NUM_THREADS"] == "2"
+
+
+def test_cpu_workers_get_disjoint_cores_or_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 6, 7}, raising=False)
+    assert workers.cpu_pins(2, 1) == [[0], [1]]
+    assert workers.cpu_pins(3, 2) == [[0, 1], [2, 3], [6, 7]]
+    with pytest.raises(PerfguardError) as err:
+        workers.cpu_pins(4, 2, ["0", "1", "2", "3"])
+    assert err.value.exit_code == 2
+    assert str(err.value) == (
+        "--devices 0,1,2,3: 4 CPU workers x 2 thread(s) each need 8 cores, but this "
+        "process may run on 6 (0-3,6-7): list fewer devices"
+    )
+    threaded = Case(id="t", workload="qwen_image", preset="tiny", threads=3)
+    assert workers.threads_per_worker([fake_case("a"), threaded]) == 3
+    assert workers.threads_per_worker([fake_case("a")]) == 1
+
+
+def test_more_cpu_workers_than_cores_is_refused_before_anything_starts(
+    fake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    with pytest.raises(PerfguardError, match="2 CPU workers x 1 thread"):
+        workers.run_cases([fake_case("a")], CPU, devices=["0", "1"], factory=FACTORY)
+    assert log_lines(fake, "build") == []
 
 
 # ---- worker processes ----------------------------------------------------------------------
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two workers need two cores")
 def test_devices_run_one_worker_per_device_that_keeps_running_cases(fake: Path) -> None:
     cases = [fake_case(f"c{i}") for i in range(4)]
     seen = []
@@ -175,6 +206,11 @@ def test_devices_run_one_worker_per_device_that_keeps_running_cases(fake: Path) 
     pids = {pid for _, pid, _ in builds}
     assert len(pids) == 2 and os.getpid() not in pids
     assert results.settings["devices"] == ["0", "1"]
+    # Each worker ran on a core of its own: one core each (one thread), never shared.
+    cores = {pid: c for _, pid, c in log_lines(fake, "cores")}
+    assert sorted(cores.values()) == sorted(results.settings["cpu_pins"])
+    assert len(set(cores.values())) == 2 and all("," not in c for c in cores.values())
+    assert {t for _, _, t in builds} == {"1"}  # OMP_NUM_THREADS = the worker's cores
 
 
 def test_a_worker_that_dies_fails_only_its_case(fake: Path) -> None:
@@ -217,6 +253,37 @@ def test_a_multi_device_case_needs_that_many_devices(fake: Path) -> None:
 def test_a_bad_factory_is_a_usage_error_before_anything_runs(fake: Path) -> None:
     with pytest.raises(PerfguardError, match="cannot import"):
         workers.run_cases([fake_case("a")], CPU, factory="no_such_module_xyz:f")
+
+
+def test_an_injection_that_matched_no_stage_ends_the_command_from_a_worker(fake: Path) -> None:
+    cases = [fake_case("a"), fake_case("b")]
+    with pytest.raises(PerfguardError, match="no stage named Denoising ran") as err:
+        workers.run_cases(
+            cases,
+            CPU,
+            isolate=True,
+            repeats=1,
+            warmup=0,
+            inject={"Denoising": 0.1},
+            factory=FACTORY,
+        )
+    assert err.value.exit_code == 2
+    assert "stages that ran: DenoisingStage" in str(err.value)
+    assert len(log_lines(fake, "build")) == 1  # the first case's error stops the queue
+
+
+def test_an_injection_that_matched_no_stage_is_not_a_case_failure_in_process(fake: Path) -> None:
+    from perfguard.inject import InjectionUnmatched
+
+    with pytest.raises(InjectionUnmatched, match="no stage named Denoising ran"):
+        run_case(
+            fake_case("a"),
+            CPU,
+            repeats=1,
+            warmup=0,
+            inject={"Denoising": 0.1},
+            factory=workers.import_factory(FACTORY),
+        )
 
 
 # ---- torchrun ------------------------------------------------------------------------------
