@@ -317,7 +317,11 @@ dispatch and scheduler jitter move a stage of a few microseconds by several of t
 is tens of microseconds: 50 us.
 """
 
-MEASURED_MEMORY_PAD_MB = 64.0
+MEASURED_MEMORY_PAD_MB = {"cpu": 0.1, "device": 64.0}
+"""Peak-memory pads (MB). On CPU the figure is the tensor memory a run allocates, tracked
+op by op (`perfguard.memory`), identical to the byte from run to run: 0.1 MB catches a
+leaked 256 KiB buffer on a 0.5 MB smoke case. On devices the allocator rounds to
+segments: 64 MB, about one rounding step on a large model."""
 NOISE_PAD_K = 3.0
 """The pad scales with the measurement: k x the standard error of the difference of two
 medians as noisy as the baseline's, in the figure's own unit. A stage of 20 us whose
@@ -360,7 +364,9 @@ def default_profiles(platform: str) -> dict[str, Profile]:
     and the credibility test, from the figures of this runner. See docs/verdicts.md.
     """
     floor = MEASURED_FLOOR_MS["cpu" if platform == "cpu" else "device"]
-    pads = {c: (MEASURED_MEMORY_PAD_MB if c == "peak_memory" else floor) for c in DEVICE_ABS}
+    where = "cpu" if platform == "cpu" else "device"
+    memory = MEASURED_MEMORY_PAD_MB[where]
+    pads = {c: (memory if c == "peak_memory" else floor) for c in DEVICE_ABS}
     note = (
         f"minimum effects of interest, pads of {NOISE_PAD_K:g} standard errors of the "
         f"baseline median above {floor:g} ms"
