@@ -84,7 +84,14 @@ def test_env_json_records_the_thread_policy_and_the_reference_workload(pg: PG) -
     assert len(fp["reference_workload"]) == 12
 
 
-def test_a_baseline_of_another_thread_count_is_refused_naming_both(fake: Path, pg: PG) -> None:  # noqa: F811
+def test_a_baseline_of_another_thread_count_is_refused_naming_both(
+    fake: Path,  # noqa: F811
+    pg: PG,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `--threads` travels as $PERFGUARD_THREADS: registered here, so teardown removes it.
+    monkeypatch.delenv(threads.ENV_OVERRIDE, raising=False)
+    monkeypatch.setenv(threads.ENV_OVERRIDE, "1")
     assert pg(*GEN)[0] == 0
     data = json.loads(fake.read_text())
     for s in data["scenarios"].values():
