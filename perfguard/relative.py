@@ -23,9 +23,12 @@ How it measures (each choice with its reason):
 - Paired per-block log ratios (`perfguard.verdict.paired_estimate`): the drift that the
   two sides of a block share cancels in their ratio.
 - Adaptive, Pinpoint-style. After the minimum number of blocks the verdicts are looked
-  at on a fixed schedule of block counts; the check stops as soon as every metric is
-  clearly different or clearly the same, when `--max-blocks` is reached, or when the
-  next block pair would overrun `--budget-s`. Metrics still open then pass with a note.
+  at on a fixed schedule of block counts. A metric found clearly different or clearly
+  the same at a look keeps that verdict (a sequential test stops where it decides: the
+  blocks that follow cannot undo it, as a later contention episode otherwise would);
+  the check stops as soon as every metric is decided, when `--max-blocks` is reached,
+  or when the next block pair would overrun `--budget-s`. Metrics still open then pass
+  with a note.
 - Repeated looks cost false alarms, so each look tests at `alpha / K`, where K is the
   number of scheduled looks plus one (the look a budget stop may add between them):
   Bonferroni over a fixed look schedule, so the chance that noise alone fails a metric
@@ -492,11 +495,17 @@ def judge_blocks(
     alpha_look: float,
     final: bool,
     errors: Mapping[str, str] | None = None,
+    latched: Mapping[tuple[str, str], MetricVerdict] | None = None,
     fail_on_missing: bool = False,
     advisory: bool = False,
 ) -> tuple[Judgement, dict[str, dict[str, CaseResult]]]:
-    """The judgement on the blocks so far, and each side's results pooled over them."""
+    """The judgement on the blocks so far, and each side's results pooled over them.
+
+    `latched` holds the verdicts already decided at an earlier look, keyed by (case,
+    metric): they stand as they were decided.
+    """
     errors = errors or {}
+    latched = latched or {}
     pooled: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
     verdicts: list[CaseVerdict] = []
     for cid in sorted(case_ids):
@@ -521,6 +530,9 @@ def judge_blocks(
         head, base = pooled[HEAD][cid], pooled[BASE][cid]
         metrics: list[MetricVerdict] = []
         for metric in sorted(set(head.samples) | set(base.samples), key=metric_sort_key):
+            if (cid, metric) in latched:
+                metrics.append(latched[(cid, metric)])
+                continue
             metrics.append(
                 judge_relative_metric(
                     metric,
@@ -581,6 +593,7 @@ def run_relative(
     rng = random.Random(seed)
     active = list(cases)
     errors: dict[str, str] = {}
+    latched: dict[tuple[str, str], MetricVerdict] = {}
     blocks: list[Block] = []
     looked_at: list[int] = []
     started = clock()
@@ -614,11 +627,22 @@ def run_relative(
         if len(blocks) in looks:
             looked_at.append(len(blocks))
             judgement, _ = judge_blocks(
-                [c.id for c in cases], blocks, alpha_look=alpha_look, final=False, errors=errors
+                [c.id for c in cases],
+                blocks,
+                alpha_look=alpha_look,
+                final=False,
+                errors=errors,
+                latched=latched,
             )
-            open_metrics = sum(
-                1 for c in judgement.cases if c.verdict != ERROR for m in c.metrics if not m.clear
-            )
+            open_metrics = 0
+            for c in judgement.cases:
+                if c.verdict == ERROR:
+                    continue
+                for m in c.metrics:
+                    if m.clear:
+                        latched.setdefault((c.case_id, m.metric), m)
+                    else:
+                        open_metrics += 1
             if open_metrics == 0:
                 stopped = "resolved"
                 if on_block is not None:
@@ -634,6 +658,7 @@ def run_relative(
         alpha_look=alpha_look,
         final=True,
         errors=errors,
+        latched=latched,
         fail_on_missing=fail_on_missing,
         advisory=advisory,
     )
