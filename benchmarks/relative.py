@@ -15,10 +15,11 @@ median wall time of a check and the median number of blocks it used.
 Resampled checks (`--resample N`). Live checks take minutes each, too few for a false
 alarm rate near 1 %. So every block the live checks measured (both cases, every metric,
 both sides) goes into a pool per condition, and N further checks are replayed through
-the real schedule and rule (`perfguard.relative.run_relative`) on blocks drawn with
-replacement from the pool, each on a virtual clock that advances by the block's own
-measured duration. They assume blocks are exchangeable (no drift across the benchmark):
-an estimate of what more live checks would show, labelled as such in the output.
+the real schedule and rule (`perfguard.relative.run_relative`) on blocks dealt from the
+shuffled pool (distinct blocks within a check; a pool of at least twice the maximum
+blocks of a check), each on a virtual clock that advances by the block's own measured
+duration. They assume blocks are exchangeable (no drift across the benchmark): an
+estimate of what more live checks would show, labelled as such in the output.
 
 Run late on a shared machine, at normal priority: `python benchmarks/relative.py
 --minutes 30 --out /tmp/relative`.
@@ -41,6 +42,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+DEFAULT_MAX_BLOCKS = 24  # perfguard.relative.DEFAULT_MAX_BLOCKS (no torch import here)
 
 CONDITIONS = {"A/A": None, "+5%": "DenoisingStage=+5%", "+10%": "DenoisingStage=+10%"}
 
@@ -131,10 +134,16 @@ def _median(values: Sequence[float]) -> float:
 
 
 class Replay:
-    """A `MeasureBlock` that draws measured blocks from a pool, on a virtual clock."""
+    """A `MeasureBlock` that deals measured blocks from a shuffled pool, on a virtual clock.
+
+    Without replacement within a check: a block drawn twice would make the check's
+    blocks agree with each other more than measured blocks do, and call noise a change.
+    """
 
     def __init__(self, pool: Sequence[Any], rng: random.Random) -> None:
-
+        self.pool = list(pool)
+        rng.shuffle(self.pool)
+        self.now = 0.0
 
     def clock(self) -> float:
         return self.now
@@ -142,7 +151,7 @@ class Replay:
     def __call__(self, index: int, order: str, todo: Sequence[Any]) -> dict[str, dict[str, Any]]:
         from perfguard.runner import CaseResult
 
-        seconds, blk = self.rng.choice(self.pool)
+        seconds, blk = self.pool.pop()
         self.now += seconds
         out: dict[str, dict[str, Any]] = {"B": {}, "H": {}}
         for side in ("B", "H"):
@@ -214,11 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         pools[name] = [b for r in got for b in blocks_of(r)]
     if args.resample:
         print(
-            f"\nresampled checks ({args.resample} per condition, blocks drawn from the live ones):"
+            f"\nresampled checks ({args.resample} per condition, blocks dealt from the live ones):"
         )
         print(f"{'condition':<10}{'pool':>7}{'failed':>8}{'rate':>8}{'95% CI':>16}{'blocks':>8}")
         for i, (name, pool) in enumerate(pools.items()):
-            if len(pool) < 8:
+            if len(pool) < 2 * DEFAULT_MAX_BLOCKS:
                 print(f"{name:<10}{len(pool):>7}  too few blocks to resample")
                 continue
             k, used = resample(pool, args.resample, seed=1000 * i)
