@@ -844,11 +844,6 @@ def check(
 ) -> int:
     """Run the selected cases (or read --results) and judge each metric against the baseline.
 
-    With --against DIR (or --against-ref REF) there is no stored baseline: the base
-    revision in DIR and this one are run side by side in interleaved blocks of fresh
-    processes, and each metric is judged on their paired per-block ratios (see
-    docs/verdicts.md, "The relative check").
-
     A metric regresses when its median exceeds max(b * (1 + rel), b + abs), with rel and
     abs from the baseline's profile for the metric's class, and the slowdown is beyond
     noise (99 % confidence, from the samples' spread and, with --processes or a baseline
@@ -857,6 +852,12 @@ def check(
     when a verdict is borderline (--max-reruns). Verdicts: pass, regression,
     improvement (a stale baseline, never a failure), missing-baseline, missing-stage,
     new-stage, error.
+
+    With --against DIR (or --against-ref REF) there is no stored baseline: the base
+    revision in DIR and this one run side by side in randomized interleaved blocks of
+    fresh processes, and each metric is judged on their paired per-block ratios with the
+    same minimum effect, stopping once every metric is clearly different or clearly the
+    same, or at --budget-s (docs/relative.md).
     """
     from perfguard import baseline as store
     from perfguard import report as rep
