@@ -8,6 +8,9 @@ while the variant runs (CUDA: ``max_memory_allocated``; CPU: replayed from
   (a) glm_prior_drop_inplace  prior-drop op on a [B, S, D] embedding: in place vs masked_fill
   (b) qwen_modulation_cache   one CFG step (cond + uncond, shared timestep) of Qwen `small`
   (c) qwen_varlen_host_meta   varlen metadata for a padded joint [txt ; img] batch
+  (d) each toggle in the whole pipeline (the real Qwen-Image / GLM-Image stages, smoke
+      cases): e2e and the stage the optimization lives in, optimized vs reference, with
+      the pipeline's counters showing that the optimized path engaged
 
 On CUDA it also counts device->host syncs per denoising step with
 ``torch.cuda.set_sync_debug_mode("warn")``. CPU run: ``python benchmarks/optimizations.py``
@@ -319,6 +322,56 @@ def bench_syncs(args: argparse.Namespace, device: torch.device) -> list[tuple[st
 # ----------------------------------------------------------------------------------------
 
 
+_PIPELINE_TOGGLES = (
+    ("qwen_modulation_cache", "qwen_image_t2i_smoke"),
+    ("qwen_varlen_host_meta", "qwen_image_t2i_smoke"),
+    ("glm_prior_drop_inplace", "glm_image_t2i_smoke"),
+)
+
+
+def bench_pipeline(args: argparse.Namespace, device: torch.device) -> list[Row]:
+    """Whole pipeline calls (every stage real), optimized and reference interleaved.
+
+    The micro-benchmarks above isolate the op; this shows what is left of it in a request,
+    where the text encoder, the AR prior and the VAE take their share. Counters come from
+    the last optimized call (`pipeline.counters()`).
+    """
+    from pathlib import Path
+
+    from perfguard.cases import load_registry
+    from perfguard.platform import Platform
+    from perfguard.timer import StageTimer
+    from perfguard.workloads.pipeline import build_pipeline
+
+    platform = Platform(name="cuda" if device.type == "cuda" else "cpu")
+    cases = {c.id: c for c in load_registry(platform.name, Path(__file__).parent.parent / "cases")}
+    rows = []
+    for toggle, case_id in _PIPELINE_TOGGLES:
+        case = cases[case_id]
+        pipes = {
+            on: build_pipeline(case.with_toggles(**{toggle: on}), platform) for on in (True, False)
+        }
+        stage_name = "DenoisingStage"
+        times: dict[bool, list[float]] = {True: [], False: []}
+        stages: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(args.pipeline_repeats + 1):
+            for on in (True, False) if i % 2 else (False, True):
+                with StageTimer(platform) as timer:
+                    pipes[on]()
+                record = timer.record()
+                if i:  # the first round warms up
+                    times[on].append(record.e2e_ms)
+                    stages[on].append(record.stages_ms[stage_name])
+        counters = ", ".join(f"{k}={v}" for k, v in pipes[True].counters().items())
+        for on in (True, False):
+            med, iqr = _stats(times[on])
+            smed, _ = _stats(stages[on])
+            note = f"{stage_name} {smed:.2f} ms" + (f"; {counters}" if on else "")
+            variant = "optimized" if on else "reference"
+            rows.append(Row(toggle, f"pipeline:{case_id}", variant, med, iqr, 0.0, note))
+    return rows
+
+
 def _print_table(rows: list[Row]) -> None:
     headers = ("optimization", "case", "variant", "median ms", "IQR ms", "peak MiB", "note")
     cells = [
@@ -356,6 +409,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--varlen-img", type=int, default=4096)
     parser.add_argument("--glm-latent", type=int, default=64, help="GLM latent side (syncs)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: keep)")
+    parser.add_argument(
+        "--pipeline-repeats", type=int, default=5, help="whole-pipeline calls per variant (d)"
+    )
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -369,6 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = bench_prior_drop(args, device)
     rows += bench_modulation_cache(args, device)
     rows += bench_varlen_meta(args, device)
+    rows += bench_pipeline(args, device)
     print()
     _print_table(rows)
     if device.type != "cuda":

@@ -21,6 +21,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from perfguard.pinning import die_with_parent, narrow_visible_devices
+
+_narrow_visible_devices = narrow_visible_devices  # the name tests and older callers use
+
 WORKER_PROTOCOL = 1
 """The version of the request / result messages above. A relative check
 (`perfguard check --against`) runs the base revision's worker with the head's cases and
@@ -47,8 +51,7 @@ def _run(case: Any, platform: Any, options: Any) -> Any:
 
 
 def _serve(result_fd: int) -> int:
-    from perfguard.workers import die_with_parent
-
+    # The parent pinned this worker's devices in its environment before starting it.
     die_with_parent()
     out = os.fdopen(result_fd, "w", buffering=1, encoding="utf-8")
 
@@ -80,37 +83,25 @@ def _serve(result_fd: int) -> int:
     return 0
 
 
-def _narrow_visible_devices(platform_name: str, local_rank: int) -> None:
-    """Leave this rank only its own device, which it then sees as device 0."""
-    from perfguard.workers import visible_devices_env
-
-    var = visible_devices_env(platform_name)
-    if not var:
-        return
-    listed = [d for d in os.environ.get(var, "").split(",") if d.strip()]
-    os.environ[var] = listed[local_rank] if local_rank < len(listed) else str(local_rank)
-
-
 def _rank(request_path: str, result_path: str) -> int:
-    from perfguard.workers import die_with_parent
-
+    # Nothing that imports torch before the visible devices are narrowed (perfguard.pinning).
     die_with_parent()
-    from perfguard.jsonio import read_json
-
-    request = read_json(request_path)
-    options_data = request["options"]
+    with open(request_path, encoding="utf-8") as fh:  # validated by perfguard.jsonio below
+        platform_name = json.load(fh)["options"]["platform"]
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    _narrow_visible_devices(options_data["platform"], local_rank)
+    narrow_visible_devices(platform_name, local_rank)
 
     import torch
     import torch.distributed as dist
 
-    from perfguard.jsonio import write_json_atomic
+    from perfguard.jsonio import read_json, write_json_atomic
     from perfguard.platform import probe
     from perfguard.workers import RunOptions, case_from_json
 
+    request = read_json(request_path)
+    options_data = request["options"]
     case = case_from_json(request["case"])
     options = RunOptions.from_json(options_data)
     platform = probe(options.platform)

@@ -11,7 +11,8 @@ figure means nothing away from the machine it was measured on. A file holds:
   reviewer sees the band next to the figures;
 - `improvement_threshold` and optional `sampling.step_fractions` (sglang's);
 - `scenarios` by case id: `e2e`, `stages`, `steps` (a list, in step order), `step_avg`,
-  `step_median`, `peak_memory`, each a summary (median, n, spread, samples, and with
+  `step_median`, `peak_memory`, `stage_peak_memory` (the device allocator's peak per
+  stage, by stage name; CUDA/ROCm/NPU only), each a summary (median, n, spread, samples, and with
   `gen-baselines --processes K` the median of each process), plus
   `tolerance_overrides` and `notes`, which regeneration keeps.
 
@@ -39,10 +40,15 @@ import filelock
 from perfguard import __version__
 from perfguard.errors import PerfguardError
 from perfguard.jsonio import json_path, read_json, validate, write_json_atomic
-from perfguard.metrics import is_metric_name, metric_sort_key
+from perfguard.metrics import STAGE_PEAK_PREFIX, is_metric_name, metric_sort_key
 from perfguard.runner import CaseResult, utc_now
-from perfguard.stats import Summary, summarize
-from perfguard.verdict import DEFAULT_IMPROVEMENT_THRESHOLD, Profile, default_profiles
+from perfguard.stats import Summary, log_ratio_noise, log_spread, summarize, t_quantile, z_quantile
+from perfguard.verdict import (
+    DEFAULT_IMPROVEMENT_THRESHOLD,
+    Profile,
+    default_profiles,
+    min_effect,
+)
 
 BASELINE_KIND = "perfguard.baseline"
 BASELINE_SCHEMA_VERSION = 1
@@ -75,6 +81,12 @@ class Scenario:
     notes: str | None = None
     tolerance_overrides: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    threads: Mapping[str, int] | None = None
+    reference: Summary | None = None
+    reference_version: str | None = None
+    dropped_runs: int | None = None
+    source: str | None = None
+    """The input file `baselines merge` took this scenario from (perfguard.baseline_merge)."""
 
     @property
     def step_count(self) -> int:
@@ -89,6 +101,13 @@ class Scenario:
         out["stages"] = {
             m[6:]: s.to_json(DIGITS) for m, s in self.metrics.items() if m.startswith("stage:")
         }
+        peaks = {
+            m[len(STAGE_PEAK_PREFIX) :]: s.to_json(DIGITS)
+            for m, s in self.metrics.items()
+            if m.startswith(STAGE_PEAK_PREFIX)
+        }
+        if peaks:  # absent on CPU, so CPU baselines keep their layout
+            out["stage_peak_memory"] = peaks
         steps: list[Any] = [None] * self.step_count
         for m, s in self.metrics.items():
             if m.startswith("step:"):
@@ -103,6 +122,11 @@ class Scenario:
             "updated": self.updated,
             "case": None if self.case is None else dict(self.case),
             "notes": self.notes,
+            "threads": None if self.threads is None else dict(self.threads),
+            "reference": None if self.reference is None else self.reference.to_json(DIGITS),
+            "reference_version": self.reference_version,
+            "dropped_runs": self.dropped_runs,
+            "source": self.source,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.tolerance_overrides:
@@ -119,6 +143,8 @@ class Scenario:
                 metrics[name] = Summary.from_json(data[name])
         for stage, s in data.get("stages", {}).items():
             metrics[f"stage:{stage}"] = Summary.from_json(s)
+        for stage, s in data.get("stage_peak_memory", {}).items():
+            metrics[STAGE_PEAK_PREFIX + stage] = Summary.from_json(s)
         for i, s in enumerate(data.get("steps", [])):
             if s is not None:
                 metrics[f"step:{i}"] = Summary.from_json(s)
@@ -136,6 +162,13 @@ class Scenario:
                 k: dict(v) for k, v in data.get("tolerance_overrides", {}).items()
             },
             extra=dict(data.get("sglang_extra", {})),
+            threads=None if data.get("threads") is None else dict(data["threads"]),
+            reference=None
+            if data.get("reference") is None
+            else Summary.from_json(data["reference"]),
+            reference_version=data.get("reference_version"),
+            dropped_runs=data.get("dropped_runs"),
+            source=data.get("source"),
         )
 
 
@@ -264,6 +297,9 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
     for cid, scen in data["scenarios"].items():
         entries: list[tuple[list[Any], Any]] = [([n], scen.get(n)) for n in _SCALARS]
         entries += [(["stages", k], v) for k, v in scen.get("stages", {}).items()]
+        entries += [
+            (["stage_peak_memory", k], v) for k, v in scen.get("stage_peak_memory", {}).items()
+        ]
         entries += [(["steps", i], v) for i, v in enumerate(scen.get("steps", []))]
         for where, s in entries:
             if s is None:
@@ -272,12 +308,18 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
             samples = s.get("samples")
             if samples is not None and len(samples) != s["n"]:
                 yield path, f"n is {s['n']} but there are {len(samples)} samples"
+            if where != ["peak_memory"] and s["median"] == 0:
+                # A stage that took no time at all was not measured (a clock that did not
+                # move, a figure lost in a conversion); as a baseline it would flag any
+                # real time as an infinite slowdown.
+                yield [*path, "median"], "a time of 0 ms is not a measurement"
             lo, hi = s.get("min"), s.get("max")
             if lo is not None and hi is not None and not lo <= s["median"] <= hi:
                 yield path, f"median {s['median']} is outside [min {lo}, max {hi}]"
-        for stage in scen.get("stages", {}):
-            if not is_metric_name(f"stage:{stage}"):
-                yield ["scenarios", cid, "stages", stage], "not a valid stage name"
+        for key in ("stages", "stage_peak_memory"):
+            for stage in scen.get(key, {}):
+                if not is_metric_name(f"stage:{stage}"):
+                    yield ["scenarios", cid, key, stage], "not a valid stage name"
 
 
 def parse(data: Any, source: str) -> Baseline:
@@ -286,6 +328,14 @@ def parse(data: Any, source: str) -> Baseline:
         raise PerfguardError(
             f"{source}: this looks like an sglang perf_baselines.json, not a perfguard "
             "baseline: convert it with `perfguard baselines import-sglang`"
+        )
+    if isinstance(data, dict) and data.get("kind") not in (None, BASELINE_KIND):
+        raise PerfguardError(f"{source}: $.kind: {data['kind']!r} is not a perfguard baseline")
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if isinstance(version, int) and version > BASELINE_SCHEMA_VERSION:
+        raise PerfguardError(
+            f"{source}: $.schema_version: {version} is newer than this perfguard reads "
+            f"({BASELINE_SCHEMA_VERSION}): upgrade perfguard"
         )
     validate(data, "baseline", source)
     for path, message in _semantic_errors(data):
@@ -309,14 +359,20 @@ def save(path: str | os.PathLike[str], baseline: Baseline) -> None:
 def lock(path: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold `<path>.lock` for a read-modify-write of `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with filelock.FileLock(f"{path}.lock", timeout=timeout):
-            yield
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held = filelock.FileLock(f"{path}.lock", timeout=timeout)
+        held.acquire()
     except filelock.Timeout as exc:
         raise PerfguardError(
             f"{path}: another perfguard process holds {path}.lock (waited {timeout:g} s)"
         ) from exc
+    except OSError as exc:  # a read-only directory, no permission, a full disk
+        raise PerfguardError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+    try:
+        yield
+    finally:
+        held.release()
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -326,8 +382,19 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 # ---- generation ----------------------------------------------------------------------------
 
 
-def scenario_from_result(result: CaseResult, keep_samples: bool = True) -> Scenario:
-    """The scenario a successful run gives: each metric summarized, samples kept."""
+def scenario_from_result(
+    result: CaseResult,
+    keep_samples: bool = True,
+    *,
+    reference_version: str | None = None,
+    dropped_runs: int | None = None,
+) -> Scenario:
+    """The scenario a successful run gives: each metric summarized, samples kept.
+
+    The thread counts and the reference workload's figure travel with the metrics:
+    a later check compares like with like (`check_comparable`) and sees whether the
+    runner is as fast as it was (`perfguard.gate`).
+    """
     if result.status != "ok" or not result.samples:
         raise ValueError(f"{result.case_id}: only a successful run makes a baseline")
     metrics: dict[str, Summary] = {}
@@ -347,16 +414,47 @@ def scenario_from_result(result: CaseResult, keep_samples: bool = True) -> Scena
         warmup=result.warmup,
         updated=utc_now(),
         case=case or None,
+        threads=dict(result.threads) if result.threads else None,
+        reference=summarize(result.reference, keep_samples).rounded(DIGITS)
+        if result.reference
+        else None,
+        reference_version=reference_version if result.reference else None,
+        dropped_runs=dropped_runs,
     )
+
+
+TIGHTEN_ALPHA = 0.01
+"""`--tighten` lowers a figure only when the improvement is credible at this level."""
+
+
+def credibly_lower(before: Summary, after: Summary, alpha: float = TIGHTEN_ALPHA) -> bool:
+    """Whether `after` is faster than `before` beyond noise (one-sided, at `alpha`).
+
+    The upper confidence bound of after/before must be below 1, with the same noise
+    model and t-quantile as the gate's credibility test. Without any spread to go on
+    (single samples, or none left at the stored 3 decimals) the figures alone decide,
+    as the band alone decides a verdict in that case.
+    """
+    if before.median <= 0 or after.median <= 0:
+        return False
+    noise = log_ratio_noise(before, after)
+    if noise.se <= 0:  # no spread at the stored precision (or one sample): figures decide
+        return after.median < before.median
+    high = math.log(after.median / before.median) + t_quantile(alpha, noise.dof) * noise.se
+    return high < 0
 
 
 def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -> Scenario:
     """The scenario to store when `new` was just measured for a case that had `old`.
 
-    Without `tighten` the new figures replace the old ones. With it a metric's old
-    summary is kept unless the new median is lower, and metrics the new run lacks are
-    kept: tightening only ever lowers figures. Either way `notes`,
-    `tolerance_overrides` and imported extras are carried over: they are human input.
+    Without `tighten` the new figures replace the old ones. With it a metric takes the
+    new summary only when the new measurement is credibly faster (`credibly_lower`), and
+    keeps the old one otherwise; metrics the new run lacks are kept. Keeping the lower of
+    two medians instead would walk a baseline into the lucky tail of the noise, one
+    refresh at a time, until unchanged code fails; a credible improvement moves it to
+    the new measurement's median, a robust figure, not to its luckiest sample. Either
+    way `notes`, `tolerance_overrides` and imported extras are carried over: they are
+    human input.
     """
     if old is None:
         return new
@@ -365,7 +463,7 @@ def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -
     if tighten:
         for name, before in old.metrics.items():
             after = metrics.get(name)
-            if after is None or before.median <= after.median:
+            if after is None or not credibly_lower(before, after):
                 metrics[name] = before
         if old.load_ms is not None and (load_ms is None or old.load_ms < load_ms):
             load_ms = old.load_ms
@@ -377,6 +475,43 @@ def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -
         tolerance_overrides=old.tolerance_overrides,
         extra=old.extra,
     )
+
+
+def check_comparable(results: Any, baseline: Baseline, source: str) -> None:
+    """Refuse to compare figures measured under different thread or reference settings.
+
+    A figure measured with 2 intra-op threads is another figure than one measured with
+    1 (on the 2-core runner their between-process noise differs 4x), and a reference
+    workload that changed cannot tell whether the runner is slower. Both are a
+    `PerfguardError` (exit 2) naming the case and both settings; a scenario that
+    recorded neither (an imported or older baseline) is compared as before.
+    """
+    from perfguard import reference
+
+    for cid, res in sorted(results.cases.items()):
+        scenario = baseline.scenarios.get(cid)
+        if scenario is None or res.status != "ok":
+            continue
+        if scenario.threads and res.threads and scenario.threads != res.threads:
+            raise PerfguardError(
+                f"{source}: case {cid!r}: the baseline was measured with "
+                f"{_threads(scenario.threads)}, this run with {_threads(res.threads)}: "
+                "set the case's `threads` (or --threads) to match, or regenerate the baseline"
+            )
+        if (
+            scenario.reference_version
+            and res.reference
+            and scenario.reference_version != reference.version()
+        ):
+            raise PerfguardError(
+                f"{source}: case {cid!r}: the baseline's reference workload is version "
+                f"{scenario.reference_version}, this perfguard's is {reference.version()}: "
+                "regenerate the baseline"
+            )
+
+
+def _threads(t: Mapping[str, int]) -> str:
+    return f"{t.get('intra_op')} intra-op / {t.get('inter_op')} inter-op thread(s)"
 
 
 def check_platform(baseline: Baseline, platform: str, source: str) -> None:
@@ -407,9 +542,14 @@ def record_case(
     *,
     tighten: bool = False,
     keep_samples: bool = True,
+    dropped_runs: int | None = None,
 ) -> Baseline:
     """Store one case's fresh measurement in the baseline at `path` (locked, atomic)."""
-    scenario = scenario_from_result(result, keep_samples)
+    from perfguard.reference import version
+
+    scenario = scenario_from_result(
+        result, keep_samples, reference_version=version(), dropped_runs=dropped_runs
+    )
     with lock(path):
         current = open_for_update(path, environment)
         merged = merge_scenario(current.scenarios.get(result.case_id), scenario, tighten)
@@ -433,15 +573,66 @@ def prune(path: str | os.PathLike[str], keep: Iterable[str]) -> list[str]:
 
 # ---- comparing two files -------------------------------------------------------------------
 
+DIFF_CONFIDENCE = 0.99
+"""The two-sided confidence of the interval `baselines diff` puts on each new / old ratio.
+
+99 %, the gate's own confidence (`Rule.alpha` is 1 % one-sided), split over both tails:
+a baseline refresh can move a figure either way, and a reviewer should hear about a
+faster figure (it tightens the gate) as readily as about a slower one (it loosens it).
+"""
+
+SLOWER, FASTER, SMALL, NOISE, UNKNOWN = "slower", "faster", "small", "noise", "unknown"
+ADDED, REMOVED = "added", "removed"
+CREDIBLE_CHANGES = (SLOWER, FASTER)
+
+
+def judge_change(
+    metric: str, old: Summary, new: Summary
+) -> tuple[float | None, float | None, str] | None:
+    """The DIFF_CONFIDENCE interval of new / old and what it says, or None without a ratio.
+
+    The interval is the gate's (`stats.log_ratio_noise`: both sides' within-process
+    spread, and the spread of per-process medians where either side has them), two-sided.
+    The change is `slower` / `faster` when the interval excludes 1 and the point
+    estimate is at least the metric's minimum effect (`verdict.min_effect`) away from
+    it, the same two conditions a regression needs; `small` when credible but below the
+    minimum effect; `noise` when the interval contains 1; `unknown` when neither side
+    has a spread (an imported single figure): then only the ratio can be read. A spread
+    that is known to be zero (a peak memory that every run repeats) is no noise at all:
+    the interval is the ratio itself.
+    """
+    if old.median <= 0 or new.median <= 0:
+        return None
+    ratio = new.median / old.median
+    se = log_ratio_noise(old, new).se
+    if se <= 0 and log_spread(old) is None and log_spread(new) is None:
+        return None, None, UNKNOWN
+    spread = math.exp(z_quantile((1.0 - DIFF_CONFIDENCE) / 2) * se)
+    low, high = ratio / spread, ratio * spread
+    if low <= 1.0 <= high:
+        change = NOISE
+    elif abs(math.log(ratio)) < math.log1p(min_effect(metric)):
+        change = SMALL
+    else:
+        change = SLOWER if ratio > 1 else FASTER
+    return low, high, change
+
 
 @dataclass(frozen=True)
 class DiffRow:
-    """One difference between two baselines: a metric's median before and after."""
+    """One difference between two baselines: a metric's median before and after.
+
+    `low` / `high` bound the ratio at `DIFF_CONFIDENCE`; `change` says whether it is
+    credible (`judge_change`), or that the metric was `added` or `removed`.
+    """
 
     case_id: str
     metric: str
     old: float | None
     new: float | None
+    low: float | None = None
+    high: float | None = None
+    change: str | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -449,14 +640,26 @@ class DiffRow:
             return None
         return self.new / self.old
 
+    @property
+    def credible(self) -> bool:
+        return self.change in CREDIBLE_CHANGES
+
     def to_json(self) -> dict[str, Any]:
         ratio = self.ratio
+
+        def r4(v: float | None) -> float | None:
+            return None if v is None else round(v, 4)
+
         return {
             "case": self.case_id,
             "metric": self.metric,
             "old": self.old,
             "new": self.new,
-            "ratio": None if ratio is None else round(ratio, 4),
+            "ratio": r4(ratio),
+            "ratio_low": r4(self.low),
+            "ratio_high": r4(self.high),
+            "change": self.change,
+            "credible": self.credible,
         }
 
 
@@ -466,10 +669,20 @@ class BaselineDiff:
     removed: tuple[str, ...]
     changed: tuple[DiffRow, ...]
     tolerance_changes: tuple[str, ...]
+    confidence: float = DIFF_CONFIDENCE
 
     @property
     def empty(self) -> bool:
         return not (self.added or self.removed or self.changed or self.tolerance_changes)
+
+    def counts(self) -> dict[str, int]:
+        """How many changed rows say each `change` (every key present, zero or not)."""
+        keys = (SLOWER, FASTER, SMALL, NOISE, UNKNOWN, ADDED, REMOVED)
+        out = dict.fromkeys(keys, 0)
+        for row in self.changed:
+            if row.change in out:
+                out[row.change] += 1
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -477,21 +690,32 @@ class BaselineDiff:
             "removed": list(self.removed),
             "changed": [r.to_json() for r in self.changed],
             "tolerance_changes": list(self.tolerance_changes),
+            "confidence": self.confidence,
+            "counts": self.counts(),
         }
 
 
 def diff(a: Baseline, b: Baseline) -> BaselineDiff:
-    """Scenarios added and removed, medians that changed, tolerances that changed."""
+    """Scenarios added and removed, medians that changed (and how credibly), tolerances."""
     added = tuple(sorted(set(b.scenarios) - set(a.scenarios)))
     removed = tuple(sorted(set(a.scenarios) - set(b.scenarios)))
     rows: list[DiffRow] = []
     for cid in sorted(set(a.scenarios) & set(b.scenarios)):
         ma, mb = a.scenarios[cid].metrics, b.scenarios[cid].metrics
         for metric in sorted(set(ma) | set(mb), key=metric_sort_key):
-            old = ma[metric].median if metric in ma else None
-            new = mb[metric].median if metric in mb else None
-            if old != new:
-                rows.append(DiffRow(cid, metric, old, new))
+            sa, sb = ma.get(metric), mb.get(metric)
+            old = None if sa is None else sa.median
+            new = None if sb is None else sb.median
+            if old == new:
+                continue
+            if sa is None or sb is None:
+                rows.append(DiffRow(cid, metric, old, new, change=ADDED if sa is None else REMOVED))
+                continue
+            judged = judge_change(metric, sa, sb)
+            if judged is None:
+                rows.append(DiffRow(cid, metric, old, new, change=UNKNOWN))
+            else:
+                rows.append(DiffRow(cid, metric, old, new, *judged))
     tol: list[str] = []
     for name in sorted(set(a.profiles) | set(b.profiles)):
         pa = a.profiles[name].to_json() if name in a.profiles else None

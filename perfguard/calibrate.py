@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from perfguard.baseline import Scenario
-from perfguard.metrics import metric_sort_key
+from perfguard.metrics import metric_class, metric_sort_key
 from perfguard.runner import CaseResult
 from perfguard.stats import MAD_TO_SD, MEDIAN_SE_FACTOR, split_groups, summarize
 from perfguard.verdict import DEFAULT_RULE, REGRESSION, Band, Profile, Rule, judge_metric
@@ -130,14 +130,14 @@ def measure_noise(result: CaseResult, metrics: Sequence[str] | None = None) -> l
 class CheckSetup:
     """How the checks being calibrated for are run (mirrors `check`'s flags).
 
-    Re-runs happen in fresh processes when the checks use workers (`isolate`, or more
-    than one process); otherwise in the check's own process, where they share its
-    offset (see `perfguard.gate`).
+    A check over its bound is confirmed in up to `max_reruns` fresh processes, one at a
+    time, while it stays over (see `perfguard.gate`): each confirmation draws its own
+    process offset.
     """
 
     @property
     def fresh_reruns(self) -> bool:
-        return self.isolate or self.check_processes > 1
+        return True
 
     repeats: int = 5
     baseline_processes: int = 1
@@ -168,7 +168,7 @@ class _Draws:
         n, t = setup.repeats, setup.trials
         res = np.asarray(noise.residuals)
         kb = setup.baseline_processes
-        kc = setup.check_processes * (1 + setup.max_reruns)
+        kc = setup.check_processes + setup.max_reruns
         off = np.asarray(noise.offsets)
         centre = math.log(noise.median)
         self.base = centre + rng.choice(off, (t, kb, 1)) + rng.choice(res, (t, kb, n))
@@ -201,9 +201,12 @@ def _alarm_rate(
                 rule=setup.rule,
                 groups=groups if len(groups) > 1 else None,
             )
-            if not v.borderline or used >= kc * (1 + setup.max_reruns):
+            over = v.verdict == REGRESSION or (
+                v.measured is not None and v.bound is not None and v.measured.median > v.bound
+            )
+            if not over or used >= kc + setup.max_reruns:
                 break
-            used += kc
+            used += 1
         alarms += v.verdict == REGRESSION
     return alarms / setup.trials
 
@@ -351,7 +354,7 @@ def calibrate_case(
     names = [
         m
         for m in result.samples
-        if m != "peak_memory" and (all_metrics or not m.startswith("step:"))
+        if metric_class(m) != "peak_memory" and (all_metrics or not m.startswith("step:"))
     ]
     detections = tuple(
         detection(noise, profile.band(noise.metric, overrides), setup)

@@ -22,7 +22,10 @@ from perfguard.cases import Case, load_registry, select
 from perfguard.errors import (
     EXIT_CASE_FAILED,
     EXIT_CODES_HELP,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     PerfguardError,
 )
@@ -83,6 +86,9 @@ def selected_cases(
     cases = select(load_registry(platform.name, cases_dir), case_ids, match, tags)
     if not cases:
         raise PerfguardError("no case matches the selection (see `perfguard list-cases`)")
+    from perfguard.workloads.diffusers_pipeline import preflight_all
+
+    preflight_all(cases)  # a diffusers model that cannot load offline: exit 2 before any run
     return cases
 
 
@@ -160,24 +166,115 @@ def run_selected(
 
 @click.group(context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="perfguard")
-def cli() -> None:
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="On an internal error (exit 70), print the traceback too (env: PERFGUARD_DEBUG=1).",
+)
+def cli(debug: bool) -> None:
     """perfguard: stage-level performance baselines and a CI gate for diffusion serving."""
+    _DEBUG[0] = debug
+
+
+ENV_DEBUG = "PERFGUARD_DEBUG"
+_DEBUG = [False]  # --debug of the command being run (main resets it)
+ENV_TRACEBACK_DIR = "PERFGUARD_TRACEBACK_DIR"
+
+
+class Terminated(BaseException):
+    """Raised by the SIGTERM handler, so that a terminated command unwinds like an
+    interrupted one: `finally` blocks run, locks are released, an atomic write in
+    progress removes its temporary file, and the previous file stays whole."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _debug() -> bool:
+    env = os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
+    return _DEBUG[0] or env
+
+
+def _report_internal(exc: BaseException) -> None:
+    """One stderr line naming the error and the file holding its traceback.
+
+    The traceback goes to a file rather than the log so that CI shows one line that
+    cannot be mistaken for a verdict; `--debug` / `PERFGUARD_DEBUG=1` prints it as well.
+    """
+    import tempfile
+    import time
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    where: str
+    try:
+        folder = os.environ.get(ENV_TRACEBACK_DIR) or tempfile.gettempdir()
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w",
+            encoding="utf-8",
+            dir=folder,
+            prefix=f"perfguard-traceback-{time.strftime('%Y%m%dT%H%M%S')}-",
+            suffix=".txt",
+            delete=False,
+        ) as fh:
+            fh.write(f"perfguard {__version__}: {sys.argv!r}\n{text}")
+        where = f"traceback in {fh.name}"
+    except OSError as write_error:
+        where = f"traceback not saved ({write_error.strerror or write_error}): rerun with --debug"
+    reason = " ".join(str(exc).split())
+    if len(reason) > 300:
+        reason = reason[:300] + "..."
+    if _debug():
+        click.echo(text.rstrip("\n"), err=True)
+    click.echo(
+        f"perfguard: internal error (exit {EXIT_INTERNAL}, not a verdict): "
+        f"{type(exc).__name__}: {reason or '(no message)'}; {where}",
+        err=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI and map `PerfguardError` to its one-line message and code."""
+    """Entry point and the one exit path of every command.
+
+    `PerfguardError` -> its one-line message and code (2 unless it says otherwise);
+    Ctrl-C -> 130; SIGTERM -> 143 (the handler raises, so files stay whole); anything else
+    (a bug, a library raising something unexpected) -> 70 with one line naming the error
+    and where its traceback is. A crash is never exit 1, which CI reads as a regression.
+    """
+    import signal
+    import threading
+
+    _DEBUG[0] = False
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    code: int
     try:
         rv = cli.main(args=argv, prog_name="perfguard", standalone_mode=False)
+        code = rv if isinstance(rv, int) else EXIT_OK
     except PerfguardError as exc:
         click.echo(f"perfguard: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("perfguard: aborted", err=True)
-        sys.exit(130)
+        code = exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("perfguard: interrupted", err=True)
+        code = EXIT_INTERRUPTED
+    except Terminated:
+        click.echo("perfguard: terminated (SIGTERM)", err=True)
+        code = EXIT_TERMINATED
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        code = EXIT_USAGE if exc.exit_code == 2 else exc.exit_code
+    except SystemExit:
+        raise
+    except BaseException as exc:  # the one place every other error ends
+        _report_internal(exc)
+        code = EXIT_INTERNAL
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    sys.exit(code)
 
 
 # ---- env ---------------------------------------------------------------------------------------
@@ -202,7 +299,7 @@ def env(platform_name: str | None, as_json: bool) -> None:
             value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
         elif isinstance(value, list):
             value = "; ".join(map(str, value)) or "-"
-        table.add_row(key, str(value))
+        table.add_row(escape(key), escape(str(value)))
     console().print(table)
 
 
@@ -239,24 +336,40 @@ def list_cases(
         path = _baseline_path(baseline_path, platform.name, platform.hardware_slug())
         cases = sharded(cases, shard_spec, path)
     if as_json:
-        click.echo(json.dumps([c.to_json() for c in cases], indent=2, sort_keys=True))
+        from perfguard.runner import planned_components
+
+        listed = []
+        for c in cases:
+            components, note = planned_components(c, platform)
+            entry = {**c.to_json(), "components": components}
+            if note:
+                entry["components_note"] = note
+            listed.append(entry)
+        click.echo(json.dumps(listed, indent=2, sort_keys=True))
         return
     table = Table(title=f"cases for {platform.name} ({len(cases)})")
     for col in ("id", "workload", "preset", "size", "steps", "batch", "devices", "tags", "file"):
         table.add_column(col)
     for c in cases:
         table.add_row(
-            c.id,
-            c.workload,
-            c.preset,
+            escape(c.id),
+            escape(c.workload),
+            escape(c.preset or c.model or ""),
             f"{c.width}x{c.height}",
             str(c.steps),
             str(c.batch),
             str(c.num_devices),
-            ",".join(c.tags),
-            c.source,
+            escape(",".join(c.tags)),
+            escape(c.source),
         )
     console().print(table)
+    from perfguard.cases import display_path, registry_root, scan_registry
+
+    files = scan_registry(registry_root(cases_dir), platform.name)
+    console().print(escape(f"read: {', '.join(display_path(p) for p in files.read)}"))
+    if files.other_platforms:
+        others = ", ".join(display_path(p) for p in files.other_platforms)
+        console().print(escape(f"for other platforms: {others}"))
 
 
 # ---- ab ----------------------------------------------------------------------------------------
@@ -308,6 +421,7 @@ def ab_command(
     """
     from perfguard.ab import parse_variant, run_ab, toggle_variants
     from perfguard.jsonio import write_json_atomic
+    from perfguard.metrics import unit as metric_unit
 
     if toggles and (spec_a or spec_b):
         raise PerfguardError("use either --toggle or --a/--b, not both")
@@ -329,7 +443,7 @@ def ab_command(
     for col in ("metric", "A median", "B median", "B/A", "95% CI", "p"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for comp in result.comparisons():
-        unit = "MB" if comp.metric == "peak_memory" else "ms"
+        unit = metric_unit(comp.metric)
         table.add_row(
             comp.metric,
             f"{comp.median_a:.3f} {unit}",
@@ -351,6 +465,14 @@ def ab_command(
 # The options below are shared by the commands that run cases, so that a new one (say
 # `--shard k/n`) is added in one place: `measure_options` for how cases are run,
 # `selected_cases` for which.
+
+
+def _set_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    """`--threads` travels as `$PERFGUARD_THREADS`, so worker processes see it too."""
+    if value is not None:
+        from perfguard.threads import ENV_OVERRIDE
+
+        os.environ[ENV_OVERRIDE] = str(value)
 
 
 def measure_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -384,6 +506,15 @@ def measure_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Synchronize the device at every stage boundary (debugging).",
         ),
         click.option(
+            "--threads",
+            type=click.IntRange(min=1),
+            default=None,
+            expose_value=False,
+            callback=_set_threads,
+            help="torch intra-op threads for every case (default: the case's `threads`, "
+            "else 1 on CPU and 4 on devices; env: PERFGUARD_THREADS).",
+        ),
+        click.option(
             "--progress/--no-progress",
             default=None,
             help="Progress bar (default: only on a terminal).",
@@ -394,16 +525,28 @@ def measure_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def processes_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+def processes_option(fn: Callable[..., Any], default: int = 1) -> Callable[..., Any]:
     """--processes K (perfguard.workers): the process as the unit of measurement."""
     return click.option(
         "--processes",
-        default=1,
+        default=default,
         show_default=True,
         type=click.IntRange(min=1),
         help="Measure each case in K fresh processes (REPEATS runs each) and pool them; "
         "the spread of their medians is the between-process noise the verdict uses.",
     )(fn)
+
+
+DEFAULT_BASELINE_PROCESSES = 5
+"""gen-baselines measures in 5 fresh processes by default: the verdict's interval needs
+the between-process spread, and 5 processes give it 4 degrees of freedom of the
+baseline's own (the one-sided 99 % t quantile falls from 6.96 with 2 to 3.75 with 4,
+3.14 with 6 once a check's 3 processes add theirs). A baseline is made rarely; a check
+runs on every PR, so the baseline side pays for the precision."""
+
+
+def baseline_processes_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return processes_option(fn, DEFAULT_BASELINE_PROCESSES)
 
 
 def inject_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -548,8 +691,12 @@ def run_command(
 @shard_option
 @measure_options
 @worker_options
-@processes_option
-@click.option("--tighten", is_flag=True, help="Only ever lower figures (keep lower old ones).")
+@baseline_processes_option
+@click.option(
+    "--tighten",
+    is_flag=True,
+    help="Only lower a figure, and only on a credible improvement (99 %), to the new median.",
+)
 @click.option("--prune", is_flag=True, help="Drop scenarios whose case no longer exists.")
 @click.option("--inject", default=None, hidden=True)
 def gen_baselines(
@@ -582,7 +729,10 @@ def gen_baselines(
     keeps the median of each of the K processes, which the verdict uses as the
     between-process noise (see docs/verdicts.md).
     """
+    import dataclasses
+
     from perfguard import baseline as store
+    from perfguard.contention import screen
     from perfguard.inject import ENV_INJECT, inject_from
     from perfguard.runner import CaseResult
 
@@ -601,12 +751,23 @@ def gen_baselines(
     cases = sharded(cases, shard_spec, path)
     out = console()
     saved: list[str] = []
+    busy: list[str] = []
 
     def on_case(result: CaseResult) -> None:
         if result.status != "ok":
             out.print(escape(f"{result.case_id}: error, baseline not updated: {result.error}"))
             return
-        store.record_case(path, result, environment, tighten=tighten)
+        # Runs that the reference workload saw contended (against this measurement's own
+        # lower quartile) are not part of a baseline. When most were, there is no quiet
+        # level to trust: the runs are kept and the file says how busy the runner was.
+        quiet, scr = screen(result, None)
+        if scr.contended:
+            busy.append(result.case_id)
+            out.print(escape(f"{result.case_id}: warning: {scr.reason}; kept every run"))
+            scr = dataclasses.replace(scr, dropped=0)
+        else:
+            result = quiet
+        store.record_case(path, result, environment, tighten=tighten, dropped_runs=scr.dropped)
         saved.append(result.case_id)
         e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
         where = f", {len(result.groups)} processes" if result.groups else ""
@@ -753,7 +914,8 @@ def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     default=2,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Re-run a case with a borderline verdict up to this many times, pooling the samples.",
+    help="Confirm a case that is over a bound in up to this many fresh processes, one at a "
+    "time, before it can be a regression; the processes are pooled.",
 )
 @inject_option
 @click.option(
@@ -844,14 +1006,16 @@ def check(
 ) -> int:
     """Run the selected cases (or read --results) and judge each metric against the baseline.
 
-    A metric regresses when its median exceeds max(b * (1 + rel), b + abs), with rel and
-    abs from the baseline's profile for the metric's class, and the slowdown is beyond
-    noise (99 % confidence, from the samples' spread and, with --processes or a baseline
-    made with it, the spread between processes). Cases run here are sampled adaptively
-    (REPEATS to --max-repeats runs, stopping once every verdict is clear) and re-run
-    when a verdict is borderline (--max-reruns). Verdicts: pass, regression,
-    improvement (a stale baseline, never a failure), missing-baseline, missing-stage,
-    new-stage, error.
+    A metric regresses when its median exceeds max(b * (1 + rel), b + pad) (rel: the
+    minimum effect of interest, 3 % for e2e, the denoising stage and the step
+    aggregates; pad: a multiple of the baseline's noise) and the slowdown is credible
+    (99 %, Student's t over the spread between processes). A case over a bound is
+    confirmed in fresh processes first (--max-reruns); runs that the reference workload
+    saw contended are left out, and a runner that stays contended gets the verdict
+    `contended` (exit 4), never `regression`. Cases run here stop sampling early once
+    every metric is clearly fine (REPEATS to --max-repeats runs). Verdicts: pass,
+    regression, improvement (a stale baseline, never a failure), missing-baseline,
+    missing-stage, new-stage, error, contended. See docs/verdicts.md.
 
     With --against DIR (or --against-ref REF) there is no stored baseline: the base
     revision in DIR and this one run side by side in randomized interleaved blocks of
@@ -862,6 +1026,7 @@ def check(
     from perfguard import baseline as store
     from perfguard import report as rep
     from perfguard.inject import describe, inject_from
+    from perfguard.metrics import STAGE_PEAK_PREFIX
     from perfguard.sglang import NOT_IN_PERF_LOG, perf_log_results, read_perf_log
     from perfguard.verdict import judge
 
@@ -923,7 +1088,17 @@ def check(
         results = perf_log_results(
             read_perf_log(perf_log), baseline, case_id=case_id, source=perf_log
         )
-        ignore_missing = NOT_IN_PERF_LOG
+        # sglang's log has no per-stage allocator peaks either (`peak_memory:<Stage>`).
+        ignore_missing = NOT_IN_PERF_LOG + tuple(
+            sorted(
+                {
+                    m
+                    for s in baseline.scenarios.values()
+                    for m in s.metrics
+                    if m.startswith(STAGE_PEAK_PREFIX)
+                }
+            )
+        )
         settings = {"source": "sglang-perf-log", "perf_log": perf_log, "inject": None}
     elif results_file:
         results = _filter_results(rep.read_results(results_file), case_ids, match, tags)
@@ -949,6 +1124,7 @@ def check(
         store.check_platform(baseline, platform.name, path)
         baseline.profile(profile)
         cases = sharded(cases, shard_spec, path)
+        _check_threads(cases, platform, baseline, path)
         outcome, cap = _gate(
             cases,
             platform,
@@ -985,6 +1161,8 @@ def check(
             "devices": devices_spec,
             "isolate": isolate,
         }
+    if not perf_log:
+        store.check_comparable(results, baseline, path)
     if results.hardware != baseline.hardware and not perf_log:
         click.echo(
             f"perfguard: warning: results are from hardware {results.hardware!r}, "
@@ -1208,27 +1386,55 @@ def _gate(
             **settings,
         )
 
-    def on_rerun(case_id: str, attempt: int, metrics: list[str]) -> None:
-        click.echo(
-            f"perfguard: {case_id}: borderline ({', '.join(metrics)}): re-run {attempt} "
-            f"of at most {max_reruns}",
-            err=True,
+    def confirm(todo: Any, until_for: Any) -> Any:
+        # A fresh process for each confirmation: the process, not the run, is the unit
+        # whose spread the verdict's interval needs (perfguard.gate).
+        return run_selected(
+            list(todo),
+            platform,
+            devices_spec,
+            True,
+            factory_spec,
+            repeats=repeats,
+            processes=1,
+            **settings,
         )
+
+    def on_event(case_id: str, message: str) -> None:
+        click.echo(escape(f"perfguard: {case_id}: {message}"), err=True)
 
     outcome = run_gate(
         cases,
         baseline,
         profile,
         measure,
+        confirm=confirm if in_process else None,
         adaptive=adaptive,
         max_reruns=max_reruns,
         fail_on_missing=fail_on_missing,
         advisory=advisory,
         max_repeats=cap if adaptive else None,
-        on_rerun=on_rerun,
-        rerun_in_new_process=not in_process,
+        on_event=on_event,
     )
     return outcome, cap if adaptive else repeats
+
+
+def _check_threads(cases: list[Case], platform: Platform, baseline: Any, path: str) -> None:
+    """Before anything runs: the thread count of each case must be its baseline's."""
+    from perfguard.threads import INTEROP, case_threads
+
+    for case in cases:
+        scenario = baseline.scenarios.get(case.id)
+        if scenario is None or not scenario.threads:
+            continue
+        want = {"intra_op": case_threads(case, platform.name), "inter_op": INTEROP}
+        if scenario.threads.get("intra_op") != want["intra_op"]:
+            raise PerfguardError(
+                f"{path}: case {case.id!r}: the baseline was measured with "
+                f"{scenario.threads.get('intra_op')} intra-op thread(s), this run would use "
+                f"{want['intra_op']}: set the case's `threads` (or --threads) to match, or "
+                "regenerate the baseline"
+            )
 
 
 def _emit_report(
@@ -1488,7 +1694,7 @@ def _calibration_table(cal: Any, runs: int) -> Table:
 
 @cli.group("baselines", context_settings=CONTEXT_SETTINGS)
 def baselines_group() -> None:
-    """Inspect, compare and import baseline files."""
+    """Inspect, compare, merge and import baseline files."""
 
 
 @baselines_group.command("validate", context_settings=CONTEXT_SETTINGS)
@@ -1581,15 +1787,35 @@ def baselines_show(path: str, case_id: str | None, as_json: bool) -> int:
 @baselines_group.command("diff", context_settings=CONTEXT_SETTINGS)
 @click.argument("a", type=click.Path(dir_okay=False))
 @click.argument("b", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def baselines_diff(a: str, b: str, as_json: bool) -> int:
-    """Compare two baseline files: scenarios added / removed, medians and tolerances changed."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (same as --format json).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "md", "json"]),
+    default="table",
+    show_default=True,
+    help="md: the Markdown for a baseline pull request's description.",
+)
+def baselines_diff(a: str, b: str, as_json: bool, fmt: str) -> int:
+    """Compare two baseline files: what moved from A (old) to B (new), and whether it matters.
+
+    Per case and metric: old -> new median, the ratio with its 99 % interval from both
+    sides' noise, and the change: slower / faster (credible and at least the metric's
+    minimum effect), small (credible but below it), noise (the interval contains 1) or
+    unknown (no spread on either side). Also scenarios added / removed and tolerances
+    changed.
+    """
     from perfguard import baseline as store
     from perfguard.jsonio import dumps
 
     d = store.diff(store.load(a), store.load(b))
-    if as_json:
+    if as_json or fmt == "json":
         click.echo(dumps(d.to_json()), nl=False)
+        return EXIT_OK
+    if fmt == "md":
+        from perfguard.report import render_baseline_diff_markdown
+
+        click.echo(render_baseline_diff_markdown(d, a, b), nl=False)
         return EXIT_OK
     out = console()
     if d.empty:
@@ -1602,18 +1828,75 @@ def baselines_diff(a: str, b: str, as_json: bool) -> int:
         out.print(escape(f"tolerances changed: {', '.join(d.tolerance_changes)}"))
     if d.changed:
         table = Table(title=escape(f"{a} -> {b}"))
-        for col in ("case", "metric", "old", "new", "new/old"):
+        for col in ("case", "metric", "old", "new", "new/old", f"{d.confidence:.0%} interval"):
             table.add_column(col, justify="left" if col in ("case", "metric") else "right")
+        table.add_column("change")
+        styles = {"slower": "red", "faster": "green"}
         for row in d.changed:
             ratio = row.ratio
+            interval = (
+                "-" if row.low is None or row.high is None else f"{row.low:.3f}-{row.high:.3f}"
+            )
+            change = row.change or "-"
             table.add_row(
                 escape(row.case_id),
                 escape(row.metric),
                 "-" if row.old is None else f"{row.old:.3f}",
                 "-" if row.new is None else f"{row.new:.3f}",
                 "-" if ratio is None else f"{ratio:.3f}",
+                interval,
+                f"[{styles[change]}]{change}[/]" if change in styles else change,
             )
         out.print(table)
+        counts = d.counts()
+        out.print(
+            f"{counts['slower']} slower, {counts['faster']} faster (credible, at least the "
+            f"minimum effect); {counts['small']} small, {counts['noise']} within noise, "
+            f"{counts['unknown']} without a known spread"
+        )
+    return EXIT_OK
+
+
+@baselines_group.command("merge", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The merged baseline (may be one of the inputs; written atomically under its lock).",
+)
+@click.option(
+    "--prefer",
+    type=click.Choice(["newest", "first"]),
+    default=None,
+    help="Resolve a case held with different figures: newest keeps the scenario updated "
+    "last, first the first input's (default: such a conflict is an error).",
+)
+def baselines_merge(paths: tuple[str, ...], out: str, prefer: str | None) -> int:
+    """Merge baseline files (e.g. the shards of `gen-baselines --shard K/N`) into one.
+
+    Scenarios are deduplicated by case id; identical ones collapse to one. A case held
+    with different figures is an error naming both files, the case and the first metric
+    that differs, unless --prefer resolves it; the merged file records which input each
+    such scenario came from (`source`). The inputs must share platform, hardware, thread
+    policy, tolerance profiles and schema version (else exit 2 naming the field). Every
+    input's notes and tolerance_overrides are kept; overrides that conflict are an error.
+    """
+    from perfguard.baseline_merge import merge_files
+
+    result = merge_files(paths, out, prefer)
+    b = result.baseline
+    # Plain lines, not a rich console: paths are long and must not wrap mid-name in a log.
+    click.echo(
+        f"{out}: {len(b.scenarios)} scenario(s) from {len(result.inputs)} file(s) "
+        f"({b.platform}/{b.hardware}); {len(result.collapsed)} identical in several "
+        f"inputs, {len(result.conflicts)} conflict(s) resolved"
+        + (f" with --prefer {prefer}" if result.conflicts else "")
+    )
+    for c in result.conflicts:
+        click.echo(
+            f"  {c.case_id}: kept {c.kept}, not {', '.join(c.dropped)} (first in {c.metric})"
+        )
     return EXIT_OK
 
 
@@ -1814,7 +2097,7 @@ def history_show(
     if as_csv:
         click.echo(frame.to_csv(index=False), nl=False)
         return EXIT_OK
-    table = Table(title=f"{db}: {len(frame)} row(s)")
+    table = Table(title=escape(f"{db}: {len(frame)} row(s)"))
     cols = (
         "date",
         "commit",
@@ -1837,8 +2120,8 @@ def history_show(
 
     for r in frame.itertuples(index=False):
         table.add_row(
-            str(r.date)[:19],
-            str(r.commit_sha or "-")[:10],
+            escape(str(r.date)[:19]),
+            escape(str(r.commit_sha or "-")[:10]),
             escape(str(r.case)),
             escape(str(r.metric)),
             cell(r.n),
@@ -1846,7 +2129,7 @@ def history_show(
             cell(r.iqr),
             cell(r.baseline),
             cell(r.ratio, 4),
-            cell(r.verdict),
+            escape(cell(r.verdict)),
         )
     console().print(table)
     return EXIT_OK
@@ -1880,8 +2163,8 @@ def history_changes(
         table.add_row(
             escape(c["case"]),
             escape(c["metric"]),
-            str(c["commit"] or "-")[:10],
-            str(c["date"])[:19],
+            escape(str(c["commit"] or "-")[:10]),
+            escape(str(c["date"])[:19]),
             f"{c['before']:.3f}",
             f"{c['after']:.3f}",
             f"{(c['ratio'] - 1) * 100:+.1f}% {c['direction']}",

@@ -1,39 +1,47 @@
-"""The check flow: measure, judge, keep sampling while unclear, re-run borderline cases.
+"""The check flow: measure, screen for contention, confirm in fresh processes, judge once.
 
-`perfguard.verdict` decides; this module only acts on what it decides, in two ways:
+`perfguard.verdict` decides; this module only acts on what it decides:
 
-- adaptive sampling: after the minimum `--repeats` runs of a case, the gate asks the
-  verdict module after each further run whether every metric's verdict is already
-  clear (its confidence interval lies wholly on one side of its bound) and stops
-  measuring as soon as it is, or at `--max-repeats`. A case far from its bands costs
-  the minimum; one near them gets the samples it needs.
-- confirmation re-runs: a case with a borderline verdict (band exceeded but not
-  credible; credible but within 1.2x of the band; credible and just inside it; a
-  regression seen in one process) is measured again, up to `--max-reruns` times, and
-  the samples are pooled with the earlier ones. Only the borderline case is re-run,
-  never the whole selection.
+- adaptive sampling (futility only): after the minimum `--repeats` runs of a case, the
+  gate asks after each further run whether every metric is already clearly within its
+  band, and stops measuring as soon as it is, or at `--max-repeats`. It never stops
+  early because a metric looks like a regression: a regression is only ever declared
+  on the final figures, after confirmation.
+- contention: a measurement whose runs the reference workload saw mostly contended
+  (`perfguard.contention`) is measured again after a wait (`ContentionPolicy`); a case
+  that stays contended gets the verdict `contended` (exit 4), never `regression`.
+- confirmation: a case with a metric over its bound after the first measurement is
+  measured again in fresh processes (`--max-reruns`, default 2), one at a time, and the
+  processes are pooled as groups. Confirmation stops as soon as no metric is over its
+  bound any more. The process is the largest source of noise on a shared runner (a
+  process can land in a slow mode for its whole life), and only more processes show
+  and average it; with three of them the verdict has a between-process spread to put
+  an interval on.
 
-Where a re-run happens decides what it is worth. In a fresh process (`--isolate`,
-`--processes`, `--devices`) it is a new group, and the verdict gains a process: the
-drift between processes is the largest noise on a shared runner, and only more
-processes average it out. In process it is a fresh pipeline in the same process, which
-we measured to agree with the first within ~3 % (two processes: ~10 %): its samples
-extend the current group, which spreads them over more time (a burst of contention
-then moves the median less) but adds no process. `rerun_in_new_process` says which.
+Why this bounds the false-alarm rate: a regression needs the one final test to reject
+(median over the band and the one-sided lower confidence bound, Student's t at
+`Rule.alpha` with the degrees of freedom of the noise estimate, above 1). Every earlier
+look can only stop sampling for a case that is clearly fine, or ask for more data; a
+stop for futility removes rejections, it never adds one. So the chance that unchanged
+code fails a metric is at most `alpha`, however many looks the sampling took, instead
+of growing with each look as a test repeated until it rejects would.
 
-Measuring is the caller's (`measure`: the CLI runs cases in process or in workers); the
-gate works the same on fake measurements, which is how its behaviour is tested.
+Measuring is the caller's (`measure` runs cases in this process or in workers,
+`confirm` in fresh processes); the gate works the same on fake measurements, which is
+how its behaviour is tested, and `sleep` is injectable for the same reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from perfguard.baseline import Baseline
 from perfguard.cases import Case
+from perfguard.contention import DEFAULT_POLICY, ContentionPolicy, screen
 from perfguard.runner import CaseResult, Results, pool
 from perfguard.verdict import DEFAULT_RULE, CaseVerdict, Judgement, Rule, judge, judge_case
 
@@ -42,9 +50,9 @@ DEFAULT_MAX_REPEATS = 20
 to halve the standard error of a median when a verdict is close to its bound."""
 
 DEFAULT_MAX_RERUNS = 2
-"""Confirmation re-runs per borderline case, at most three measurements in all: in fresh
-processes, three processes for the verdict to average; in process, three times the
-samples spread over three times as long."""
+"""Fresh confirmation processes for a case over its bound: with the first measurement,
+three processes, the fewest whose medians give a spread (2 degrees of freedom of the
+check's own; the baseline's processes add theirs)."""
 
 Until = Callable[[CaseResult], bool]
 Measure = Callable[[Sequence[Case], Callable[[Case], Until | None]], Results]
@@ -60,18 +68,9 @@ class GateOutcome:
     judgement: Judgement
 
 
-def _judge_one(
-    case_id: str, result: CaseResult, baseline: Baseline, profile_name: str, rule: Rule
-) -> CaseVerdict:
-    return judge_case(
-        case_id,
-        result,
-        baseline.scenarios.get(case_id),
-        baseline.profile(profile_name),
-        improvement_threshold=baseline.improvement_threshold,
-        step_fractions=baseline.step_fractions,
-        rule=rule,
-    )
+def _reference(baseline: Baseline, case_id: str) -> float | None:
+    scenario = baseline.scenarios.get(case_id)
+    return scenario.reference.median if scenario and scenario.reference else None
 
 
 def run_gate(
@@ -80,6 +79,7 @@ def run_gate(
     profile_name: str,
     measure: Measure,
     *,
+    confirm: Measure | None = None,
     adaptive: bool = True,
     max_reruns: int = DEFAULT_MAX_RERUNS,
     rule: Rule = DEFAULT_RULE,
@@ -87,69 +87,108 @@ def run_gate(
     advisory: bool = False,
     ignore_missing: Iterable[str] = (),
     max_repeats: int | None = None,
-    on_rerun: Callable[[str, int, list[str]], None] | None = None,
-    rerun_in_new_process: bool = False,
+    on_event: Callable[[str, str], None] | None = None,
+    policy: ContentionPolicy = DEFAULT_POLICY,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> GateOutcome:
-    """Measure `cases`, re-run the borderline ones, and judge the pooled samples.
+    """Measure `cases`, wait out contention, confirm cases over their bounds, judge once.
 
-    `adaptive` passes `measure` a stop predicate per case (clear verdicts), so that it can
-    stop early; `max_repeats` only labels whether a measurement stopped early.
-    `on_rerun(case_id, attempt, metrics)` is told before each re-run, with the
-    borderline metrics that asked for it.
+    `confirm` measures in fresh processes (default: `measure`, e.g. when every
+    measurement already runs in workers); `on_event(case_id, message)` is told what the
+    gate does and why (a wait, a confirmation).
     """
     if max_reruns < 0:
         raise ValueError("max_reruns must be >= 0")
-    ignored = tuple(ignore_missing)
-    earlier: dict[str, CaseResult] = {}
-    fresh = rerun_in_new_process
+    confirm = confirm or measure
+    tell = on_event or (lambda _cid, _msg: None)
+    profile = baseline.profile(profile_name)
+
+    def verdict_of(cid: str, result: CaseResult) -> CaseVerdict:
+        return judge_case(
+            cid,
+            result,
+            baseline.scenarios.get(cid),
+            profile,
+            improvement_threshold=baseline.improvement_threshold,
+            step_fractions=baseline.step_fractions,
+            rule=rule,
+            policy=policy,
+        )
 
     def until_for(case: Case) -> Until | None:
         if not adaptive or case.id not in baseline.scenarios:
             return None
-        before = earlier.get(case.id)
 
-        def clear(result: CaseResult) -> bool:
-            pooled = result if before is None else pool([before, result], fresh)
-            return _judge_one(case.id, pooled, baseline, profile_name, rule).clear
+        def clearly_fine(result: CaseResult) -> bool:
+            v = verdict_of(case.id, result)
+            return v.clear and not v.over
 
-        return clear
+        return clearly_fine
 
+    by_id = {c.id: c for c in cases}
     results = measure(cases, until_for)
     first_runs = {cid: r.repeats for cid, r in results.cases.items()}
-    reruns = dict.fromkeys(results.cases, 0)
+    waits = dict.fromkeys(results.cases, 0)
+    confirmations = dict.fromkeys(results.cases, 0)
     notes: dict[str, str] = {}
-    by_id = {c.id: c for c in cases}
+
+    # Contention: wait and measure again while the runner is busy (bounded).
+    for cid in sorted(results.cases):
+        if cid not in by_id:
+            continue
+        for _ in range(policy.waits):
+            res = results.cases[cid]
+            if res.status != "ok":
+                break
+            _, scr = screen(res, _reference(baseline, cid), policy)
+            if not scr.contended:
+                break
+            tell(cid, f"{scr.reason}: waiting {policy.wait_s:g} s and measuring again")
+            sleep(policy.wait_s)
+            waits[cid] += 1
+            again = measure([by_id[cid]], until_for).cases.get(cid)
+            if again is not None:
+                results.cases[cid] = again
+
+    # Confirmation in fresh processes, one at a time, while a metric is over its bound.
     for attempt in range(1, max_reruns + 1):
         todo: list[Case] = []
         for cid, res in sorted(results.cases.items()):
             if res.status != "ok" or cid in notes or cid not in by_id:
                 continue
-            verdict = _judge_one(cid, res, baseline, profile_name, rule)
-            if verdict.borderline:
-                if on_rerun is not None:
-                    on_rerun(cid, attempt, verdict.borderline)
+            verdict = verdict_of(cid, res)
+            if verdict.verdict != "contended" and verdict.over:
+                tell(
+                    cid,
+                    f"over its bound ({', '.join(verdict.over[:3])}): confirming in a fresh "
+                    f"process ({attempt} of at most {max_reruns})",
+                )
                 todo.append(by_id[cid])
         if not todo:
             break
-        earlier = {c.id: results.cases[c.id] for c in todo}
-        more = measure(todo, until_for)
+        more = confirm(todo, lambda _case: None)
         for case in todo:
             extra = more.cases.get(case.id)
             if extra is None or extra.status != "ok":
                 why = "no result" if extra is None else extra.error
-                notes[case.id] = f"re-run {attempt} failed ({why}); verdict from earlier runs"
+                notes[case.id] = f"confirmation {attempt} failed ({why}); verdict from earlier runs"
                 continue
-            results.cases[case.id] = pool([results.cases[case.id], extra], fresh)
-            reruns[case.id] += 1
-        earlier = {}
+            _, scr = screen(extra, _reference(baseline, case.id), policy)
+            if scr.contended:
+                notes[case.id] = f"confirmation {attempt} ran on a contended runner; left out"
+                continue
+            results.cases[case.id] = pool([results.cases[case.id], extra], True)
+            confirmations[case.id] += 1
+
     judgement = judge(
         results,
         baseline,
         profile_name,
         fail_on_missing=fail_on_missing,
         advisory=advisory,
-        ignore_missing=ignored,
+        ignore_missing=tuple(ignore_missing),
         rule=rule,
+        policy=policy,
     )
     verdicts = []
     for cv in judgement.cases:
@@ -157,7 +196,9 @@ def run_gate(
         sampling: dict[str, Any] = {
             "runs": res.repeats,
             "groups": len(res.groups) if res.groups else 1,
-            "reruns": reruns.get(cv.case_id, 0),
+            "reruns": confirmations.get(cv.case_id, 0),
+            "confirmations": confirmations.get(cv.case_id, 0),
+            "contention_waits": waits.get(cv.case_id, 0),
         }
         if adaptive and max_repeats is not None and res.status == "ok":
             sampling["stopped_early"] = first_runs.get(cv.case_id, 0) < max_repeats

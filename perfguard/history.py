@@ -117,10 +117,60 @@ def parse_report(
     )
 
 
+LOCK_TIMEOUT_S = 10.0
+"""How long `history add` waits for another writer's lock before giving up (exit 2)."""
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _database_error(path: Path, exc: sqlite3.Error) -> PerfguardError:
+    """A `sqlite3` error as the one line a user can act on; the file is left as it was."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return PerfguardError(
+            f"{path}: the history database is locked by another process "
+            f"(waited {LOCK_TIMEOUT_S:g} s); left unchanged"
+        )
+    return PerfguardError(
+        f"{path}: not a usable perfguard history database ({text}); left unchanged"
+    )
+
+
 def connect(db: str | Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(str(db))
-    conn.execute("PRAGMA foreign_keys = ON")
-    conn.executescript(SCHEMA)
+    """Open (or create) the archive for writing, refusing any file that is not one.
+
+    A file that is not SQLite, or an SQLite database with other tables, is an error that
+    leaves it untouched: creating perfguard's tables in someone else's database (the
+    wrong `--db`) would change a file the user never meant to give us.
+    """
+    path = Path(db)
+    try:
+        if path.is_file() and path.stat().st_size > 0:
+            with path.open("rb") as fh:
+                if fh.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
+                    raise PerfguardError(
+                        f"{path}: not an SQLite database (not a perfguard history); left unchanged"
+                    )
+    except OSError as exc:
+        raise PerfguardError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        conn = sqlite3.connect(str(path), timeout=LOCK_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise _database_error(path, exc) from exc
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if tables and not {"reports", "metrics"} <= tables:
+            raise PerfguardError(
+                f"{path}: not a perfguard history database (its tables: "
+                f"{', '.join(sorted(tables))}); left unchanged"
+            )
+        conn.executescript(SCHEMA)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise _database_error(path, exc) from exc
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -134,36 +184,43 @@ def add_reports(
     """Archive reports; returns (added, already present). All or nothing."""
     records = [parse_report(p, commit=commit, date=date) for p in paths]  # validate first
     added = skipped = 0
-    with closing(connect(db)) as conn, conn:
-        for rec in records:
-            # Only a report already stored (same bytes) is skipped; `INSERT OR IGNORE` would
-            # also skip, silently, a row that breaks any other constraint.
-            cur = conn.execute(
-                "INSERT INTO reports (content_hash, source, git_commit, date, platform,"
-                " hardware, profile, verdict, environment) VALUES (?,?,?,?,?,?,?,?,?)"
-                " ON CONFLICT (content_hash) DO NOTHING",
-                (
-                    rec.content_hash,
-                    rec.source,
-                    rec.git_commit,
-                    rec.date,
-                    rec.platform,
-                    rec.hardware,
-                    rec.profile,
-                    rec.verdict,
-                    json.dumps(rec.environment, sort_keys=True),
-                ),
-            )
-            if cur.rowcount == 0:
-                skipped += 1
-                continue
-            report_id = cur.lastrowid
-            conn.executemany(
-                "INSERT INTO metrics (report_id, case_id, metric, n, median, iqr, min, max,"
-                " baseline, ratio, verdict) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                [(report_id, *row) for row in rec.rows],
-            )
-            added += 1
+    try:
+        with closing(connect(db)) as conn, conn:
+            for rec in records:
+                # Only a report already stored (same bytes) is skipped; `INSERT OR IGNORE` would
+                # also skip, silently, a row that breaks any other constraint.
+                cur = conn.execute(
+                    "INSERT INTO reports (content_hash, source, git_commit, date, platform,"
+                    " hardware, profile, verdict, environment) VALUES (?,?,?,?,?,?,?,?,?)"
+                    " ON CONFLICT (content_hash) DO NOTHING",
+                    (
+                        rec.content_hash,
+                        rec.source,
+                        rec.git_commit,
+                        rec.date,
+                        rec.platform,
+                        rec.hardware,
+                        rec.profile,
+                        rec.verdict,
+                        json.dumps(rec.environment, sort_keys=True),
+                    ),
+                )
+                if cur.rowcount == 0:
+                    skipped += 1
+                    continue
+                report_id = cur.lastrowid
+                conn.executemany(
+                    "INSERT INTO metrics (report_id, case_id, metric, n, median, iqr, min, max,"
+                    " baseline, ratio, verdict) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    [(report_id, *row) for row in rec.rows],
+                )
+                added += 1
+    except sqlite3.Error as exc:  # e.g. locked between the checks and the write
+        raise _database_error(Path(db), exc) from exc
+    except UnicodeDecodeError as exc:
+        raise PerfguardError(
+            f"{db}: damaged history database: a text field is not UTF-8; left unchanged"
+        ) from exc
     return added, skipped
 
 
@@ -187,8 +244,10 @@ def load(
         where.append("m.case_id = ?")
         params.append(case)
     if metric:
-        where.append("m.metric = ?")
-        params.append(metric)
+        # A bare stage name (`DenoisingStage`, as users type it) matches its stage.
+        names = metric_names(metric)
+        where.append(f"m.metric IN ({', '.join('?' * len(names))})")
+        params.extend(names)
     if since:
         where.append("r.date >= ?")
         params.append(since)
@@ -205,9 +264,45 @@ def load(
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
             if not {"reports", "metrics"} <= tables:
                 raise PerfguardError(f"{path}: not a perfguard history database (no tables)")
-            return pd.read_sql_query(sql, conn, params=params)
+            frame = pd.read_sql_query(sql, conn, params=params)
+            if frame.empty and (case or metric or since):
+                raise PerfguardError(f"{path}: {_no_match(conn, case, metric, since)}")
+            return frame
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
         raise PerfguardError(f"{path}: not a perfguard history database: {exc}") from exc
+    except UnicodeDecodeError as exc:  # a damaged page: a text field that is not UTF-8
+        raise PerfguardError(
+            f"{path}: damaged history database: a text field is not UTF-8 ({exc.reason})"
+        ) from exc
+
+
+def metric_names(metric: str) -> list[str]:
+    """The stored names a `--metric` filter matches: itself and, for a bare name such as
+    `DenoisingStage`, `stage:DenoisingStage`."""
+    return [metric] if ":" in metric else [metric, f"stage:{metric}"]
+
+
+def _no_match(
+    conn: sqlite3.Connection, case: str | None, metric: str | None, since: str | None
+) -> str:
+    """Why a filter found nothing, with what the archive does hold (a filter that matches
+    nothing is an error, not an empty table a script would read as "no change")."""
+    asked = [
+        f"{k} {v!r}" for k, v in (("--case", case), ("--metric", metric), ("--since", since)) if v
+    ]
+    parts = [f"no rows match {' '.join(asked)}"]
+    for column, value in (("case_id", case), ("metric", metric)):
+        if value:
+            known = [
+                r[0] for r in conn.execute(f"SELECT DISTINCT {column} FROM metrics ORDER BY 1")
+            ]
+            shown = ", ".join(known[:12]) + (
+                f", ... ({len(known)} in all)" if len(known) > 12 else ""
+            )
+            parts.append(
+                f"{'cases' if column == 'case_id' else 'metrics'} stored: {shown or 'none'}"
+            )
+    return "; ".join(parts)
 
 
 def changes(

@@ -9,6 +9,13 @@ A run of a case yields flat metrics, named so that they sort and read well in re
 | `step:<i>`          | ms   | `denoise_step`      |
 | `step_avg`, `step_median` | ms | `denoise_agg`   |
 | `peak_memory`       | MB   | `peak_memory`       |
+| `peak_memory:<Stage>` | MB | `peak_memory`       |
+
+`peak_memory:<Stage>` is the device allocator's peak while that stage ran (CUDA, ROCm,
+NPU; see `perfguard.timer`). The timer pays for it at every stage boundary, so it is
+stored, reported and gated like the run's peak: a stage that starts holding an extra
+buffer shows under its own name, where the run's peak would hide it under the largest
+stage. CPU runs have the run's peak only (a process RSS is too dear to read per stage).
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ METRIC_CLASSES = (
     "peak_memory",
 )
 DENOISING_STAGE = "DenoisingStage"
-_METRIC_RE = re.compile(r"^(e2e|step_avg|step_median|peak_memory|stage:[A-Za-z0-9_./-]+|step:\d+)$")
+STAGE_PEAK_PREFIX = "peak_memory:"
+_METRIC_RE = re.compile(
+    r"^(e2e|step_avg|step_median|peak_memory|peak_memory:[A-Za-z0-9_./-]+"
+    r"|stage:[A-Za-z0-9_./-]+|step:\d+)$"
+)
 
 
 def is_metric_name(name: str) -> bool:
@@ -37,7 +48,7 @@ def metric_class(name: str) -> str:
     """The tolerance class of a metric name; `ValueError` for a name that is not a metric."""
     if name == "e2e":
         return "e2e"
-    if name == "peak_memory":
+    if name == "peak_memory" or name.startswith(STAGE_PEAK_PREFIX):
         return "peak_memory"
     if name in ("step_avg", "step_median"):
         return "denoise_agg"
@@ -50,7 +61,7 @@ def metric_class(name: str) -> str:
 
 
 def unit(name: str) -> str:
-    return "MB" if name == "peak_memory" else "ms"
+    return "MB" if name == "peak_memory" or name.startswith(STAGE_PEAK_PREFIX) else "ms"
 
 
 def metric_sort_key(name: str) -> tuple[int, int, str]:
@@ -81,4 +92,6 @@ def metrics_of_run(run: Mapping[str, Any]) -> dict[str, float]:
             out["step_median"] = float(run["median_step_ms"])
     if run.get("peak_memory_mb") is not None:
         out["peak_memory"] = float(run["peak_memory_mb"])
+    for stage, mb in (run.get("stage_peak_memory_mb") or {}).items():
+        out[STAGE_PEAK_PREFIX + stage] = float(mb)
     return out

@@ -33,6 +33,7 @@ import torch
 
 from perfguard import __version__
 from perfguard.errors import PerfguardError
+from perfguard.pinning import VISIBLE_DEVICES_ENV
 
 PLATFORM_NAMES = ("cuda", "rocm", "npu", "cpu")
 ENV_PLATFORM = "PERFGUARD_PLATFORM"
@@ -85,6 +86,10 @@ class Platform:
     def elapsed_ms(self, start: Any, end: Any) -> float:
         return (end - start) / 1e6
 
+    def host_ns(self) -> int:
+        """The host's wall clock (ns): what the reference workload is timed with."""
+        return time.perf_counter_ns()
+
     # ---- memory --------------------------------------------------------------------------
     def empty_cache(self) -> None:
         """Return cached allocator blocks between cases (nothing to do on CPU)."""
@@ -130,7 +135,25 @@ class _DeviceEventsMixin:
         return int(self.module.device_count())
 
     def device_name(self) -> str:
-        return str(self.module.get_device_name(self.module.current_device()))
+        """The name of the first visible device, without creating a device context.
+
+        The parent process names the hardware (the fingerprint) before any worker starts;
+        `get_device_name(current_device())` would initialise the runtime and create a
+        context on device 0 that the parent then holds for the whole run, also under
+        `--devices 1,2`. So the runtime is asked only once this process has initialised
+        it anyway; otherwise the driver's tool answers (`_device_name_without_context`),
+        and only where that fails does the runtime, at its first visible device.
+        """
+        module = self.module
+        initialized = getattr(module, "is_initialized", None)
+        if initialized is not None and initialized():
+            return str(module.get_device_name(module.current_device()))
+        name = self._device_name_without_context()
+        return name if name else str(module.get_device_name(0))
+
+    def _device_name_without_context(self) -> str | None:
+        """The device name from outside this process's runtime (None where unknown)."""
+        return None
 
     def device(self, index: int = 0) -> torch.device:
         return torch.device(self.device_type, index)
@@ -171,7 +194,7 @@ class CudaPlatform(_DeviceEventsMixin, Platform):
     """NVIDIA GPUs through torch.cuda: CUDA events, caching-allocator peak statistics."""
 
     name: str = "cuda"
-    visible_devices_env: str = "CUDA_VISIBLE_DEVICES"
+    visible_devices_env: str = VISIBLE_DEVICES_ENV["cuda"]
 
     @property
     def module(self) -> Any:
@@ -180,16 +203,23 @@ class CudaPlatform(_DeviceEventsMixin, Platform):
     def versions(self) -> dict[str, str | None]:
         return {"cuda": torch.version.cuda, "driver": _nvidia_driver()}
 
+    def _device_name_without_context(self) -> str | None:
+        visible = os.environ.get(self.visible_devices_env, "").split(",")[0].strip()
+        return _nvidia_smi_name(visible or "0")
+
 
 @dataclass
 class RocmPlatform(CudaPlatform):
     """AMD GPUs: ROCm builds of torch expose HIP through the torch.cuda API."""
 
     name: str = "rocm"
-    visible_devices_env: str = "HIP_VISIBLE_DEVICES"
+    visible_devices_env: str = VISIBLE_DEVICES_ENV["rocm"]
 
     def versions(self) -> dict[str, str | None]:
         return {"hip": getattr(torch.version, "hip", None)}
+
+    def _device_name_without_context(self) -> str | None:
+        return None  # nvidia-smi does not know HIP devices: the runtime names them
 
 
 @dataclass
@@ -197,7 +227,7 @@ class NpuPlatform(_DeviceEventsMixin, Platform):
     """Ascend NPUs through torch_npu, which installs `torch.npu` mirroring torch.cuda."""
 
     name: str = "npu"
-    visible_devices_env: str = "ASCEND_RT_VISIBLE_DEVICES"
+    visible_devices_env: str = VISIBLE_DEVICES_ENV["npu"]
     device_type: ClassVar[str] = "npu"
 
     @property
@@ -339,6 +369,21 @@ def fingerprint(platform: Platform) -> dict[str, Any]:
         "os": f"{_pyplatform.system()} {_pyplatform.release()}",
         "cpu": _cpu_model_name(),
         "notes": list(platform.notes),
+        **_measurement_settings(platform),
+    }
+
+
+def _measurement_settings(platform: Platform) -> dict[str, Any]:
+    """The thread policy and the reference workload's version: figures need both equal."""
+    from perfguard import reference, threads
+
+    return {
+        "threads": {
+            "default_intra_op": threads.default_threads(platform.name),
+            "inter_op": threads.INTEROP,
+            "override": os.environ.get(threads.ENV_OVERRIDE) or None,
+        },
+        "reference_workload": reference.version(),
     }
 
 
@@ -386,6 +431,22 @@ def _nvidia_driver() -> str | None:
         return None
     first = out.stdout.strip().splitlines()
     return first[0].strip() if out.returncode == 0 and first else None
+
+
+def _nvidia_smi_name(device: str) -> str | None:
+    """`nvidia-smi`'s name of `device` (an index or a UUID): the driver's, as torch's is."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", device],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.stdout.strip().splitlines()
+    return first[0].strip() if out.returncode == 0 and first and first[0].strip() else None
 
 
 def _cann_version() -> str | None:

@@ -11,6 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.errors import PerfguardError
+from perfguard.metrics import unit
+
+
+def literal(text: object) -> str:
+    """`text` as matplotlib draws it literally: a `$` would start mathtext (`$\\alpha$`),
+    so a case id, stage name or commit string from a file could change the label or make
+    the plot raise; escaped, it is just a dollar sign."""
+    return str(text).replace("$", r"\$")
 
 
 def _pyplot() -> Any:
@@ -25,11 +33,22 @@ def _pyplot() -> Any:
 
 
 def _save(plt: Any, fig: Any, out: str | Path) -> Path:
+    """Render to memory, then write atomically: a failed or interrupted save leaves the
+    previous PNG (or none), never a truncated one."""
+    import io
+
+    from perfguard.jsonio import write_bytes_atomic
+
     fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=out.suffix.lstrip(".").lower() or "png")
+    except ValueError as exc:  # matplotlib: "Format 'xyz' is not supported"
+        raise PerfguardError(f"{out}: cannot write a plot: {exc}") from exc
+    finally:
+        plt.close(fig)
+    write_bytes_atomic(out, buf.getvalue())
     return out
 
 
@@ -57,7 +76,7 @@ def plot_trend(
         colour = "tab:red" if c["direction"] == "slower" else "tab:green"
         ax.axvline(c["index"] - 0.5, color=colour, linestyle="--", linewidth=1.2)
         ax.annotate(
-            f"{(c['ratio'] - 1) * 100:+.1f}% @ {str(c['commit'] or '?')[:8]}",
+            literal(f"{(c['ratio'] - 1) * 100:+.1f}% @ {str(c['commit'] or '?')[:8]}"),
             (c["index"] - 0.5, ax.get_ylim()[1]),
             rotation=90,
             va="top",
@@ -65,12 +84,12 @@ def plot_trend(
             fontsize=8,
             color=colour,
         )
-    commits = [str(s or "?")[:7] for s in series["commit_sha"]]
+    commits = [literal(str(s or "?")[:7]) for s in series["commit_sha"]]
     step = max(1, len(x) // 20)
     ax.set_xticks(x[::step], commits[::step], rotation=60, fontsize=7)
     ax.set_xlabel("commit (oldest first)")
-    ax.set_ylabel(f"{metric} ({'MB' if metric == 'peak_memory' else 'ms'})")
-    ax.set_title(f"{case} · {metric}")
+    ax.set_ylabel(literal(f"{metric} ({unit(metric)})"))
+    ax.set_title(literal(f"{case} · {metric}"))
     ax.legend(loc="upper left", fontsize=8)
     return _save(plt, fig, out)
 
@@ -82,7 +101,7 @@ def plot_report_stages(rows: list[dict[str, Any]], *, title: str, out: str | Pat
     if not rows:
         raise PerfguardError("the report has no stage metrics to plot")
     plt = _pyplot()
-    labels = [f"{r['case']}\n{r['metric'].removeprefix('stage:')}" for r in rows]
+    labels = [literal(f"{r['case']}\n{r['metric'].removeprefix('stage:')}") for r in rows]
     x = range(len(rows))
     width = 0.4
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 5), dpi=110)
@@ -104,6 +123,6 @@ def plot_report_stages(rows: list[dict[str, Any]], *, title: str, out: str | Pat
     ax.set_yscale("log")
     ax.set_xticks(list(x), labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("ms (log scale); black tick = bound")
-    ax.set_title(title)
+    ax.set_title(literal(title))
     ax.legend(fontsize=8)
     return _save(plt, fig, out)

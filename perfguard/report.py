@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -36,6 +36,7 @@ from perfguard.jsonio import json_path, read_json, validate, write_json_atomic, 
 from perfguard.metrics import metric_sort_key, unit
 from perfguard.runner import Results, utc_now
 from perfguard.verdict import (
+    CONTENDED,
     ERROR,
     IMPROVEMENT,
     MISSING,
@@ -48,6 +49,9 @@ from perfguard.verdict import (
     Judgement,
     MetricVerdict,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfguard.baseline import BaselineDiff, DiffRow
 
 REPORT_KIND = "perfguard.report"
 REPORT_SCHEMA_VERSION = 1
@@ -245,6 +249,33 @@ def fmt_value(value: float | None, metric: str) -> str:
     return f"{value:.3f} {unit(metric)}" if value < 100 else f"{value:.1f} {unit(metric)}"
 
 
+def fmt_count(n: int | None) -> str:
+    """A parameter count the way model cards give it: 88.8K, 20.4B."""
+    if n is None:
+        return "?"
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{suffix}"
+    return str(n)
+
+
+def components_line(components: Mapping[str, Any]) -> str:
+    """`role Class (params), ...`: what the case measured, in one line."""
+    return ", ".join(
+        f"{role} {str(c.get('class', '?')).rsplit('.', 1)[-1]} ({fmt_count(c.get('parameters'))})"
+        for role, c in sorted(components.items())
+    )
+
+
+def counters_line(counters: Mapping[str, Sequence[int]]) -> str:
+    """`name value` per counter; `min-max` when the runs disagree."""
+    parts = []
+    for name, values in sorted(counters.items()):
+        lo, hi = (min(values), max(values)) if values else (0, 0)
+        parts.append(f"{name} {lo}" if lo == hi else f"{name} {lo}-{hi}")
+    return ", ".join(parts)
+
+
 def fmt_ratio(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
@@ -316,6 +347,9 @@ def summary_line(report: Report) -> str:
     errors = sum(1 for c in report.cases if c.verdict == ERROR)
     if errors:
         parts.append(f"{errors} case(s) failed to run")
+    busy = sum(1 for c in report.cases if c.verdict == CONTENDED)
+    if busy:
+        parts.append(f"{busy} case(s) measured on a contended runner (no verdict)")
     missing = sum(counts[v] for v in MISSING)
     if missing:
         parts.append(f"{missing} missing or new metric(s)")
@@ -341,6 +375,7 @@ def summary_line(report: Report) -> str:
 _STYLE = {
     REGRESSION: "bold red",
     ERROR: "bold red",
+    CONTENDED: "yellow",
     IMPROVEMENT: "green",
     PASS: "",
 }
@@ -413,7 +448,13 @@ def evidence_note(report: Report) -> str:
         )
     rerun = [c.case_id for c in report.cases if c.sampling and c.sampling.get("reruns")]
     if rerun:
-        parts.append(f"re-run for a borderline verdict: {', '.join(rerun)}")
+        parts.append(f"over a bound at first, confirmed in fresh processes: {', '.join(rerun)}")
+    waited = [c.case_id for c in report.cases if c.sampling and c.sampling.get("contention_waits")]
+    if waited:
+        parts.append(f"measured again after the runner was contended: {', '.join(waited)}")
+    dropped = sum(int((c.runner or {}).get("dropped_runs", 0)) for c in report.cases)
+    if dropped:
+        parts.append(f"{dropped} run(s) left out: the reference workload beside them was slow")
     return ". ".join(parts)
 
 
@@ -493,7 +534,7 @@ def _metric_row(case: CaseVerdict, m: MetricVerdict, with_verdict: bool) -> list
 
 def render_markdown(report: Report) -> str:
     """A PR comment: one summary line, regressions, failures, improvements, details."""
-    icon = {"pass": "✅", "fail": "❌", "error": "⚠️"}.get(report.verdict, "")
+    icon = {"pass": "✅", "fail": "❌", "error": "⚠️", "contended": "⏳"}.get(report.verdict, "")
     env = report.environment
     lines = [f"### {icon} {escape_md(summary_line(report))}", ""]
     context = [
@@ -596,6 +637,10 @@ def render_markdown(report: Report) -> str:
             extra.append(f"output {escape_md(case.output_hash)}{same}")
         if case.notes:
             extra.append(f"notes: {escape_md(case.notes)}")
+        if case.components:
+            extra.append(f"components: {escape_md(components_line(case.components))}")
+        if case.counters:
+            extra.append(f"counters per run: {escape_md(counters_line(case.counters))}")
         lines.append(
             f"**{escape_md(case.case_id)}**: {escape_md(case.verdict)}"
             + (f" · {' · '.join(extra)}" if extra else "")
@@ -710,3 +755,71 @@ def build_relative(
         improvement_threshold=MIN_EFFECT["e2e"],
     )
     return dataclasses.replace(report, against=dict(against))
+
+
+# ---- baseline diff (the description of a baseline pull request) -----------------------------
+
+
+def render_baseline_diff_markdown(d: BaselineDiff, old_label: str, new_label: str) -> str:
+    """What a baseline refresh moved, for the pull request that proposes it.
+
+    Credible slowdowns first (they loosen the gate: the reviewer must agree that the code
+    really got slower), then credible speed-ups (they tighten it), then a collapsed table
+    of every changed figure with its interval and verdict, so that figures that moved
+    within noise are visible without drowning the ones that matter.
+    """
+    from perfguard.baseline import ADDED, FASTER, REMOVED, SLOWER
+
+    counts = d.counts()
+    conf = f"{d.confidence:.0%}"
+    lines = [
+        f"### Baseline changes: {escape_md(old_label)} → {escape_md(new_label)}",
+        "",
+    ]
+    if d.empty:
+        return "\n".join([*lines, "No scenario, figure or tolerance changed.", ""])
+    cases = {r.case_id for r in d.changed if r.credible}
+    lines += [
+        f"**{counts[SLOWER]} slower, {counts[FASTER]} faster** (credible at {conf} and at "
+        f"least the metric's minimum effect, in {len(cases)} case(s)); {counts['small']} "
+        f"credible but small, {counts['noise']} within noise, {counts['unknown']} without a "
+        f"known spread; {counts[ADDED]} metric(s) added, {counts[REMOVED]} removed.",
+        "",
+    ]
+    for label, ids in (("Scenarios added", d.added), ("Scenarios removed", d.removed)):
+        if ids:
+            lines += [f"{label} ({len(ids)}): {', '.join(escape_md(i) for i in ids)}.", ""]
+    if d.tolerance_changes:
+        changed = ", ".join(escape_md(t) for t in d.tolerance_changes)
+        lines += [f"**Tolerances changed:** {changed}.", ""]
+
+    def row(r: DiffRow, with_change: bool) -> list[str]:
+        interval = "-" if r.low is None or r.high is None else f"{r.low:.3f}–{r.high:.3f}"
+        cells = [
+            escape_md(r.case_id),
+            escape_md(r.metric),
+            escape_md(fmt_value(r.old, r.metric)),
+            escape_md(fmt_value(r.new, r.metric)),
+            escape_md(fmt_ratio(r.ratio)),
+            interval,
+        ]
+        return [*cells, escape_md(r.change or "-")] if with_change else cells
+
+    header = ["case", "metric", "old", "new", "ratio", f"{conf} interval"]
+    for change, title in ((SLOWER, "Slower"), (FASTER, "Faster")):
+        rows = [row(r, False) for r in d.changed if r.change == change]
+        if rows:
+            lines += [f"#### {title} ({len(rows)})", ""]
+            lines += _md_table(header, rows)
+            lines.append("")
+    if d.changed:
+        lines += [f"<details><summary>All {len(d.changed)} changed figures</summary>", ""]
+        lines += _md_table([*header, "change"], [row(r, True) for r in d.changed])
+        lines += ["", "</details>", ""]
+    lines += [
+        f"_slower / faster: the {conf} interval of new / old (from both files' noise, "
+        "as the gate computes it) excludes 1 and the ratio is at least the metric's "
+        "minimum effect; small: credible but below it; noise: the interval contains 1._",
+        "",
+    ]
+    return "\n".join(lines)

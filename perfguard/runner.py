@@ -17,6 +17,13 @@ drifts from the next one's by more than its samples spread, so a result that poo
 several processes (`--processes`, the gate's re-runs) keeps how many runs each one
 contributed (`CaseResult.groups`); the verdict uses the spread of their medians.
 
+Why components and counters: a figure says little without what produced it. A pipeline
+may carry `components` (role -> module, or role -> `{"class", "parameters"}`), recorded
+once per case as role -> `{"class": "module.Class", "parameters": N}`, and `counters()`
+(-> `dict[str, int]`, what its last call did, e.g. modulation-cache hits), read after
+each measured run and kept per run like the samples: a report then shows whether an
+optimization engaged in the runs it judged, not only that it was switched on.
+
 Why `until`: adaptive sampling. After the minimum `repeats`, the caller's predicate
 (`perfguard.gate` asks `perfguard.verdict` whether every verdict is already clear) is
 consulted after each run, and measuring stops as soon as it says so, or at
@@ -26,6 +33,7 @@ consulted after each run, and measuring stops as soon as it says so, or at
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import gc
 import hashlib
@@ -39,11 +47,13 @@ from typing import Any
 
 import torch
 
-from perfguard.cases import Case
+from perfguard import threads
+from perfguard.cases import DIFFUSERS, Case
 from perfguard.errors import PerfguardError
 from perfguard.inject import describe
 from perfguard.metrics import metrics_of_run
 from perfguard.platform import Platform, fingerprint
+from perfguard.reference import Reference
 from perfguard.timer import RunRecord, StageTimer
 
 RESULTS_KIND = "perfguard.results"
@@ -69,10 +79,58 @@ class CaseResult:
     repeats: int = 0
     case: dict[str, Any] = field(default_factory=dict)
     groups: list[int] | None = None
+    threads: dict[str, int] | None = None
+    reference: list[float] = field(default_factory=list)
+    components: dict[str, dict[str, Any]] | None = None
+    counters: dict[str, list[int]] | None = None
+
+    def add_counters(self, counts: dict[str, int]) -> None:
+        """One measured run's counters; a counter a run did not report counts 0 there."""
+        runs = self.repeats  # runs already recorded before this one
+        store = self.counters if self.counters is not None else {}
+        for name in set(store) | set(counts):
+            values = store.setdefault(name, [0] * runs)
+            values.append(int(counts.get(name, 0)))
+        self.counters = store
 
     def add_run(self, record: RunRecord) -> None:
         for name, value in metrics_of_run(record.to_dict()).items():
             self.samples.setdefault(name, []).append(value)
+
+    def only_runs(self, keep: Sequence[bool]) -> CaseResult:
+        """This result with only the runs where `keep` is true (one flag per run).
+
+        Every metric and the reference must have one sample per run, so that run `i` is
+        the same run in each; otherwise nothing is dropped. `groups` shrink with their
+        runs, and a group left empty disappears.
+        """
+        runs = len(self.reference)
+        if len(keep) != runs or all(keep) or not any(keep):
+            return self
+        if any(len(v) != runs for v in self.samples.values()):
+            return self
+        groups: list[int] = []
+        at = 0
+        for size in self.groups or [runs]:
+            kept = sum(1 for k in keep[at : at + size] if k)
+            if kept:
+                groups.append(kept)
+            at += size
+        return dataclasses.replace(
+            self,
+            samples={
+                m: [x for x, k in zip(v, keep, strict=True) if k] for m, v in self.samples.items()
+            },
+            reference=[x for x, k in zip(self.reference, keep, strict=True) if k],
+            counters=None
+            if self.counters is None
+            else {
+                name: [x for x, k in zip(v, keep, strict=True) if k] if len(v) == runs else v
+                for name, v in self.counters.items()
+            },
+            repeats=sum(keep),
+            groups=groups if len(groups) > 1 else None,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +144,10 @@ class CaseResult:
             "repeats": self.repeats,
             "case": self.case,
             **({"groups": list(self.groups)} if self.groups else {}),
+            **({"threads": dict(self.threads)} if self.threads else {}),
+            **({"reference": list(self.reference)} if self.reference else {}),
+            **({"components": self.components} if self.components is not None else {}),
+            **({"counters": self.counters} if self.counters is not None else {}),
         }
 
     @classmethod
@@ -102,6 +164,20 @@ class CaseResult:
             repeats=int(data.get("repeats", 0)),
             case=dict(data.get("case", {})),
             groups=[int(g) for g in data["groups"]] if data.get("groups") else None,
+            threads={k: int(v) for k, v in data["threads"].items()}
+            if data.get("threads")
+            else None,
+            reference=[float(x) for x in data.get("reference", [])],
+            components=(
+                {k: dict(v) for k, v in data["components"].items()}
+                if data.get("components") is not None
+                else None
+            ),
+            counters=(
+                {k: [int(x) for x in v] for k, v in data["counters"].items()}
+                if data.get("counters") is not None
+                else None
+            ),
         )
 
 
@@ -127,9 +203,14 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
     first = parts[0]
     samples: dict[str, list[float]] = {}
     groups: list[int] = []
+    reference: list[float] = []
+    counters: dict[str, list[int]] | None = None
     for i, part in enumerate(parts):
+        reference.extend(part.reference)
         for name, values in part.samples.items():
             samples.setdefault(name, []).extend(values)
+        if part.counters is not None or counters is not None:
+            counters = _extend_counters(counters, part, sum(p.repeats for p in parts[:i]))
         if new_groups or i == 0:
             groups.extend(part.groups or [part.repeats])
         else:
@@ -145,7 +226,23 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
         repeats=sum(p.repeats for p in parts),
         case=first.case,
         groups=groups if len(groups) > 1 else None,
+        threads=first.threads,
+        reference=reference,
+        components=first.components,
+        counters=counters,
     )
+
+
+def _extend_counters(
+    counters: dict[str, list[int]] | None, part: CaseResult, before: int
+) -> dict[str, list[int]]:
+    """`counters` with `part`'s runs appended, zeros where one side lacks a counter."""
+    out = {k: list(v) for k, v in (counters or {}).items()}
+    theirs = part.counters or {}
+    for name in set(out) | set(theirs):
+        values = out.setdefault(name, [0] * before)
+        values.extend(theirs.get(name, [0] * part.repeats))
+    return out
 
 
 @dataclass
@@ -229,9 +326,84 @@ PipelineFactory = Callable[[Case, Platform], Callable[[], torch.Tensor]]
 
 
 def _default_factory(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
+    if case.workload == DIFFUSERS:
+        from perfguard.workloads.diffusers_pipeline import build_diffusers_pipeline
+
+        return build_diffusers_pipeline(case, platform)
     from perfguard.workloads.pipeline import build_pipeline
 
     return build_pipeline(case, platform)
+
+
+def describe_module(module: torch.nn.Module) -> dict[str, Any]:
+    """`{"class": "module.Class", "parameters": N}` of one pipeline component."""
+    cls = type(module)
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "parameters": int(sum(p.numel() for p in module.parameters())),
+    }
+
+
+def components_of(pipeline: Any) -> dict[str, dict[str, Any]] | None:
+    """role -> `{"class", "parameters"}` for a built pipeline.
+
+    From its `components` attribute when it has one (modules, or descriptions already);
+    else from the `torch.nn.Module` attributes it holds (role = attribute name). None when
+    it shows neither (a custom factory returning a plain function).
+    """
+    declared = getattr(pipeline, "components", None)
+    if isinstance(declared, dict):
+        items = list(declared.items())
+    else:
+        attrs = getattr(pipeline, "__dict__", {})
+        items = [
+            (k, v)
+            for k, v in attrs.items()
+            if isinstance(v, torch.nn.Module) and not k.startswith("_")
+        ]
+    out: dict[str, dict[str, Any]] = {}
+    for role, value in items:
+        if isinstance(value, torch.nn.Module):
+            out[str(role)] = describe_module(value)
+        elif isinstance(value, dict) and "class" in value:
+            out[str(role)] = {
+                "class": str(value["class"]),
+                "parameters": None if value.get("parameters") is None else int(value["parameters"]),
+            }
+    return dict(sorted(out.items())) or None
+
+
+def planned_components(case: Case, platform: Platform) -> tuple[dict[str, Any], str | None]:
+    """What `case` would build, without building it: (role -> description, a note or None).
+
+    Built-in workloads are constructed on the meta device (no memory, no weights); where a
+    component cannot be (its init needs a real device), the DiT alone is listed, from its
+    preset, and the note says the rest is known after a run. A diffusers case lists the
+    classes its `model_index.json` declares; their parameter counts are known after a run.
+    """
+    if case.workload == DIFFUSERS:
+        from perfguard.workloads.diffusers_pipeline import component_roles, read_model_index
+
+        try:
+            roles = component_roles(read_model_index(case))
+        except PerfguardError as exc:
+            return {}, str(exc)
+        return (
+            {r: {"class": f"{lib}.{cls}", "parameters": None} for r, (lib, cls) in roles.items()},
+            "parameter counts known after a run",
+        )
+    try:
+        from perfguard.workloads.pipeline import _PIPELINES
+
+        with torch.device("meta"):
+            pipe = _PIPELINES[case.workload](case, platform, torch.device("meta"))
+        return components_of(pipe) or {}, None
+    except Exception:
+        from perfguard.workloads.presets import MODEL_CLASSES, get_preset
+
+        with torch.device("meta"):
+            dit = MODEL_CLASSES[case.workload](**get_preset(case.workload, case.preset))
+        return {"transformer": describe_module(dit)}, "other components known after a run"
 
 
 def run_case(
@@ -261,18 +433,30 @@ def run_case(
     pipeline = None
     try:
         with _deadline(timeout):
+            result.threads = threads.apply(threads.case_threads(case, platform.name)).to_json()
             t0 = time.perf_counter()
             pipeline = (factory or _default_factory)(case, platform)
             platform.synchronize()
             result.load_ms = (time.perf_counter() - t0) * 1e3
+            yardstick = Reference(platform)
+            result.components = components_of(pipeline)
+            counters = getattr(pipeline, "counters", None)
             for _ in range(warmup):
                 pipeline()
+            before = yardstick.time_ms()
             while result.repeats < limit:
                 if result.repeats >= repeats and until is not None and until(result):
                     break
                 with StageTimer(platform, sync=sync, inject=inject) as timer:  # type: ignore[arg-type]
                     output = pipeline()
+                # The yardstick right before and right after each run: a run counts as
+                # contended when either saw the machine slow (perfguard.reference).
+                after = yardstick.time_ms()
+                result.reference.append(max(before, after))
+                before = after
                 result.add_run(timer.record())
+                if callable(counters):
+                    result.add_counters(dict(counters()))
                 hashes.append(tensor_hash(output))
                 result.repeats += 1
                 if on_run is not None:

@@ -35,12 +35,12 @@ from typing import Any
 
 from perfguard.baseline import BASELINE_KIND, BASELINE_SCHEMA_VERSION, Baseline, parse
 from perfguard.errors import PerfguardError
-from perfguard.jsonio import loads, read_json
+from perfguard.jsonio import loads, read_json, read_text
 from perfguard.metrics import METRIC_CLASSES, metrics_of_run
 from perfguard.platform import PLATFORM_NAMES, slugify
 from perfguard.runner import CaseResult, Results, utc_now
 from perfguard.timer import RunRecord
-from perfguard.verdict import DEFAULT_IMPROVEMENT_THRESHOLD, default_profiles
+from perfguard.verdict import DEFAULT_IMPROVEMENT_THRESHOLD, sglang_profiles
 
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9_./-]+$")
 _SGLANG_CLASSES = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")
@@ -81,7 +81,7 @@ def guess_platform(data: Mapping[str, Any], source: str) -> str:
 def _profile(name: str, raw: Any, platform: str, where: str, layout: str) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise PerfguardError(f"{where}: expected an object of tolerances, found {raw!r}")
-    base = default_profiles(platform)[name if name in ("pr_test", "long_term") else "pr_test"]
+    base = sglang_profiles(platform)[name if name in ("pr_test", "long_term") else "pr_test"]
     out = base.to_json()
     extra: dict[str, Any] = {}
     for key, value in raw.items():
@@ -203,7 +203,7 @@ def import_data(
     extra: dict[str, Any] = {}
     tolerances = data.get("tolerances")
     if tolerances is None:
-        profiles = {n: p.to_json() for n, p in default_profiles(platform).items()}
+        profiles = {n: p.to_json() for n, p in sglang_profiles(platform).items()}
         for p in profiles.values():
             p["description"] = "perfguard's device defaults (the sglang file has no tolerances)"
     elif isinstance(tolerances, Mapping) and all(
@@ -213,7 +213,7 @@ def import_data(
             n: _profile(n, p, platform, f"{source}: $.tolerances.{n}", "profiles")
             for n, p in tolerances.items()
         }
-        for name, p in default_profiles(platform).items():
+        for name, p in sglang_profiles(platform).items():
             if name not in profiles:
                 profiles[name] = {
                     **p.to_json(),
@@ -324,12 +324,10 @@ def _record(obj: Any, where: str, line: int) -> PerfRecord:
 def read_perf_log(path: str | os.PathLike[str]) -> list[PerfRecord]:
     """Parse sglang's performance.log (one JSON object per line; blank lines skipped)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PerfguardError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    text = read_text(path, "performance.log")
     records = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    # "\n" only: str.splitlines() also splits at U+2028 and friends, which JSON strings may hold.
+    for n, line in enumerate(text.split("\n"), start=1):
         if line.strip():
             records.append(_record(loads(line, f"{path}:{n}"), f"{path}:{n}", n))
     if not records:

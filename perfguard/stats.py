@@ -228,7 +228,10 @@ class Noise:
     `within` is what the samples alone show (each median's standard error from its
     spread); `between` is what the per-process medians show (zero when neither side has
     two processes); `se` is the larger of the two, since the process medians already
-    contain the within-process noise. `source` says which one the verdict used.
+    contain the within-process noise. `source` says which one the verdict used, and
+    `dof` how many degrees of freedom estimated it: an interval must use Student's t
+    with them, not the normal quantile (with 3 processes, dof 2, the one-sided 99 %
+    quantile is 6.96, not 2.33).
     """
 
     se: float
@@ -237,6 +240,14 @@ class Noise:
     processes_baseline: int
     processes_current: int
     between_dof: int = 0
+    within_dof: int = 0
+
+    @property
+    def dof(self) -> int:
+        """Degrees of freedom of the estimate that `se` came from (0: unknown)."""
+        if self.between > 0 and self.between >= self.within:
+            return self.between_dof
+        return self.within_dof
 
     @property
     def source(self) -> str:
@@ -253,6 +264,7 @@ class Noise:
             "between": round(self.between, 5),
             "processes_baseline": self.processes_baseline,
             "processes_current": self.processes_current,
+            "dof": self.dof,
         }
 
 
@@ -270,9 +282,11 @@ def log_ratio_noise(baseline: Summary, current: Summary) -> Noise:
     wb, wc = log_spread(baseline), log_spread(current)
     wb = wc if wb is None else wb
     wc = wb if wc is None else wc
-    within = 0.0
+    within, within_dof = 0.0, 0
     if wb is not None and wc is not None:
         within = MEDIAN_SE_FACTOR * math.sqrt(wb**2 / baseline.n + wc**2 / current.n)
+        known = [s.n for s in (baseline, current) if log_spread(s) is not None]
+        within_dof = max(1, sum(known) - len(known))
     kb = len(baseline.processes) if baseline.processes else 1
     kc = len(current.processes) if current.processes else 1
     spread = process_spread(baseline, current)
@@ -280,7 +294,19 @@ def log_ratio_noise(baseline: Summary, current: Summary) -> Noise:
     if spread is not None:
         s, dof = spread
         between = s * math.sqrt(1.0 / kb + 1.0 / kc)
-    return Noise(max(within, between), within, between, kb, kc, dof)
+    return Noise(max(within, between), within, between, kb, kc, dof, within_dof)
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(alpha: float, dof: int) -> float:
+    """The one-sided Student t quantile for `alpha` with `dof` degrees of freedom.
+
+    `dof` 0 (unknown) or very large falls back to the normal quantile. Cached: the gate
+    asks after every run, calibration thousands of times.
+    """
+    if dof <= 0 or dof > 10_000:
+        return z_quantile(alpha)
+    return float(_st.t.ppf(1.0 - alpha, dof))
 
 
 @functools.lru_cache(maxsize=64)

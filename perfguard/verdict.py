@@ -41,15 +41,25 @@ of the bound are "clear", and the gate stops sampling a case once all its verdic
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from perfguard.errors import EXIT_CASE_FAILED, EXIT_OK, EXIT_REGRESSION
+from perfguard.contention import DEFAULT_POLICY, ContentionPolicy, screen
+from perfguard.errors import EXIT_CASE_FAILED, EXIT_CONTENDED, EXIT_OK, EXIT_REGRESSION
 from perfguard.metrics import METRIC_CLASSES, metric_class, metric_sort_key, unit
-from perfguard.stats import Noise, Summary, log_ratio_noise, summarize, z_quantile
+from perfguard.stats import (
+    MEDIAN_SE_FACTOR,
+    Noise,
+    Summary,
+    log_ratio_noise,
+    log_spread,
+    summarize,
+    t_quantile,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.baseline import Baseline, Scenario
@@ -64,8 +74,19 @@ MISSING_BASELINE = "missing-baseline"
 MISSING_STAGE = "missing-stage"
 NEW_STAGE = "new-stage"
 ERROR = "error"
+CONTENDED = "contended"
+"""The runner stayed much slower than at baseline time: no verdict on the code (exit 4)."""
 
-SEVERITY = (REGRESSION, ERROR, MISSING_BASELINE, MISSING_STAGE, NEW_STAGE, IMPROVEMENT, PASS)
+SEVERITY = (
+    REGRESSION,
+    ERROR,
+    CONTENDED,
+    MISSING_BASELINE,
+    MISSING_STAGE,
+    NEW_STAGE,
+    IMPROVEMENT,
+    PASS,
+)
 """Verdicts from worst to best: a case's verdict is its worst metric's; tables sort by it."""
 VERDICTS = SEVERITY
 MISSING = (MISSING_BASELINE, MISSING_STAGE, NEW_STAGE)
@@ -74,6 +95,7 @@ MISSING = (MISSING_BASELINE, MISSING_STAGE, NEW_STAGE)
 OVERALL_PASS = "pass"
 OVERALL_FAIL = "fail"
 OVERALL_ERROR = "error"
+OVERALL_CONTENDED = "contended"
 
 # ---- default tolerance profiles --------------------------------------------------------------
 
@@ -204,6 +226,22 @@ class Profile:
     advisory: bool = False
     description: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    noise_pad: float = 0.0
+
+    def noise_band(self, band: Band, baseline: Summary | None) -> Band:
+        """`band` with its pad raised to `noise_pad` standard errors of `baseline`.
+
+        The standard error is that of the difference of two medians as noisy as the
+        baseline's (sqrt(2) x sqrt(pi/2) x sd / sqrt(n)), in the figure's unit. Profiles
+        without `noise_pad` (sglang's, imported ones) return `band` unchanged.
+        """
+        if not self.noise_pad or baseline is None or baseline.median <= 0:
+            return band
+        spread = log_spread(baseline)
+        if spread is None:
+            return band
+        se = math.sqrt(2.0) * MEDIAN_SE_FACTOR * spread / math.sqrt(baseline.n)
+        return Band(band.rel, max(band.abs, round(self.noise_pad * se * baseline.median, 4)))
 
     def band(self, metric: str, overrides: Sequence[Overrides] = ()) -> Band:
         """The band for `metric` under this profile and `overrides` (lowest priority first).
@@ -239,6 +277,8 @@ class Profile:
         }
         if self.description:
             out["description"] = self.description
+        if self.noise_pad:
+            out["noise_pad"] = self.noise_pad
         if self.extra:
             out["sglang_extra"] = dict(self.extra)
         return out
@@ -255,7 +295,34 @@ class Profile:
             advisory=bool(data.get("advisory", False)),
             description=str(data.get("description", "")),
             extra=dict(data.get("sglang_extra", {})),
+            noise_pad=float(data.get("noise_pad", 0.0)),
         )
+
+
+MEASURED_REL: dict[str, dict[str, float]] = {
+    # The minimum effect of interest for figures perfguard measured itself (several
+    # samples, known noise): the credibility test, not a wide band, keeps noise out.
+    "pr_test": dict(MIN_EFFECT),
+    # Nightly, on the same runner: the same effects; the history's change points catch
+    # the slow drifts that no single check can.
+    "long_term": dict(MIN_EFFECT),
+}
+
+MEASURED_FLOOR_MS = {"cpu": 0.01, "device": 0.05}
+"""The smallest pad on a time (ms): timer and dispatch jitter that no median removes.
+
+On the CPU the clock resolves ~0.1 us and a stage boundary costs ~1 us, but Python
+dispatch and scheduler jitter move a stage of a few microseconds by several of them:
+10 us. Device events resolve ~0.5 us, but launch-side jitter of a stage's first kernel
+is tens of microseconds: 50 us.
+"""
+
+MEASURED_MEMORY_PAD_MB = 64.0
+NOISE_PAD_K = 3.0
+"""The pad scales with the measurement: k x the standard error of the difference of two
+medians as noisy as the baseline's, in the figure's own unit. A stage of 20 us whose
+samples jitter by 5 us gets a pad of ~6 us on 20 samples; a 0.18 ms stage that became
+1.3 ms fails; a 7 ms denoising stage's pad (~0.1 ms) stays below its 3 % band."""
 
 
 def pad_scale(platform: str) -> float:
@@ -263,8 +330,12 @@ def pad_scale(platform: str) -> float:
     return CPU_PAD_SCALE if platform == "cpu" else 1.0
 
 
-def default_profiles(platform: str) -> dict[str, Profile]:
-    """The `pr_test` and `long_term` profiles written into a new baseline for `platform`."""
+def sglang_profiles(platform: str) -> dict[str, Profile]:
+    """sglang's `pr_test` and `long_term` profiles, with pads scaled for `platform`.
+
+    What imported sglang figures (one sample, no noise) are judged with, and what a
+    baseline made before noise-derived bands carries in its file.
+    """
     scale = pad_scale(platform)
     pads = {c: (v if c == "peak_memory" else round(v * scale, 3)) for c, v in DEVICE_ABS.items()}
     floors = {p: Band(rel, round(pad * scale, 3)) for p, (rel, pad) in DEVICE_FLOORS.items()}
@@ -275,6 +346,34 @@ def default_profiles(platform: str) -> dict[str, Profile]:
     )
     return {
         name: Profile(name, dict(DEFAULT_REL[name]), dict(pads), dict(floors), description=note)
+        for name in PROFILE_NAMES
+    }
+
+
+def default_profiles(platform: str) -> dict[str, Profile]:
+    """The profiles written into a baseline perfguard measures itself on `platform`.
+
+    Relative parts are the minimum effect of interest (`MIN_EFFECT`: 3 % on e2e, the
+    denoising stage and the step aggregates), pads scale with the baseline's own noise
+    (`NOISE_PAD_K`) above a timer-jitter floor, and there are no sglang floors: their
+    job (bursty decoding, a first step with compilation in it) is done by the noise pad
+    and the credibility test, from the figures of this runner. See docs/verdicts.md.
+    """
+    floor = MEASURED_FLOOR_MS["cpu" if platform == "cpu" else "device"]
+    pads = {c: (MEASURED_MEMORY_PAD_MB if c == "peak_memory" else floor) for c in DEVICE_ABS}
+    note = (
+        f"minimum effects of interest, pads of {NOISE_PAD_K:g} standard errors of the "
+        f"baseline median above {floor:g} ms"
+    )
+    return {
+        name: Profile(
+            name,
+            dict(MEASURED_REL[name]),
+            dict(pads),
+            {},
+            description=note,
+            noise_pad=NOISE_PAD_K,
+        )
         for name in PROFILE_NAMES
     }
 
@@ -306,9 +405,9 @@ class Rule:
         if self.borderline < 1:
             raise ValueError(f"borderline must be >= 1, not {self.borderline}")
 
-    @property
-    def z(self) -> float:
-        return z_quantile(self.alpha)
+    def quantile(self, noise: Noise) -> float:
+        """Student's t at `alpha` with the degrees of freedom that estimated `noise`."""
+        return t_quantile(self.alpha, noise.dof)
 
     def to_json(self) -> dict[str, float]:
         return {"alpha": self.alpha, "borderline": self.borderline}
@@ -413,6 +512,8 @@ class MetricVerdict:
                 between=float(noise["between"]),
                 processes_baseline=int(noise["processes_baseline"]),
                 processes_current=int(noise["processes_current"]),
+                between_dof=int(noise.get("dof", 0)),
+                within_dof=int(noise.get("dof", 0)),
             ),
             paired=None
             if paired is None or data.get("ratio_low") is None
@@ -441,6 +542,7 @@ def judge_metric(
     improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
     rule: Rule = DEFAULT_RULE,
     groups: Sequence[int] | None = None,
+    speed: float | None = None,
 ) -> MetricVerdict:
     """Compare the median of `samples` with `baseline.median` under `band` and `rule`.
 
@@ -454,7 +556,11 @@ def judge_metric(
     - pass: anything else, including a median above the bound that noise explains.
 
     `groups` gives the number of consecutive samples from each process (or re-run), so
-    that their medians' spread enters the noise estimate.
+    that their medians' spread enters the noise estimate. `speed` is the runner's
+    reference workload now over at baseline time (`perfguard.contention`): when the
+    runner is slower as a whole (speed > 1), a regression must also hold with the
+    median divided by it, so that a slower host or a capped clock does not read as
+    slower code. A faster runner adjusts nothing: it must not hide a real slowdown.
     """
     if not samples:
         if baseline is None:
@@ -480,7 +586,7 @@ def judge_metric(
         return MetricVerdict(metric, verdict, measured, baseline, band, bound, ratio, reason)
     noise = log_ratio_noise(baseline, measured)
     ratio = m / b
-    spread = math.exp(rule.z * noise.se)
+    spread = math.exp(rule.quantile(noise) * noise.se)
     low, high = ratio / spread, ratio * spread
     significant = low > 1.0
     allowance = bound - b
@@ -499,7 +605,14 @@ def judge_metric(
         if noise.se > 0
         else "no spread known: the band alone decides"
     )
-    if over and significant:
+    if over and significant and speed is not None and speed > 1 and m / speed <= bound:
+        verdict = PASS
+        reason = (
+            f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}, but the runner's "
+            f"reference workload is {speed:.3f}x slower than at baseline time: "
+            f"{_fmt(m / speed, metric)} adjusted, within the bound"
+        )
+    elif over and significant:
         verdict = REGRESSION
         reason = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} ({figures}); {evidence}"
     elif m < band.improvement_below(b, improvement_threshold):
@@ -556,6 +669,20 @@ class CaseVerdict:
     deterministic: bool | None = None
     notes: str | None = None
     sampling: Mapping[str, Any] | None = None
+    runner: Mapping[str, Any] | None = None
+
+    @property
+    def over(self) -> list[str]:
+        """The metrics whose median is over their bound (credible or not)."""
+        return [
+            m.metric
+            for m in self.metrics
+            if m.verdict == REGRESSION
+            or (m.measured is not None and m.bound is not None and m.measured.median > m.bound)
+        ]
+
+    components: Mapping[str, Any] | None = None
+    counters: Mapping[str, Any] | None = None
 
     @property
     def borderline(self) -> list[str]:
@@ -579,6 +706,12 @@ class CaseVerdict:
         }
         if self.sampling is not None:
             out["sampling"] = dict(self.sampling)
+        if self.runner is not None:
+            out["runner"] = dict(self.runner)
+        if self.components is not None:
+            out["components"] = {k: dict(v) for k, v in self.components.items()}
+        if self.counters is not None:
+            out["counters"] = {k: list(v) for k, v in self.counters.items()}
         return out
 
     @classmethod
@@ -594,6 +727,9 @@ class CaseVerdict:
             deterministic=data.get("deterministic"),
             notes=data.get("notes"),
             sampling=data.get("sampling"),
+            runner=data.get("runner"),
+            components=data.get("components"),
+            counters=data.get("counters"),
         )
 
 
@@ -625,8 +761,13 @@ def judge_case(
     step_fractions: Sequence[float] | None = None,
     ignore_missing: Iterable[str] = (),
     rule: Rule = DEFAULT_RULE,
+    policy: ContentionPolicy = DEFAULT_POLICY,
 ) -> CaseVerdict:
     """Judge every metric of one case's result against its baseline scenario.
+
+    The runs are screened first (`perfguard.contention.screen`): runs that the
+    reference workload saw contended are dropped, and a measurement that was mostly
+    contended gets the case verdict `contended` instead of a judgement on the code.
 
     The band of each metric uses the case registry's `tolerance_overrides` (carried in
     the result's case definition) and then the baseline scenario's, which win: the
@@ -639,6 +780,8 @@ def judge_case(
         "deterministic": result.deterministic,
         "baseline_output_hash": scenario.output_hash if scenario else None,
         "notes": scenario.notes if scenario else None,
+        "components": result.components,
+        "counters": result.counters,
     }
     if result.status != "ok":
         return CaseVerdict(case_id, ERROR, error=result.error or "case failed", **common)
@@ -654,6 +797,9 @@ def judge_case(
             for m in sorted(samples, key=metric_sort_key)
         )
         return CaseVerdict(case_id, MISSING_BASELINE, metrics, **common)
+    ref = scenario.reference.median if scenario.reference is not None else None
+    result, scr = screen(result, ref, policy)
+    samples = result.samples
     overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
     base = scenario.metrics
     steps = gated_steps(scenario.step_count, step_fractions)
@@ -664,7 +810,7 @@ def judge_case(
             continue
         if metric not in samples and metric in ignored:
             continue
-        band = profile.band(metric, overrides)
+        band = profile.noise_band(profile.band(metric, overrides), base.get(metric))
         out.append(
             judge_metric(
                 metric,
@@ -674,9 +820,13 @@ def judge_case(
                 improvement_threshold=improvement_threshold,
                 rule=rule,
                 groups=result.groups,
+                speed=scr.speed,
             )
         )
-    return CaseVerdict(case_id, worst(m.verdict for m in out), tuple(out), **common)
+    verdict = CaseVerdict(
+        case_id, worst(m.verdict for m in out), tuple(out), runner=scr.to_json(), **common
+    )
+    return contended(verdict, scr.reason) if scr.contended else verdict
 
 
 # ---- overall -------------------------------------------------------------------------------
@@ -725,11 +875,13 @@ class Judgement:
 def overall(
     cases: Iterable[CaseVerdict], fail_on_missing: bool = False, advisory: bool = False
 ) -> tuple[str, int]:
-    """The run's verdict and exit code: fail (1) > error (3) > pass (0).
+    """The run's verdict and exit code: fail (1) > error (3) > contended (4) > pass (0).
 
     A regression fails the run (exit 1) unless advisory; with `fail_on_missing` so do
     metrics or cases missing from the baseline and stages missing from the run. Else a
-    case that failed to run makes it exit 3; else 0. Improvements never fail.
+    case that failed to run makes it exit 3; else a case measured on a runner that
+    stayed contended makes it exit 4 (no verdict on the code: re-run on a quiet
+    runner); else 0. Improvements never fail.
     """
     cases = list(cases)
     bad = {REGRESSION, *MISSING} if fail_on_missing else {REGRESSION}
@@ -740,7 +892,26 @@ def overall(
         return OVERALL_FAIL, EXIT_REGRESSION
     if any(c.verdict == ERROR for c in cases):
         return OVERALL_ERROR, EXIT_CASE_FAILED
+    if any(c.verdict == CONTENDED for c in cases):
+        return OVERALL_CONTENDED, EXIT_CONTENDED
     return OVERALL_PASS, EXIT_OK
+
+
+def contended(case: CaseVerdict, why: str) -> CaseVerdict:
+    """`case` re-labelled `contended`: its regressions say the runner was slow, not the code.
+
+    The metric verdicts are kept for the reader, except that a regression becomes
+    `contended` with `why` in its reason: a slowdown measured on a machine that was
+    itself much slower than at baseline time says nothing about the change.
+    """
+    metrics = tuple(
+        dataclasses.replace(m, verdict=CONTENDED, reason=f"{why}; {m.reason}")
+        if m.verdict == REGRESSION
+        else m
+        for m in case.metrics
+    )
+    note = case.notes
+    return dataclasses.replace(case, verdict=CONTENDED, metrics=metrics, error=why, notes=note)
 
 
 def judge(
@@ -752,6 +923,7 @@ def judge(
     advisory: bool = False,
     ignore_missing: Iterable[str] = (),
     rule: Rule = DEFAULT_RULE,
+    policy: ContentionPolicy = DEFAULT_POLICY,
 ) -> Judgement:
     """Judge every case of `results` against `baseline` under its profile `profile_name`.
 
@@ -770,6 +942,7 @@ def judge(
             step_fractions=baseline.step_fractions,
             ignore_missing=ignored,
             rule=rule,
+            policy=policy,
         )
         for cid, res in sorted(results.cases.items())
     )
@@ -957,6 +1130,7 @@ def judge_relative_metric(
 
 
 __all__ = [
+    "CONTENDED",
     "CPU_PAD_SCALE",
     "DEFAULT_IMPROVEMENT_THRESHOLD",
     "DEFAULT_PROFILE",
@@ -978,6 +1152,7 @@ __all__ = [
     "Profile",
     "Rule",
     "Summary",
+    "contended",
     "default_profiles",
     "gated_steps",
     "judge",
@@ -987,6 +1162,7 @@ __all__ = [
     "min_effect",
     "overall",
     "paired_estimate",
+    "sglang_profiles",
     "summarize",
     "worst",
 ]

@@ -46,7 +46,6 @@ can run under perfguard, in process or in workers alike.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import json
 import os
@@ -67,13 +66,8 @@ from perfguard.cases import Case
 from perfguard.errors import PerfguardError
 from perfguard.inject import describe
 from perfguard.jsonio import read_json, write_json_atomic
-from perfguard.platform import (
-    CudaPlatform,
-    NpuPlatform,
-    Platform,
-    RocmPlatform,
-    fingerprint,
-)
+from perfguard.pinning import die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
+from perfguard.platform import Platform, fingerprint
 from perfguard.runner import CaseResult, PipelineFactory, Results, pool
 from perfguard.shard import expected_time_s
 
@@ -92,14 +86,6 @@ def kill_grace_s(timeout: float) -> float:
     case stuck where a signal cannot reach (a device kernel, a collective, C code).
     """
     return 2.0 + 0.05 * timeout
-
-
-def visible_devices_env(platform_name: str) -> str:
-    """The variable that pins devices on `platform_name` ('' on CPU: nothing to pin)."""
-    for cls in (CudaPlatform, RocmPlatform, NpuPlatform):
-        if cls.name == platform_name:
-            return cls.visible_devices_env
-    return Platform.visible_devices_env
 
 
 # ---- options --------------------------------------------------------------------------------
@@ -238,20 +224,6 @@ def kill_tree(proc: subprocess.Popen[Any]) -> None:
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere).
-
-    A worker or rank must not outlive the perfguard (or torchrun) that started it: an
-    orphan would hold its device and disturb every later measurement on it.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 def _log_fd() -> int | None:

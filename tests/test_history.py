@@ -146,7 +146,7 @@ def test_history_cli_end_to_end_with_real_smoke_reports(tmp_path: Path, monkeypa
         return (res.return_value or 0), res.output
 
     common = ("--platform", "cpu", "--case", "qwen_image_t2i_smoke", "--repeats", "2")
-    assert pg("gen-baselines", *common, "--baseline", "b.json")[0] == 0
+    assert pg("gen-baselines", *common, "--baseline", "b.json", "--processes", "1")[0] == 0
     for i in range(2):
         pg("check", *common, "--baseline", "b.json", "--report", f"real{i}.json")
     synthetic = [

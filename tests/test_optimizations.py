@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -425,18 +426,49 @@ def test_qwen_forward_no_padding_is_dense(monkeypatch: pytest.MonkeyPatch) -> No
     assert torch.equal(ref, full_lens) and torch.equal(ref, full_mask)
 
 
-def test_qwen_invalid_txt_seq_lens(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_qwen_invalid_txt_seq_lens_fall_back_to_the_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lengths that cannot be trusted are ignored, as diffusers ignores them: the mask
+    builds the metadata when there is one, and without one attention is dense."""
     model = _qwen()
     inputs = {**_qwen_inputs(model), "timestep": torch.full((B,), 0.5)}
     mask, _ = _padded()
     spy = _BuilderSpy(monkeypatch)
     with torch.no_grad():
-        for bad in ([7], [7, 8], [7, -1]):
-            with pytest.raises(ValueError, match="txt_seq_lens"):
-                model(**inputs, txt_seq_lens=bad)
-            # with a mask to fall back on, the mask path is used
-            model(**inputs, encoder_hidden_states_mask=mask, txt_seq_lens=bad)
-    assert spy.calls == ["build_varlen_mask_meta"] * 3
+        dense = model(**inputs).sample
+        masked = model(**inputs, encoder_hidden_states_mask=mask).sample
+        spy.calls.clear()
+        bad_values = ([7], [7, 8], [7, -1], [7.0, 4.0], [True, 4], torch.tensor([7.0, 4.0]), "74")
+        for bad in bad_values:
+            assert torch.equal(model(**inputs, txt_seq_lens=bad).sample, dense)
+            with_mask = model(**inputs, encoder_hidden_states_mask=mask, txt_seq_lens=bad)
+            assert torch.equal(with_mask.sample, masked)
+    assert spy.calls == ["build_varlen_mask_meta"] * len(bad_values)
+
+
+@pytest.mark.parametrize(
+    "lens",
+    [
+        np.array([7, 4]),
+        [np.int64(7), np.int32(4)],
+        torch.tensor([7, 4]),
+        torch.tensor([7, 4], dtype=torch.int32),
+        [torch.tensor(7), torch.tensor(4)],
+        (7, 4),
+    ],
+    ids=["numpy-array", "numpy-ints", "int64-tensor", "int32-tensor", "0d-tensors", "tuple"],
+)
+def test_qwen_integer_like_txt_seq_lens_take_the_host_path(
+    monkeypatch: pytest.MonkeyPatch, lens: object
+) -> None:
+    model = _qwen()
+    inputs = {**_qwen_inputs(model), "timestep": torch.full((B,), 0.5)}
+    mask, host_lens = _padded()
+    spy = _BuilderSpy(monkeypatch)
+    with torch.no_grad():
+        expected = model(**inputs, encoder_hidden_states_mask=mask, txt_seq_lens=host_lens)
+        got = model(**inputs, encoder_hidden_states_mask=mask, txt_seq_lens=lens)
+    assert spy.calls == ["build_varlen_mask_meta_from_ranges"] * 2
+    assert torch.equal(got.sample, expected.sample)
 
 
 # ----------------------------------------------------------------------------------------

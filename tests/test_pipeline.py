@@ -20,6 +20,17 @@ REPO = Path(__file__).resolve().parent.parent
 SMOKE = {c.workload: c for c in select(load_registry("cpu", REPO / "cases"), tags=["smoke"])}
 CPU = Platform()
 
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> object:
+    """Tiny models: one intra-op thread is fastest, and on a shared runner several threads
+    per process slow every test down (GLM-Image's AR loop most)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 COMMON_STAGES = [
     "InputValidationStage",
     "TextEncodingStage",
@@ -91,11 +102,11 @@ def test_batched_cfg_matches_serial_cfg_on_a_step() -> None:
     case = SMOKE["qwen_image"]
     pipe = build_pipeline(case, CPU)
     with torch.inference_mode():
-        cond = pipe.encode(case.prompt_lengths, salt=11)
-        uncond = pipe.encode((8,) * case.batch, salt=13)
+        cond = pipe.encode(pipe.prompts)
+        uncond = pipe.encode(pipe.negative_prompts)
         latents = pipe.prepare_latents()
         timesteps, _ = pipe.prepare_timesteps()
-        t = pipe.model_timestep(timesteps[0].expand(case.batch))
+        t = pipe.model_timestep(timesteps[0])
         serial = pipe.guided_prediction(latents, t, cond, uncond)
         pipe.case = replace(case, serial_cfg=False)
         batched = pipe.guided_prediction(latents, t, cond, uncond)
@@ -117,31 +128,41 @@ def test_transformer_passes_per_step(guidance_scale: float, serial_cfg: bool, pa
 
 
 @pytest.mark.parametrize("workload", ["qwen_image", "glm_image"])
-def test_schedule_matches_diffusers_flow_match_scheduler(workload: str) -> None:
+def test_schedule_is_the_checkpoints_flow_match_scheduler(workload: str) -> None:
     """Qwen-Image hands the scheduler sigmas only, so its timesteps are the shifted sigmas
-    times 1000; GLM-Image hands it integer timesteps *and* sigmas, and the scheduler keeps
-    the given timesteps unshifted while it shifts the sigmas."""
-    pytest.importorskip("diffusers")
+    times 1000, and the checkpoint's `shift_terminal = 0.02` ends the shifted schedule at
+    0.02; GLM-Image hands it integer timesteps *and* sigmas, and the scheduler keeps the
+    given timesteps unshifted while it shifts the sigmas."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     case = replace(SMOKE[workload], steps=30, height=256, width=512)
     pipe = build_pipeline(case, CPU)
     timesteps, sigmas = pipe.prepare_timesteps()
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        use_dynamic_shifting=True, time_shift_type="exponential"
-    )
     seq_len = pipe.image_seq_len
     if workload == "qwen_image":
         from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
 
-        mu = calculate_shift(seq_len, 256, 4096, 0.5, 1.15)
+        scheduler = FlowMatchEulerDiscreteScheduler(
+            use_dynamic_shifting=True,
+            time_shift_type="exponential",
+            shift_terminal=0.02,
+            base_shift=0.5,
+            max_shift=0.9,
+            max_image_seq_len=8192,
+        )
+        mu = calculate_shift(seq_len, 256, 8192, 0.5, 0.9)
         scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / case.steps, case.steps), mu=mu)
+        assert sigmas[-2].item() == pytest.approx(0.02)
     else:
         from diffusers.pipelines.glm_image.pipeline_glm_image import calculate_shift
 
+        scheduler = FlowMatchEulerDiscreteScheduler(
+            use_dynamic_shifting=True, time_shift_type="exponential"
+        )
         ts = np.linspace(1000, 1.0, case.steps + 1)[:-1].astype(np.int64).astype(np.float32)
         mu = calculate_shift(seq_len, 256, 0.25, 0.75)
         scheduler.set_timesteps(timesteps=ts, sigmas=ts / 1000, mu=mu)
+        assert timesteps[1].item() == int(1000 - 999 / 30)
     torch.testing.assert_close(timesteps, scheduler.timesteps, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(sigmas, scheduler.sigmas, rtol=1e-5, atol=1e-6)
 
@@ -186,13 +207,20 @@ def test_graphed_prediction_refills_its_static_inputs_every_call(
     monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
     case = SMOKE["qwen_image"]
     pipe = build_pipeline(case, CPU)
+
+    def reversed_words(prompts: list[str]) -> list[str]:  # same lengths, other embeddings
+        return [" ".join(reversed(p.split())) for p in prompts]
+
     with torch.inference_mode():
-        cond = pipe.encode(case.prompt_lengths, salt=11)
-        uncond = pipe.encode((8,) * case.batch, salt=13)
+        cond = pipe.encode(pipe.prompts)
+        uncond = pipe.encode(pipe.negative_prompts)
         latents = pipe.prepare_latents()
-        t = pipe.model_timestep(pipe.prepare_timesteps()[0][:1].expand(case.batch))
+        t = pipe.model_timestep(pipe.prepare_timesteps()[0][0])
         graph = pl._GraphedPrediction(pipe, latents, t, cond, uncond)
-        new = [pipe.encode(case.prompt_lengths, salt=17), pipe.encode((8,) * case.batch, salt=19)]
+        new = [
+            pipe.encode(reversed_words(pipe.prompts)),
+            pipe.encode(reversed_words(pipe.negative_prompts)),
+        ]
         graph(latents + 1, t + 1, *new)
     assert torch.equal(graph.static_latents, latents + 1)
     assert torch.equal(graph.static_timestep, t + 1)
@@ -216,20 +244,123 @@ def test_cuda_graph_refuses_prompts_that_batched_cfg_would_pad() -> None:
         build_pipeline(case, Platform(name="cuda"))()
 
 
-def test_standin_decoder_keeps_its_scale_at_full_size() -> None:
-    """Seeded by fan-in (a conv's in * k * k), the `full` stand-in decoder's 8 convs neither
-    blow activations up (float16 overflows at 65504) nor pin the tanh output at +-1."""
-    from perfguard.workloads.pipeline import _STANDIN_SIZES, _seeded_init
-    from perfguard.workloads.standins import StandInVaeDecoder
+@pytest.mark.parametrize("workload", ["qwen_image", "glm_image"])
+def test_prompts_encode_to_the_cases_prompt_lengths(workload: str) -> None:
+    """`prompt_lengths` are the text tokens the DiT attends to: Qwen-Image's after the
+    34-token template prefix is dropped, GLM-Image's glyph tokens (the negative prompt is
+    "" for GLM-Image, one `</s>`, as in diffusers)."""
+    case = SMOKE[workload]
+    pipe = build_pipeline(case, CPU)
+    with torch.inference_mode():
+        cond = pipe.encode(pipe.prompts)
+        uncond = pipe.encode(pipe.negative_prompts)
+    assert cond.lengths == list(case.prompt_lengths)
+    assert cond.embeds.shape == (case.batch, max(case.prompt_lengths), pipe.text_dim)
+    negative = 8 if workload == "qwen_image" else 1
+    assert uncond.lengths == [negative] * case.batch
 
-    sizes = _STANDIN_SIZES["full"]
-    decoder = _seeded_init(StandInVaeDecoder(16, channels=sizes[3], num_layers=sizes[4]), 2)
-    latents = torch.randn(1, 16, 16, 16, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        hidden = decoder.up(decoder.conv_in(latents))
-        image = decoder(latents)
-    assert hidden.abs().max() < 100
-    assert (image.abs() > 0.99).float().mean() < 0.01
+
+def test_qwen_prompt_template_prefix_is_34_tokens() -> None:
+    from perfguard.workloads.components import QWEN_PROMPT_TEMPLATE, qwen_tokenizer
+
+    tokenizer = qwen_tokenizer()
+    ids = tokenizer(QWEN_PROMPT_TEMPLATE.format("red fox"))["input_ids"]
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    assert tokens[33:36] == ["\u010a", "red", "\u0120fox"]  # "\n" after "user", then the prompt
+    assert len(ids) == 34 + 2 + 5
+
+
+@pytest.mark.parametrize(
+    ("workload", "lengths", "match"),
+    [("qwen_image", (5,), "6..1024 tokens"), ("glm_image", (1,), "at least 2 tokens")],
+)
+def test_prompt_lengths_the_encoder_cannot_produce_are_refused(
+    workload: str, lengths: tuple[int, ...], match: str
+) -> None:
+    case = replace(SMOKE[workload], batch=1, prompt_lengths=lengths)
+    with pytest.raises(ValueError, match=match):
+        build_pipeline(case, CPU)
+
+
+@pytest.mark.parametrize(
+    ("serial_cfg", "cache", "hits_per_step"),
+    [(True, True, 2), (True, False, 0), (False, True, 0)],
+    ids=["serial_cache", "serial_no_cache", "batched"],
+)
+def test_counters_report_modulation_cache_hits_per_call(
+    serial_cfg: bool, cache: bool, hits_per_step: int
+) -> None:
+    """Serial CFG's uncond pass reuses every block's projections once per step (the tiny
+    DiT has 2 blocks); the reference path and batched CFG never hit."""
+    case = replace(SMOKE["qwen_image"], serial_cfg=serial_cfg).with_toggles(
+        qwen_modulation_cache=cache
+    )
+    pipe = build_pipeline(case, CPU)
+    assert pipe.counters() == {}
+    for _ in range(2):  # per call, not cumulative
+        pipe()
+        assert pipe.counters() == {"qwen_modulation_cache_hits": hits_per_step * case.steps}
+
+
+def test_glm_counters_report_in_place_drops_and_prior_tokens() -> None:
+    case = SMOKE["glm_image"]
+    pipe = build_pipeline(case, CPU)
+    pipe()
+    # cond + uncond pass per step; tokens: 2x2 target grid + 16x16 preview + 1 (64x64).
+    assert pipe.counters() == {
+        "glm_prior_drops_inplace": 2 * case.steps,
+        "glm_prior_tokens_generated": 4 + 256 + 1,
+    }
+    off = build_pipeline(case.with_toggles(glm_prior_drop_inplace=False), CPU)
+    off()
+    assert off.counters()["glm_prior_drops_inplace"] == 0
+
+
+@pytest.mark.parametrize(
+    ("workload", "roles"),
+    [
+        (
+            "qwen_image",
+            {
+                "text_encoder": "Qwen2_5_VLForConditionalGeneration",
+                "tokenizer": "Qwen2Tokenizer",
+                "transformer": "QwenImageTransformer2DModel",
+                "vae": "AutoencoderKLQwenImage",
+                "scheduler": "FlowMatchEulerDiscreteScheduler",
+            },
+        ),
+        (
+            "glm_image",
+            {
+                "vision_language_encoder": "GlmImageForConditionalGeneration",
+                "processor": "GlmImageProcessor",
+                "text_encoder": "T5EncoderModel",
+                "tokenizer": "ByT5Tokenizer",
+                "transformer": "GlmImageTransformer2DModel",
+                "vae": "AutoencoderKL",
+                "scheduler": "FlowMatchEulerDiscreteScheduler",
+            },
+        ),
+    ],
+)
+def test_components_name_each_roles_class_and_parameters(
+    workload: str, roles: dict[str, str]
+) -> None:
+    pipe = build_pipeline(SMOKE[workload], CPU)
+    components = pipe.components
+    assert {role: info["class"].rsplit(".", 1)[-1] for role, info in components.items()} == roles
+    assert components["text_encoder"]["class"].startswith("transformers.")
+    assert components["vae"]["class"].startswith("diffusers.")
+    assert components["vae"]["parameters"] == sum(p.numel() for p in pipe.vae.parameters()) > 0
+    assert components["tokenizer"]["parameters"] == 0
+
+
+def test_seeded_init_keeps_vae_activations_in_range() -> None:
+    """N(0, 1/fan_in) weights: the decoded image is neither saturated nor constant."""
+    pipe = build_pipeline(SMOKE["qwen_image"], CPU)
+    image = pipe()
+    assert image.std() > 0.05 and (image == 0).float().mean() < 0.5
+    assert ((image == 0) | (image == 1)).float().mean() < 0.5
 
 
 def test_cuda_graph_option_is_refused_off_cuda() -> None:
@@ -242,3 +373,20 @@ def test_bad_sizes_fail_input_validation() -> None:
     case = replace(SMOKE["glm_image"], height=48)
     with pytest.raises(ValueError, match="multiples of 32"):
         build_pipeline(case, CPU)()
+
+
+def test_cond_and_uncond_passes_get_the_same_timestep_object() -> None:
+    """The one deliberate difference from diffusers' loop (which divides by 1000 inside
+    each call, so its uncond pass gets a new tensor and the modulation cache never hits)."""
+    case = SMOKE["qwen_image"]
+    pipe = build_pipeline(case, CPU)
+    seen: list[torch.Tensor] = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(kwargs["timestep"]), with_kwargs=True
+    )
+    pipe()
+    assert len(seen) == 2 * case.steps
+    for i in range(case.steps):
+        cond, uncond = seen[2 * i], seen[2 * i + 1]
+        assert cond is uncond
+    assert seen[0] is not seen[2]  # a new tensor each step

@@ -73,7 +73,8 @@ def test_report_json_is_valid_and_round_trips(tmp_path: Path) -> None:
     assert (data["verdict"], data["exit_code"]) == ("fail", 1)
     den = data["cases"]["a"]["metrics"]["stage:DenoisingStage"]
     assert den["verdict"] == "regression"
-    assert (den["baseline"]["median"], den["bound"], den["ratio"]) == (10.0, 12.5, 2.5)
+    # the measured profile: 3 % minimum effect above the 10 us timer floor
+    assert (den["baseline"]["median"], den["bound"], den["ratio"]) == (10.0, 10.3, 2.5)
     assert den["measured"]["samples"] == [25.0]
     assert data["cases"]["a"]["output_hash"] == "f00d"
     assert rep.read_report(path).to_json() == data

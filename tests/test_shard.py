@@ -175,7 +175,7 @@ def test_merged_shard_reports_give_the_verdicts_and_exit_code_of_one_check(
     common = [*select_args, "--factory", "pg_shard_pipe:pipeline", "--repeats", "3"]
 
     assert pg("gen-baselines", *common, "--case", "a_fast", "--case", "b_slowed",
-              "--case", "c_fast")[0] == 0  # fmt: skip
+              "--case", "c_fast", "--processes", "1")[0] == 0  # fmt: skip
     monkeypatch.setenv("PG_SLOW_CASES", "b_slowed")
 
     assert pg("check", *common, "--report", "full.json")[0] == 1

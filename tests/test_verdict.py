@@ -11,14 +11,14 @@ from perfguard.verdict import (
     Band,
     Profile,
     Summary,
-    default_profiles,
     gated_steps,
     judge,
     judge_metric,
+    sglang_profiles,
     summarize,
 )
 
-CUDA = default_profiles("cuda")["pr_test"]
+CUDA = sglang_profiles("cuda")["pr_test"]
 
 
 def s(median: float, n: int = 5) -> Summary:
@@ -28,7 +28,7 @@ def s(median: float, n: int = 5) -> Summary:
 def baseline_with(scenarios: dict[str, Scenario], **kw: object) -> Baseline:
     meta = {"platform": "cpu", "hardware": "x", "created": "t", "updated": "t"}
     meta.update(kw.pop("metadata", {}))  # type: ignore[arg-type]
-    return Baseline(metadata=meta, profiles=default_profiles("cpu"), scenarios=scenarios, **kw)  # type: ignore[arg-type]
+    return Baseline(metadata=meta, profiles=sglang_profiles("cpu"), scenarios=scenarios, **kw)  # type: ignore[arg-type]
 
 
 def result(samples: dict[str, list[float]], status: str = "ok", **case: object) -> CaseResult:
@@ -64,7 +64,7 @@ def test_model_specific_denoising_stage_uses_the_denoise_stage_class() -> None:
 
 
 def test_cpu_profiles_scale_millisecond_pads_but_not_memory_pads() -> None:
-    cpu = default_profiles("cpu")["pr_test"]
+    cpu = sglang_profiles("cpu")["pr_test"]
     assert cpu.abs["e2e"] == pytest.approx(0.2)
     assert cpu.abs["denoise_stage"] == pytest.approx(1.2)
     assert cpu.abs["peak_memory"] == CUDA.abs["peak_memory"] == 64.0
@@ -73,7 +73,7 @@ def test_cpu_profiles_scale_millisecond_pads_but_not_memory_pads() -> None:
 
 
 def test_long_term_is_tighter_than_pr_test() -> None:
-    profiles = default_profiles("cuda")
+    profiles = sglang_profiles("cuda")
     for cls, rel in profiles["long_term"].rel.items():
         assert rel <= profiles["pr_test"].rel[cls]
 
@@ -195,7 +195,7 @@ def test_advisory_from_flag_profile_or_metadata_reports_but_never_fails() -> Non
     marked = baseline_with({"c": _scenario(e2e=10.0)}, metadata={"advisory": True})
     j = judge(res, marked)
     assert (j.exit_code, j.advisory, j.cases[0].verdict) == (EXIT_OK, True, "regression")
-    profiles = default_profiles("cpu")
+    profiles = sglang_profiles("cpu")
     profiles["pr_test"] = Profile(**{**profiles["pr_test"].__dict__, "advisory": True})
     adv = Baseline(metadata=plain.metadata, profiles=profiles, scenarios=plain.scenarios)
     assert judge(res, adv).exit_code == EXIT_OK

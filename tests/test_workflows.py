@@ -70,7 +70,7 @@ def commands(script: str) -> list[list[str]]:
 
 def test_the_workflows_pass_actionlint_and_shellcheck() -> None:
     files = sorted(WORKFLOWS.glob("*.yml"))
-    assert {f.name for f in files} >= {"ci.yml", "perf.yml"}
+    assert {f.name for f in files} >= {"ci.yml", "perf.yml", "refresh-baselines.yml"}
     result = actionlint(*files)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -177,7 +177,7 @@ def test_perf_checks_shards_merges_and_comments_once() -> None:
 
 def test_every_perfguard_command_in_the_workflows_exists_with_those_flags() -> None:
     used = 0
-    for name in ("ci.yml", "perf.yml"):
+    for name in ("ci.yml", "perf.yml", "refresh-baselines.yml"):
         for script in run_scripts(load(name)):
             for cmd in commands(script):
                 if cmd[0] != "perfguard":
@@ -196,7 +196,7 @@ def test_every_perfguard_command_in_the_workflows_exists_with_those_flags() -> N
                     flag = token.split("=", 1)[0]
                     if flag.startswith("--"):
                         assert flag in known, f"{name}: {shlex.join(cmd)!r}: unknown {flag}"
-    assert used >= 3
+    assert used >= 8
 
 
 def test_pull_requests_check_against_the_merge_base_and_the_nightly_keeps_history() -> None:
@@ -219,3 +219,42 @@ def test_pull_requests_check_against_the_merge_base_and_the_nightly_keeps_histor
     add = report["Add the nightly reports to the history"]
     assert add["if"] == "github.event_name == 'schedule'" and "perfguard history add" in add["run"]
     assert report["Save the history archive"]["with"]["path"] == "history.sqlite"
+
+
+# ---- refresh-baselines.yml -----------------------------------------------------------------
+
+
+def test_refresh_is_started_by_hand_for_a_label_perf_yml_knows_with_its_platform() -> None:
+    refresh, perf = load("refresh-baselines.yml"), load("perf.yml")
+    assert set(refresh["on"]) == {"workflow_dispatch"}
+    inputs = refresh["on"]["workflow_dispatch"]["inputs"]
+    check = perf["jobs"]["check"]["strategy"]["matrix"]
+    assert inputs["runner"]["options"] == check["runner"]
+    assert inputs["shards"]["type"] == "number"
+    # The label -> platform map is an expression; it must say what perf.yml's matrix says.
+    mapping = re.search(r"fromJSON\('(\{.*?\})'\)", refresh["env"]["PLATFORM"])
+    assert mapping is not None
+    platforms = {i["runner"]: i["platform"] for i in check["include"]}
+    assert yaml.safe_load(mapping.group(1)) == platforms
+    assert refresh["jobs"]["measure"]["runs-on"] == ["self-hosted", "${{ inputs.runner }}"]
+
+
+def test_refresh_measures_shards_merges_them_and_opens_one_pull_request() -> None:
+    refresh = load("refresh-baselines.yml")
+    jobs = refresh["jobs"]
+    assert jobs["measure"]["strategy"]["matrix"]["shard"] == (
+        "${{ fromJSON(needs.plan.outputs.shards) }}"
+    )
+    measure = [c for s in run_scripts({"jobs": {"m": jobs["measure"]}}) for c in commands(s)]
+    (gen,) = [c for c in measure if c[:2] == ["perfguard", "gen-baselines"]]
+    assert "--shard" in gen and "--tighten" not in gen  # a refresh replaces figures
+    merge = [c for s in run_scripts({"jobs": {"m": jobs["merge"]}}) for c in commands(s)]
+    (joined,) = [c for c in merge if c[:3] == ["perfguard", "baselines", "merge"]]
+    assert joined[joined.index("--prefer") + 1] == "newest"
+    (diff,) = [c for c in merge if c[:3] == ["perfguard", "baselines", "diff"]]
+    assert diff[diff.index("--format") + 1] == "md"
+    (pr,) = [s for s in jobs["merge"]["steps"] if "create-pull-request" in s.get("uses", "")]
+    assert pr["with"]["branch"] == "perfguard/refresh-baselines-${{ inputs.runner }}"
+    assert pr["with"]["body-path"] == "body.md"
+    assert jobs["merge"]["permissions"] == {"contents": "write", "pull-requests": "write"}
+    assert refresh["permissions"] == {"contents": "read"}

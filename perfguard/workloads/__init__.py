@@ -7,4 +7,6 @@ Modules:
     qwen_image -- ``QwenImageTransformer2DModel``
     glm_image  -- ``GlmImageTransformer2DModel``
     presets    -- ``tiny`` / ``small`` / ``full`` configs and ``build_model``
+    components -- the pipelines' real text encoders, AR prior, VAEs, tokenizers, schedulers
+    pipeline   -- sglang-staged text-to-image pipelines, diffusers' loop
 """

@@ -26,9 +26,10 @@ Optimization (attribute, default on; the reference path sits beside it):
 
 * ``glm_prior_drop_inplace`` -- zero the dropped prior embeddings in place
   (``prior_embedding[prior_token_drop] *= 0.0``, what diffusers does) instead of allocating
-  a second ``[B, S, inner_dim]`` tensor with ``masked_fill``. Inside a breakable CUDA graph
-  the in-place boolean-index write (``nonzero`` + ``index_put_``) is not capturable, so the
-  static-shape ``masked_fill`` is used there.
+  a second ``[B, S, inner_dim]`` tensor with ``masked_fill``. Inside a breakable CUDA graph,
+  a plain ``torch.cuda.graph`` capture or a torch.compile trace
+  (``graphs.in_static_capture``) the in-place boolean-index write (``nonzero`` +
+  ``index_put_``) is not capturable, so the static-shape ``masked_fill`` is used there.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from perfguard.workloads.attention import (
     apply_rotary_emb_real,
     dense_attention,
 )
-from perfguard.workloads.graphs import is_in_breakable_cuda_graph
+from perfguard.workloads.graphs import in_static_capture
 
 __all__ = ["GlmImageTransformer2DModel", "GlmImageTransformerBlock", "check_prior_token_drop"]
 
@@ -458,6 +459,7 @@ class GlmImageTransformer2DModel(nn.Module):
         self.proj_out = nn.Linear(inner_dim, patch_size * patch_size * out_channels)
 
         self.glm_prior_drop_inplace = glm_prior_drop_inplace
+        self.prior_drops_inplace = 0  # passes that took the in-place drop (a plain int)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -472,15 +474,16 @@ class GlmImageTransformer2DModel(nn.Module):
     ) -> torch.Tensor:
         """Zero the rows of ``prior_embedding [B, S, D]`` selected by ``prior_token_drop``."""
         drop = check_prior_token_drop(prior_token_drop, prior_embedding.shape)
-        if self.glm_prior_drop_inplace and not is_in_breakable_cuda_graph():
+        if self.glm_prior_drop_inplace and not in_static_capture():
             # Optimized (diffusers' own line): write into the embedding output in place, no
             # second [B, S, D] buffer -- the cond pass (nothing dropped) allocates nothing.
             # Values: x * 0.0 gives -0.0 for negative x where masked_fill gives +0.0; equal
             # under ==, and the prior projector's bias makes the next op's output identical.
             prior_embedding[drop] *= 0.0
+            self.prior_drops_inplace += 1
             return prior_embedding
         # Reference / graph-safe: static-shape out-of-place fill; no nonzero, no index_put_
-        # with a data-dependent shape, so it is capturable in a breakable CUDA graph.
+        # with a data-dependent shape, so it is capturable in a CUDA graph.
         return prior_embedding.masked_fill(drop.unsqueeze(-1), 0)
 
     def forward(

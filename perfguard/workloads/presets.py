@@ -9,6 +9,14 @@ Presets (constructor kwargs of the model class, diffusers 0.42 argument names):
 * ``full``  -- the published model sizes (Qwen-Image 20B: 60 layers, 24 x 128, joint 3584;
   GLM-Image: 30 layers, 32 x 128, text 1472, time 512, condition 256, codebook 16384).
 
+The other components of each pipeline (Qwen2.5-VL, the Qwen-Image VAE, GLM-Image's AR
+model, ByT5, the GLM-Image VAE) and the schedulers have their presets in
+``components.py``, each ``full`` config beside its source: Qwen/Qwen2.5-VL-7B-Instruct and
+Qwen/Qwen-Image ``text_encoder`` / ``vae`` configs, transformers' ``GlmImageConfig``
+defaults (zai-org/GLM-Image), google/byt5-small, and the scheduler values of
+Qwen/Qwen-Image ``scheduler/scheduler_config.json`` (``shift_terminal`` 0.02,
+``max_shift`` 0.9, ``max_image_seq_len`` 8192; also mirrored in mflux's Qwen scheduler).
+
 :func:`build_model` constructs on the meta device (no host memory, no init cost) and then
 materializes directly on the target device with ``to_empty`` followed by a seeded random
 init in the target dtype -- a ``full`` model never takes a round trip through CPU float32.

@@ -18,9 +18,10 @@ Inputs of :meth:`QwenImageTransformer2DModel.forward` (as the diffusers pipeline
   passes ``None`` when nothing is padded.
 * ``timestep``: ``[B]`` float in ``[0, 1]`` (the pipeline passes ``t.expand(B) / 1000``).
 * ``img_shapes``: ``[[(1, H/16, W/16)]] * B`` -- per sample a list of ``(frame, h, w)``.
-* ``txt_seq_lens`` (keyword only, sglang): ``list[int]`` of ``B`` valid text lengths, each
-  in ``[0, T]``; the valid tokens are the prefix ``[0, len)``. When given it lets the model
-  build the varlen metadata on the host (no device sync); it is trusted over the mask.
+* ``txt_seq_lens`` (keyword only, sglang): ``B`` valid text lengths, each in ``[0, T]``
+  (python, numpy or tensor ints); the valid tokens are the prefix ``[0, len)``. When given
+  it lets the model build the varlen metadata on the host (no device sync); it is trusted
+  over the mask. Invalid lengths are ignored and the mask is used, as diffusers does.
 * ``additional_t_cond``: ``[B]`` long in ``{0, 1}`` (only with ``use_additional_t_cond``).
 
 Output: ``[B, I, patch_size**2 * out_channels]`` (``.sample`` or ``[0]`` with
@@ -39,6 +40,7 @@ Optimizations (attributes, default on; the reference path sits beside each one):
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -60,7 +62,7 @@ from perfguard.workloads.attention import (
     joint_txt_img_ranges,
     varlen_attention,
 )
-from perfguard.workloads.graphs import is_in_breakable_cuda_graph
+from perfguard.workloads.graphs import is_in_breakable_cuda_graph, is_stream_capturing
 
 __all__ = ["ModulationKey", "QwenImageTransformer2DModel", "QwenImageTransformerBlock"]
 
@@ -204,7 +206,7 @@ def _modulation_cache_allowed() -> bool:
         return False
     if is_in_breakable_cuda_graph():  # replay never re-enters python: a hit can't be replayed
         return False
-    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    return not is_stream_capturing()
 
 
 @dataclass(frozen=True, eq=False)
@@ -362,6 +364,9 @@ class QwenImageTransformerBlock(nn.Module):
 
         self.zero_cond_t = zero_cond_t
         self._modulation_slot: _ModulationSlot | None = None
+        # Hits served from the slot since construction: a pipeline reads the difference per
+        # run, so a report shows whether the optimization engaged (a plain int, no sync).
+        self.modulation_cache_hits = 0
 
     @staticmethod
     def _modulate(
@@ -408,6 +413,7 @@ class QwenImageTransformerBlock(nn.Module):
             # very same values, skip two [B, dim] x [dim, 6*dim] GEMMs per block. Consume the
             # slot so it can serve exactly one reuse and frees the tensors right away.
             self._modulation_slot = None
+            self.modulation_cache_hits += 1
             return slot.img_mod_params, slot.txt_mod_params
         img_mod_params = self.img_mod(temb)
         txt_mod_params = self.txt_mod(temb_txt)
@@ -559,6 +565,10 @@ class QwenImageTransformer2DModel(nn.Module):
 
     # -- optimization plumbing ---------------------------------------------------------------
 
+    def modulation_cache_hits(self) -> int:
+        """Modulation-cache hits of every block since construction."""
+        return sum(block.modulation_cache_hits for block in self.transformer_blocks)
+
     def clear_modulation_cache(self) -> None:
         """Drop every block's cached modulation projections (e.g. after a request)."""
         for block in self.transformer_blocks:
@@ -592,11 +602,41 @@ class QwenImageTransformer2DModel(nn.Module):
 
     @staticmethod
     def _valid_txt_seq_lens(txt_seq_lens: Any, batch_size: int, txt_len: int) -> list[int] | None:
-        if not isinstance(txt_seq_lens, (list, tuple)) or len(txt_seq_lens) != batch_size:
+        """``txt_seq_lens`` as python ints when usable, else ``None`` (use the mask).
+
+        Integer-like entries are accepted as sglang passes them: python ints, numpy
+        integers, 0-d integer tensors, or a 1-D integer tensor / array (a device tensor is
+        read with one sync, as the mask path would pay). Anything else -- the wrong count,
+        a length outside ``[0, txt_len]``, floats, bools -- is not trusted: the caller
+        falls back to the mask, which is what diffusers' reference always uses.
+        """
+        if isinstance(txt_seq_lens, torch.Tensor):
+            if txt_seq_lens.dim() != 1 or txt_seq_lens.is_floating_point():
+                return None
+            if txt_seq_lens.is_complex() or txt_seq_lens.dtype == torch.bool:
+                return None
+            values = txt_seq_lens.tolist()
+        elif isinstance(txt_seq_lens, (str, bytes, dict)):
             return None
-        if not all(isinstance(n, int) and 0 <= n <= txt_len for n in txt_seq_lens):
+        else:
+            try:
+                values = list(txt_seq_lens)
+            except TypeError:
+                return None
+        if len(values) != batch_size:
             return None
-        return [int(n) for n in txt_seq_lens]
+        out = []
+        for n in values:
+            if isinstance(n, bool) or (isinstance(n, torch.Tensor) and n.dtype == torch.bool):
+                return None
+            try:
+                n = operator.index(n)
+            except TypeError:
+                return None
+            if not 0 <= n <= txt_len:
+                return None
+            out.append(n)
+        return out
 
     def _joint_varlen_meta(
         self,
@@ -613,20 +653,25 @@ class QwenImageTransformer2DModel(nn.Module):
             if txt_seq_lens is None
             else self._valid_txt_seq_lens(txt_seq_lens, batch_size, txt_len)
         )
-        if txt_seq_lens is not None and lens is None and encoder_hidden_states_mask is None:
-            raise ValueError(
-                f"txt_seq_lens={txt_seq_lens!r} must be {batch_size} ints in [0, {txt_len}] "
-                "(or pass encoder_hidden_states_mask)"
-            )
-        in_graph = is_in_breakable_cuda_graph()
+        capturing = is_stream_capturing()
+        in_graph = capturing or is_in_breakable_cuda_graph()
         if lens is not None and all(n == txt_len for n in lens) and in_graph:
             # Nothing padded, known on the host: dense attention, as the optimized path
             # decides below. The mask path would call nonzero(), which cannot be captured.
             return None
+        if capturing and (lens is not None or encoder_hidden_states_mask is not None):
+            # A plain stream capture records the host path's H2D copy from a pinned buffer
+            # built from this call's ints (stale on replay), and the mask path's nonzero()
+            # cannot be recorded at all: padded prompts cannot be captured.
+            raise ValueError(
+                f"padded prompts (txt_seq_lens={txt_seq_lens!r}, mask given: "
+                f"{encoder_hidden_states_mask is not None}) cannot be captured in a CUDA "
+                "graph: their varlen metadata is data dependent; use equal prompt lengths"
+            )
         if self.qwen_varlen_host_meta and lens is not None and not in_graph:
             # Optimized: lengths are host ints already -> build on the CPU, one async H2D copy,
-            # no device sync. (Not inside a breakable graph: host ints would be baked into
-            # the captured graph and be wrong on replay.)
+            # no device sync. (Not under any capture: host ints would be baked into the
+            # captured graph and be wrong on replay.)
             if all(n == txt_len for n in lens):
                 return None
             ranges = joint_txt_img_ranges(lens, txt_len, img_len)
