@@ -370,7 +370,7 @@ def test_out_may_be_an_input_and_a_failed_write_leaves_it_intact(
         raise OSError("disk full (simulated)")
 
     monkeypatch.setattr(perfguard.jsonio.os, "replace", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(PerfguardError, match="disk full"):
         bm.merge_files([a, b], a)
     assert a.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
@@ -478,6 +478,9 @@ class VirtualCPU(Platform):
     def mark(self) -> int:
         return VirtualCPU.now_ns
 
+    def host_ns(self) -> int:  # the reference workload on the same clock: no screening
+        return VirtualCPU.now_ns
+
     def hardware_slug(self) -> str:
         return "test-cpu"
 
@@ -515,15 +518,16 @@ def shard_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def test_merged_shard_baselines_cover_every_case_and_check_accepts_them(
     shard_registry: Path, pg: PG
 ) -> None:
-    run = ("--repeats", "3", "--warmup", "0")
+    # one process: the virtual clock keeps time in this process only
+    run = ("--repeats", "3", "--warmup", "0", "--processes", "1")
     for k in (1, 2):
         assert pg("gen-baselines", *run, "--shard", f"{k}/2", "--baseline", f"s{k}.json")[0] == 0
     parts = [set(store.load(f"s{k}.json").scenarios) for k in (1, 2)]
     assert parts[0] and parts[1] and not parts[0] & parts[1]
     code, out, _ = pg("baselines", "merge", "s1.json", "s2.json", "--out", "merged.json")
     assert code == 0 and "5 scenario(s) from 2 file(s)" in out
-    code, _, _ = pg("check", *run, "--baseline", "merged.json", "--fail-on-missing",
-                    "--report", "r.json")  # fmt: skip
+    check = ("check", *run, "--max-reruns", "0", "--baseline", "merged.json")
+    code, _, _ = pg(*check, "--fail-on-missing", "--report", "r.json")
     report = json.loads(Path("r.json").read_text())
     assert code == 0 and sorted(report["cases"]) == ["c1", "c2", "c3", "c4", "c5"]
     assert {c["verdict"] for c in report["cases"].values()} == {"pass"}
@@ -534,7 +538,8 @@ def test_a_refresh_from_copies_of_the_old_file_takes_each_shards_fresh_figures(
 ) -> None:
     """The refresh workflow: each shard updates a copy of the committed file; merge --prefer
     newest keeps what each shard measured and the old file's notes."""
-    run = ("--repeats", "3", "--warmup", "0")
+    # one process: the virtual clock keeps time in this process only
+    run = ("--repeats", "3", "--warmup", "0", "--processes", "1")
     assert pg("gen-baselines", *run, "--baseline", "old.json")[0] == 0
 
     def age(data: dict[str, Any]) -> None:

