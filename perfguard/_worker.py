@@ -25,6 +25,13 @@ from perfguard.pinning import die_with_parent, narrow_visible_devices, pin_cores
 
 _narrow_visible_devices = narrow_visible_devices  # the name tests and older callers use
 
+WORKER_PROTOCOL = 1
+"""The version of the request / result messages above. A relative check
+(`perfguard check --against`) runs the base revision's worker with the head's cases and
+refuses a base whose protocol differs; a worker too old to say (no `protocol` in its
+`ready` message, no `WORKER_PROTOCOL`) speaks version 1. Bump it with any change a worker
+of the other version would misread."""
+
 
 def _run(case: Any, platform: Any, options: Any) -> Any:
     """`runner.run_case` with the parent's `RunOptions` (the factory imported here)."""
@@ -56,11 +63,20 @@ def _serve(result_fd: int) -> int:
 
     # Importing torch and the runner is the slow part of a start: do it before `ready`.
     import perfguard.runner  # noqa: F401
+    from perfguard import __version__
     from perfguard.inject import InjectionUnmatched
     from perfguard.platform import probe
     from perfguard.workers import RunOptions, case_from_json, error_result
 
-    send({"ready": True, "pid": os.getpid(), "cores": cores})
+    send(
+        {
+            "ready": True,
+            "pid": os.getpid(),
+            "cores": cores,
+            "protocol": WORKER_PROTOCOL,
+            "perfguard": __version__,
+        }
+    )
     platforms: dict[str, Any] = {}
     for line in sys.stdin:
         if not line.strip():

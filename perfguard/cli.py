@@ -826,6 +826,76 @@ def _filter_results(
     return results
 
 
+def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--against / --against-ref / --against-subdir / --budget-s ... (perfguard.relative)."""
+    from perfguard import relative
+
+    options = [
+        click.option(
+            "--against",
+            default=None,
+            type=click.Path(),
+            metavar="DIR",
+            help="Relative check: compare with the base revision checked out in DIR, run "
+            "side by side in interleaved blocks of fresh processes (no stored baseline).",
+        ),
+        click.option(
+            "--against-ref",
+            default=None,
+            metavar="REF",
+            help="Relative check against REF of this repository (a temporary `git worktree "
+            "add --detach`, always removed), e.g. the merge base of a PR.",
+        ),
+        click.option(
+            "--against-subdir",
+            default=None,
+            metavar="SUB",
+            help="The base's import root inside DIR, when its package lives in a "
+            "subdirectory (sglang: python).",
+        ),
+        click.option(
+            "--budget-s",
+            default=relative.DEFAULT_BUDGET_S,
+            show_default=True,
+            type=click.FloatRange(min=0),
+            help="Relative check: stop starting blocks past this many seconds of measuring "
+            "(--min-blocks always run); metrics still unresolved then pass with a note.",
+        ),
+        click.option(
+            "--min-blocks",
+            default=relative.DEFAULT_MIN_BLOCKS,
+            show_default=True,
+            type=click.IntRange(min=2),
+            help="Relative check: blocks (one base and one head process each) before the "
+            "first look.",
+        ),
+        click.option(
+            "--max-blocks",
+            default=relative.DEFAULT_MAX_BLOCKS,
+            show_default=True,
+            type=click.IntRange(min=2),
+            help="Relative check: blocks at most.",
+        ),
+        click.option(
+            "--order-seed",
+            default=None,
+            type=int,
+            help="Relative check: seed of the randomized block order (default: drawn; the "
+            "report records it).",
+        ),
+        click.option(
+            "--write-baseline",
+            default=None,
+            type=click.Path(dir_okay=False),
+            metavar="PATH",
+            help="Relative check: also store the base side's measurement as a baseline file.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 @cli.command("check", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
 @platform_option
 @selection_options
@@ -897,6 +967,7 @@ def _filter_results(
 )
 @click.option("--advisory", is_flag=True, help="Report regressions but never fail on them.")
 @click.option("--all-metrics", is_flag=True, help="Show passing step metrics in the table too.")
+@relative_options
 def check(
     platform_name: str | None,
     cases_dir: str | None,
@@ -926,6 +997,14 @@ def check(
     fail_on_missing: bool,
     advisory: bool,
     all_metrics: bool,
+    against: str | None = None,
+    against_ref: str | None = None,
+    against_subdir: str | None = None,
+    budget_s: float = 150.0,
+    min_blocks: int = 4,
+    max_blocks: int = 24,
+    order_seed: int | None = None,
+    write_baseline: str | None = None,
 ) -> int:
     """Run the selected cases (or read --results) and judge each metric against the baseline.
 
@@ -939,6 +1018,12 @@ def check(
     every metric is clearly fine (REPEATS to --max-repeats runs). Verdicts: pass,
     regression, improvement (a stale baseline, never a failure), missing-baseline,
     missing-stage, new-stage, error, contended. See docs/verdicts.md.
+
+    With --against DIR (or --against-ref REF) there is no stored baseline: the base
+    revision in DIR and this one run side by side in randomized interleaved blocks of
+    fresh processes, and each metric is judged on their paired per-block ratios with the
+    same minimum effect, stopping once every metric is clearly different or clearly the
+    same, or at --budget-s (docs/relative.md).
     """
     from perfguard import baseline as store
     from perfguard import report as rep
@@ -947,6 +1032,38 @@ def check(
     from perfguard.sglang import NOT_IN_PERF_LOG, perf_log_results, read_perf_log
     from perfguard.verdict import judge
 
+    if against is not None or against_ref is not None:
+        return _relative_check(
+            platform_name=platform_name,
+            cases_dir=cases_dir,
+            case_ids=case_ids,
+            match=match,
+            tags=tags,
+            shard_spec=shard_spec,
+            repeats=repeats,
+            warmup=warmup,
+            timeout=timeout,
+            sync=sync,
+            devices_spec=devices_spec,
+            factory_spec=factory_spec,
+            inject=inject,
+            report_path=report_path,
+            markdown_path=markdown_path,
+            out=out,
+            fail_on_missing=fail_on_missing,
+            advisory=advisory,
+            all_metrics=all_metrics,
+            against=against,
+            against_ref=against_ref,
+            against_subdir=against_subdir,
+            budget_s=budget_s,
+            min_blocks=min_blocks,
+            max_blocks=max_blocks,
+            order_seed=order_seed,
+            write_baseline=write_baseline,
+        )
+    if write_baseline:
+        raise PerfguardError("--write-baseline needs --against or --against-ref")
     if results_file and perf_log:
         raise PerfguardError("use either --results or --sglang-perf-log, not both")
     injection = inject_from(inject) if not (results_file or perf_log) else {}
@@ -1064,6 +1181,166 @@ def check(
             ignore_missing=ignore_missing,
         )
     report = rep.build_against(judgement, results, baseline, path, settings=settings)
+    _emit_report(report, report_path, markdown_path, all_metrics)
+    return report.exit_code
+
+
+_NOT_RELATIVE = {
+    "baseline_path": "--baseline",
+    "results_file": "--results",
+    "perf_log": "--sglang-perf-log",
+    "processes": "--processes",
+    "max_repeats": "--max-repeats",
+    "max_reruns": "--max-reruns",
+    "profile": "--profile",
+}
+
+
+def _relative_check(
+    *,
+    platform_name: str | None,
+    cases_dir: str | None,
+    case_ids: tuple[str, ...],
+    match: str | None,
+    tags: tuple[str, ...],
+    shard_spec: str | None,
+    repeats: int,
+    warmup: int,
+    timeout: float | None,
+    sync: str,
+    devices_spec: str | None,
+    factory_spec: str | None,
+    inject: str | None,
+    report_path: str | None,
+    markdown_path: str | None,
+    out: str | None,
+    fail_on_missing: bool,
+    advisory: bool,
+    all_metrics: bool,
+    against: str | None,
+    against_ref: str | None,
+    against_subdir: str | None,
+    budget_s: float,
+    min_blocks: int,
+    max_blocks: int,
+    order_seed: int | None,
+    write_baseline: str | None,
+) -> int:
+    """`check --against DIR` / `--against-ref REF`: composes `perfguard.relative`.
+
+    Everything that can be wrong with the flags, the registry, the base checkout or the
+    baseline file to write is checked before the first block runs, so a bad input
+    measures nothing and writes nothing.
+    """
+    import contextlib
+
+    from perfguard import baseline as store
+    from perfguard import relative
+    from perfguard import report as rep
+    from perfguard.inject import describe, inject_from
+    from perfguard.runner import Results
+    from perfguard.workers import RunOptions, factory_from, import_factory, parse_devices
+
+    ctx = click.get_current_context()
+    for param, flag in _NOT_RELATIVE.items():
+        source = ctx.get_parameter_source(param)
+        if source is not None and source.name not in ("DEFAULT",):
+            raise PerfguardError(f"{flag} does not apply to a relative check (--against)")
+    if against is not None and against_ref is not None:
+        raise PerfguardError("use either --against DIR or --against-ref REF, not both")
+    if max_blocks < min_blocks:
+        raise PerfguardError("--max-blocks must be at least --min-blocks")
+    devices = parse_devices(devices_spec)
+    if devices is not None and len(devices) > 1:
+        raise PerfguardError("--devices: a relative check runs both sides on one device; list one")
+    platform = probe(platform_name)
+    cases = selected_cases(platform, cases_dir, case_ids, match, tags)
+    cases = sharded(cases, shard_spec, None)
+    multi = [c.id for c in cases if c.num_devices > 1]
+    if multi:
+        raise PerfguardError(
+            f"case {multi[0]!r} needs more than one device: a relative check "
+            "runs single-device cases only (select them with --case / --tag)"
+        )
+    factory = factory_from(factory_spec)
+    if factory:
+        import_factory(factory)
+    injection = inject_from(inject)
+    options = RunOptions(
+        platform=platform.name, repeats=repeats, warmup=warmup, timeout=timeout, sync=sync,
+        inject=injection, factory=factory,
+    )  # fmt: skip
+    environment = fingerprint(platform)
+    if write_baseline:
+        if injection:
+            click.echo("perfguard: the injection applies to the head only", err=True)
+        store.open_for_update(write_baseline, environment)  # a bad file fails now
+    with contextlib.ExitStack() as stack:
+        directory = against
+        if against_ref is not None:
+            directory = str(stack.enter_context(relative.temporary_worktree(against_ref)))
+        assert directory is not None
+        base = relative.probe_base(
+            directory, subdir=against_subdir, factory=factory, ref=against_ref
+        )
+        for case in cases:
+            relative.case_for_base(case, base)  # an unknown field fails before any block
+        sides = {
+            relative.HEAD: relative.head_side(options),
+            relative.BASE: relative.base_side(options, base),
+        }
+        click.echo(
+            f"perfguard: relative check of {len(cases)} case(s) against {base.describe()}, "
+            f"base perfguard {base.version}; up to {max_blocks} blocks in {budget_s:g} s",
+            err=True,
+        )
+
+        def on_block(index: int, block: Any, open_metrics: int) -> None:
+            looked = f", {open_metrics} metric(s) unresolved" if open_metrics >= 0 else ""
+            click.echo(
+                f"perfguard: block {index + 1} ({block.order}) took {block.seconds:.1f} s" + looked,
+                err=True,
+            )
+
+        outcome = relative.run_relative(
+            cases,
+            relative.process_blocks(sides, platform.name, devices),
+            min_blocks=min_blocks,
+            max_blocks=max_blocks,
+            budget_s=budget_s,
+            seed=order_seed,
+            fail_on_missing=fail_on_missing,
+            advisory=advisory,
+            on_block=on_block,
+        )
+    against_info = {**base.to_json(), **outcome.summary()}
+    if against_ref is not None:
+        against_info["dir"] = f"{against_ref} (temporary worktree)"
+    settings = {
+        "source": "relative",
+        "repeats": repeats,
+        "warmup": warmup,
+        "sync": sync,
+        "inject": describe(injection),
+        "shard": shard_spec,
+        "devices": devices_spec,
+        "factory": factory,
+        "budget_s": budget_s,
+        "min_blocks": min_blocks,
+        "max_blocks": max_blocks,
+    }
+    report = rep.build_relative(
+        outcome.judgement, environment=environment, against=against_info, settings=settings
+    )
+    if out:
+        head = Results(environment=environment, settings=settings)
+        head.cases = dict(outcome.pooled[relative.HEAD])
+        rep.write_results(out, head)
+    if write_baseline:
+        base_env = {**environment, "git_commit": base.commit}
+        for _, result in sorted(outcome.pooled[relative.BASE].items()):
+            if result.status == "ok":
+                store.record_case(write_baseline, result, base_env)
     _emit_report(report, report_path, markdown_path, all_metrics)
     return report.exit_code
 

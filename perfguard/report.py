@@ -44,6 +44,7 @@ from perfguard.verdict import (
     PASS,
     REGRESSION,
     SEVERITY,
+    UNKNOWN,
     CaseVerdict,
     Judgement,
     MetricVerdict,
@@ -97,6 +98,13 @@ class Report:
     improvement_threshold: float
     created: str = field(default_factory=utc_now)
     merged_from: tuple[Mapping[str, Any], ...] = ()
+    against: Mapping[str, Any] | None = None
+    """A relative check's base revision and schedule (`perfguard.relative`); None for a
+    check against a stored baseline."""
+
+    @property
+    def relative(self) -> bool:
+        return self.against is not None
 
     @property
     def verdict(self) -> str:
@@ -131,6 +139,8 @@ class Report:
         }
         if self.merged_from:
             out["merged_from"] = [dict(m) for m in self.merged_from]
+        if self.against is not None:
+            out["against"] = dict(self.against)
         return out
 
     @classmethod
@@ -152,6 +162,7 @@ class Report:
             improvement_threshold=float(data["improvement_threshold"]),
             created=str(data["created"]),
             merged_from=tuple(data.get("merged_from", ())),
+            against=dict(data["against"]) if data.get("against") is not None else None,
         )
 
 
@@ -190,6 +201,8 @@ def merge(reports: Sequence[Report], sources: Sequence[str] | None = None) -> Re
             (lambda r: r.judgement.fail_on_missing, "--fail-on-missing"),
             (lambda r: r.judgement.advisory, "advisory"),
             (lambda r: r.environment.get("platform"), "platform"),
+            (lambda r: r.relative, "kind (relative check or stored baseline)"),
+            (lambda r: (r.against or {}).get("commit"), "base commit"),
         ):
             if attr(rep) != attr(first):
                 raise PerfguardError(
@@ -277,7 +290,34 @@ def fmt_evidence(m: MetricVerdict) -> str:
     # A median above its bound is a regression or, when noise explains it, borderline.
     if m.low is not None and m.high is not None and (m.verdict == REGRESSION or m.borderline):
         text += f" ({m.low:.2f}-{m.high:.2f})"
+    elif (
+        m.paired is not None
+        and m.low is not None
+        and m.high is not None
+        and (m.verdict != PASS or m.paired.decision == UNKNOWN)
+    ):
+        # A relative check: the interval is what decided, whichever way it went.
+        text += f" ({m.low:.2f}-{m.high:.2f})"
     return text
+
+
+def against_text(report: Report) -> str:
+    """`relative to DIR (commit abc123def456)`: what a relative report compared with."""
+    against = report.against or {}
+    commit = against.get("commit")
+    where = against.get("ref") or against.get("dir") or "?"
+    return f"relative to {where} ({'commit ' + str(commit)[:12] if commit else 'no commit'})"
+
+
+def unresolved(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:
+    """A relative check's metrics that were neither clearly different nor clearly the same
+    when it stopped: they passed, with a note."""
+    return [
+        (c, m)
+        for c in report.cases
+        for m in c.metrics
+        if m.paired is not None and m.paired.decision == UNKNOWN and m.verdict == PASS
+    ]
 
 
 def _rows(report: Report, all_metrics: bool) -> list[tuple[CaseVerdict, MetricVerdict | None]]:
@@ -316,9 +356,16 @@ def summary_line(report: Report) -> str:
     if counts[IMPROVEMENT]:
         parts.append(f"{counts[IMPROVEMENT]} improvement(s)")
     advisory = " (advisory: not enforced)" if report.judgement.advisory else ""
+    if report.relative:
+        open_ = len(unresolved(report))
+        if open_:
+            parts.append(f"{open_} unresolved metric(s) passed with a note")
+        against = against_text(report)
+    else:
+        against = f"profile {report.judgement.profile}"
     return (
         f"perfguard {report.verdict.upper()}{advisory}: {', '.join(parts)} "
-        f"in {n_cases} case(s), profile {report.judgement.profile}, "
+        f"in {n_cases} case(s), {against}, "
         f"exit {report.exit_code}"
     )
 
@@ -386,7 +433,15 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
 def evidence_note(report: Report) -> str:
     """What the intervals in the ratio column mean, and which cases were re-run."""
     parts = []
-    if any(m.low is not None and "(" in fmt_evidence(m) for c in report.cases for m in c.metrics):
+    if report.relative and any(
+        m.low is not None and "(" in fmt_evidence(m) for c in report.cases for m in c.metrics
+    ):
+        parts.append(
+            "ratio (low-high): head/base, the geometric mean of per-block ratios with its "
+            "one-sided bounds; a regression needs ratio > 1 + the metric's minimum effect "
+            "and low > 1 (docs/verdicts.md)"
+        )
+    elif any(m.low is not None and "(" in fmt_evidence(m) for c in report.cases for m in c.metrics):
         parts.append(
             "ratio (low-high): the rule's confidence bounds on measured/baseline; a median "
             "above its bound is a regression only when low > 1 (docs/verdicts.md)"
@@ -484,9 +539,17 @@ def render_markdown(report: Report) -> str:
     lines = [f"### {icon} {escape_md(summary_line(report))}", ""]
     context = [
         f"platform {escape_md(env.get('platform', '?'))} / {escape_md(env.get('hardware', '?'))}",
-        f"baseline {escape_md(report.baseline.get('path', '?'))} "
+        escape_md(against_text(report))
+        if report.relative
+        else f"baseline {escape_md(report.baseline.get('path', '?'))} "
         f"(sha256 {escape_md(str(report.baseline.get('sha256', '?'))[:12])})",
     ]
+    if report.relative:
+        against = report.against or {}
+        context.append(
+            f"{escape_md(against.get('blocks', '?'))} blocks, stopped: "
+            f"{escape_md(against.get('stopped', '?'))}"
+        )
     inject = report.settings.get("inject")
     if inject:
         context.append(f"**injected slowdown: {escape_md(inject)}**")
@@ -528,15 +591,27 @@ def render_markdown(report: Report) -> str:
             lines += _md_table(["case", "metric", "verdict", *header[2:]], rows)
         lines.append("")
 
-    improvements = by_verdict.get(IMPROVEMENT, [])
-    if improvements:
+    open_ = unresolved(report) if report.relative else []
+    if open_:
         lines += [
-            f"#### Improvements ({len(improvements)}): the baseline is stale, not a failure",
+            f"#### Unresolved ({len(open_)}): passed with a note",
+            "",
+            "Neither clearly slower by the minimum effect nor clearly within it when the "
+            "check stopped; a longer `--budget-s` would resolve them.",
             "",
         ]
+        lines += _md_table(header, [_metric_row(c, m, False) for c, m in open_])
+        lines.append("")
+
+    improvements = by_verdict.get(IMPROVEMENT, [])
+    if improvements:
+        title = (
+            "faster than the base" if report.relative else "the baseline is stale, not a failure"
+        )
+        lines += [f"#### Improvements ({len(improvements)}): {title}", ""]
         lines += _md_table(header, [_metric_row(c, m, False) for c, m in improvements])
         lines.append("")
-        cmd = tighten_command(report)
+        cmd = None if report.relative else tighten_command(report)
         if cmd:
             lines += [
                 f"To lower the baseline, run on {escape_md(env.get('hardware', '?'))} "
@@ -648,6 +723,38 @@ def build_against(
         settings=settings,
         improvement_threshold=baseline.improvement_threshold,
     )
+
+
+def build_relative(
+    judgement: Judgement,
+    *,
+    environment: Mapping[str, Any],
+    against: Mapping[str, Any],
+    settings: Mapping[str, Any],
+) -> Report:
+    """The report of a relative check (`perfguard.relative`): `baseline` names the base
+    checkout instead of a file, and `profile.rel` holds the minimum effect per metric
+    class, which is the threshold both for a regression and for an improvement."""
+    from perfguard.verdict import MIN_EFFECT
+
+    report = build(
+        judgement,
+        environment=environment,
+        baseline_info={
+            "path": str(against.get("dir")),
+            "kind": "relative",
+            "commit": against.get("commit"),
+        },
+        profile={
+            "rel": dict(MIN_EFFECT),
+            "abs": {},
+            "description": "relative check: rel is each class's minimum effect "
+            "(perfguard.verdict.MIN_EFFECT); no bands, no pads",
+        },
+        settings=settings,
+        improvement_threshold=MIN_EFFECT["e2e"],
+    )
+    return dataclasses.replace(report, against=dict(against))
 
 
 # ---- baseline diff (the description of a baseline pull request) -----------------------------

@@ -267,8 +267,9 @@ class Worker:
     them. The worker's stdout and stderr go to our stderr.
     """
 
-    def __init__(self, env: dict[str, str], label: str) -> None:
+    def __init__(self, env: dict[str, str], label: str, cwd: str | None = None) -> None:
         self.label = label
+        self.ready: dict[str, Any] = {}
         read_fd, write_fd = os.pipe()
         try:
             self.proc = subprocess.Popen(
@@ -276,6 +277,7 @@ class Worker:
                 stdin=subprocess.PIPE,
                 stdout=_log_fd(),
                 env=env,
+                cwd=cwd,  # `-m` puts the working directory first on the import path
                 pass_fds=(write_fd,),
                 start_new_session=True,  # its own process group, killed as one
             )
@@ -296,11 +298,31 @@ class Worker:
             self.kill()
             return f"{self.label} died while starting ({describe_exit(self.proc.poll())})"
         self.cores = msg.get("cores")
+        self.ready = msg
         return None
 
-    def run(self, case: Case, options: RunOptions) -> CaseResult:
-        """Run one case; a timeout or a death becomes that case's error."""
-        request = json.dumps({"case": case.to_json(), "options": options.to_json()}) + "\n"
+    def run(
+        self,
+        case: Case,
+        options: RunOptions,
+        *,
+        case_json: dict[str, Any] | None = None,
+        options_json: dict[str, Any] | None = None,
+    ) -> CaseResult:
+        """Run one case; a timeout or a death becomes that case's error.
+
+        `case_json` / `options_json` replace the request's serialized case and options
+        (a relative check sends the base revision's worker only the fields it knows).
+        """
+        request = (
+            json.dumps(
+                {
+                    "case": case.to_json() if case_json is None else case_json,
+                    "options": options.to_json() if options_json is None else options_json,
+                }
+            )
+            + "\n"
+        )
         started = time.monotonic()
         deadline = None
         if options.timeout:

@@ -199,6 +199,28 @@ def test_every_perfguard_command_in_the_workflows_exists_with_those_flags() -> N
     assert used >= 8
 
 
+def test_pull_requests_check_against_the_merge_base_and_the_nightly_keeps_history() -> None:
+    """PRs: a relative check against the merge base (a worktree, so the full history is
+    fetched); the schedule: the stored baselines, and its reports enter the archive."""
+    perf = load("perf.yml")
+    steps = perf["jobs"]["check"]["steps"]
+    (checkout,) = [s for s in steps if s.get("uses", "").startswith("actions/checkout")]
+    assert checkout["with"]["fetch-depth"] == 0
+    script = next(s["run"] for s in steps if "perfguard check" in s.get("run", ""))
+    assert 'git merge-base HEAD "origin/$BASE_REF"' in script
+    gates = re.findall(r"^\s*gate=\((.*)\)$", script, flags=re.M)
+    assert len(gates) == 2 and "--against-ref" in gates[0] and "--profile" in gates[1]
+    check = cli.get_command(click.Context(cli), "check")
+    assert check is not None
+    known = {o for p in check.params for o in p.opts}
+    for flag in re.findall(r"--[a-z][a-z-]*", " ".join(gates)):
+        assert flag in known, f"perf.yml: perfguard check has no {flag}"
+    report = {s.get("name"): s for s in perf["jobs"]["report"]["steps"]}
+    add = report["Add the nightly reports to the history"]
+    assert add["if"] == "github.event_name == 'schedule'" and "perfguard history add" in add["run"]
+    assert report["Save the history archive"]["with"]["path"] == "history.sqlite"
+
+
 # ---- refresh-baselines.yml -----------------------------------------------------------------
 
 

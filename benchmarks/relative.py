@@ -1,0 +1,243 @@
+"""Relative-check benchmark: A/A false alarms and catch rates of `perfguard check --against`.
+
+Live checks. Round-robin over the conditions (A/A, then +5 % and +10 % busy work in
+`DenoisingStage`), it runs real relative checks of the smoke cases until `--minutes`
+are up, each one exactly as CI does:
+
+    python -m perfguard check --platform cpu --tag smoke --against REPO [--inject ...]
+
+The base is this checkout itself (so A/A compares identical code, the base side through
+the base's import path), and the slowdown is injected into the head side only
+(`--inject` never reaches the base). Each check is one trial; a false alarm or a catch is
+its exit code 1. The table gives the rate with its 95 % Clopper-Pearson interval, the
+median wall time of a check and the median number of blocks it used.
+
+Resampled checks (`--resample N`). Live checks take minutes each, too few for a false
+alarm rate near 1 %. So every block the live checks measured (both cases, every metric,
+both sides) goes into a pool per condition, and N further checks are replayed through
+the real schedule and rule (`perfguard.relative.run_relative`) on blocks dealt from the
+shuffled pool (distinct blocks within a check; a pool of at least twice the maximum
+blocks of a check), each on a virtual clock that advances by the block's own measured
+duration. They assume blocks are exchangeable (no drift across the benchmark): an
+estimate of what more live checks would show, labelled as such in the output.
+
+Run late on a shared machine, at normal priority: `python benchmarks/relative.py
+--minutes 30 --out /tmp/relative`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DEFAULT_MAX_BLOCKS = 24  # perfguard.relative.DEFAULT_MAX_BLOCKS (no torch import here)
+
+CONDITIONS = {"A/A": None, "+5%": "DenoisingStage=+5%", "+10%": "DenoisingStage=+10%"}
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact binomial interval for k successes in n trials."""
+    from scipy.stats import beta
+
+    if n == 0:
+        return 0.0, 1.0
+    a = (1 - level) / 2
+    low = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+    high = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
+    return low, high
+
+
+def live_check(out: Path, index: int, name: str, spec: str | None, tag: str) -> dict[str, Any]:
+    report = out / f"check-{index:03d}-{name.strip('+%/').replace('/', '') or 'aa'}.json"
+    cmd = [sys.executable, "-m", "perfguard", "check", "--platform", "cpu", "--tag", tag]
+    head, base = report.with_suffix(".head.json"), report.with_suffix(".base.json")
+    cmd += ["--against", str(REPO), "--report", str(report)]
+    cmd += ["--out", str(head), "--write-baseline", str(base)]
+    if spec:
+        cmd += ["--inject", spec]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("PERFGUARD_INJECT", None)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    if proc.returncode not in (0, 1) or not report.is_file():
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"condition": name, "code": proc.returncode, "wall_s": wall, "error": tail}
+    data = json.loads(report.read_text())
+    return {
+        "condition": name,
+        "code": proc.returncode,
+        "wall_s": wall,
+        "blocks": data["against"]["blocks"],
+        "stopped": data["against"]["stopped"],
+        "report": str(report),
+        "head": str(head),
+        "base": str(base),
+        "failing": sorted(
+            f"{cid}:{m}"
+            for cid, c in data["cases"].items()
+            for m, v in c["metrics"].items()
+            if v["verdict"] == "regression"
+        ),
+    }
+
+
+# ---- resampling the measured blocks -------------------------------------------------------------
+
+
+def blocks_of(row: dict[str, Any]) -> list[tuple[float, dict[str, dict[str, dict[str, float]]]]]:
+    """(seconds, {side: {case: {metric: median}}}) of each block a live check measured.
+
+    The head side's per-block medians come from its results (`--out`: every sample, with
+    the runs of each block as a group), the base side's from the baseline it wrote
+    (`--write-baseline`: each metric's per-process medians); the report is not enough,
+    since a metric decided at an early look is summarized over that look's blocks only.
+    """
+    from perfguard.baseline import load
+    from perfguard.report import read_results
+    from perfguard.stats import split_groups
+
+    seconds = json.loads(Path(row["report"]).read_text())["against"]["block_seconds"]
+    head, base = read_results(row["head"]), load(row["base"])
+    out = [(s, {"B": {}, "H": {}}) for s in seconds]
+    for cid, res in head.cases.items():
+        scenario = base.scenarios[cid]
+        for metric, values in res.samples.items():
+            per_block = [_median(g) for g in split_groups(values, res.groups)]
+            base_blocks = scenario.metrics[metric].processes or ()
+            if len(per_block) != len(out) or len(base_blocks) != len(out):
+                continue
+            for i in range(len(out)):
+                out[i][1]["H"].setdefault(cid, {})[metric] = per_block[i]
+                out[i][1]["B"].setdefault(cid, {})[metric] = base_blocks[i]
+    return out
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+class Replay:
+    """A `MeasureBlock` that deals measured blocks from a shuffled pool, on a virtual clock.
+
+    Without replacement within a check: a block drawn twice would make the check's
+    blocks agree with each other more than measured blocks do, and call noise a change.
+    """
+
+    def __init__(self, pool: Sequence[Any], rng: random.Random) -> None:
+        self.pool = list(pool)
+        rng.shuffle(self.pool)
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, index: int, order: str, todo: Sequence[Any]) -> dict[str, dict[str, Any]]:
+        from perfguard.runner import CaseResult
+
+        seconds, blk = self.pool.pop()
+        self.now += seconds
+        out: dict[str, dict[str, Any]] = {"B": {}, "H": {}}
+        for side in ("B", "H"):
+            for case in todo:
+                res = CaseResult(case.id, repeats=1)
+                res.samples = {m: [v] for m, v in blk[side][case.id].items()}
+                out[side][case.id] = res
+        return out
+
+
+def resample(pool: Sequence[Any], checks: int, seed: int) -> tuple[int, list[int]]:
+    """Replay `checks` relative checks on blocks drawn from `pool`; (failures, blocks used)."""
+    from perfguard.cases import Case
+    from perfguard.relative import run_relative
+
+    rng = random.Random(seed)
+    cases = [Case(id=cid, workload="qwen_image", preset="tiny") for cid in sorted(pool[0][1]["H"])]
+    failures, used = 0, []
+    for n in range(checks):
+        replay = Replay(pool, rng)
+        outcome = run_relative(cases, replay, clock=replay.clock, seed=seed + n)
+        failures += outcome.judgement.exit_code == 1
+        used.append(len(outcome.blocks))
+    return failures, used
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0, help="Live checks for this long.")
+    parser.add_argument("--tag", default="smoke")
+    parser.add_argument("--out", type=Path, default=Path("relative-benchmark"))
+    parser.add_argument(
+        "--resample", type=int, default=1000, help="Resampled checks per condition."
+    )
+    parser.add_argument("--replay", action="store_true", help="Only resample the reports in --out.")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "checks.jsonl"
+    if not args.replay:
+        deadline = time.monotonic() + args.minutes * 60
+        index = len(log.read_text().splitlines()) if log.exists() else 0
+        names = list(CONDITIONS)
+        while time.monotonic() < deadline:
+            name = names[index % len(names)]
+            row = live_check(args.out, index, name, CONDITIONS[name], args.tag)
+            with log.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+            index += 1
+    rows = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+    print(f"\nlive relative checks of --tag {args.tag} (python benchmarks/relative.py):")
+    head = ("checks", "failed", "rate", "95% CI", "wall s", "blocks")
+    widths = (7, 8, 8, 16, 9, 8)
+    print(f"{'condition':<10}" + "".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
+    pools: dict[str, list[Any]] = {}
+    for name in CONDITIONS:
+        got = [r for r in rows if r["condition"] == name and "error" not in r]
+        errors = [r for r in rows if r["condition"] == name and "error" in r]
+        k = sum(r["code"] == 1 for r in got)
+        lo, hi = clopper_pearson(k, len(got))
+        wall = statistics.median(r["wall_s"] for r in got) if got else math.nan
+        blocks = statistics.median(r["blocks"] for r in got) if got else math.nan
+        rate = k / len(got) if got else math.nan
+        print(
+            f"{name:<10}{len(got):>7}{k:>8}{rate:>8.1%}{f'{lo:.1%}-{hi:.1%}':>16}"
+            f"{wall:>9.0f}{blocks:>8.0f}"
+            + (f"  ({len(errors)} check(s) errored)" if errors else "")
+        )
+        pools[name] = [b for r in got for b in blocks_of(r)]
+    if args.resample:
+        print(
+            f"\nresampled checks ({args.resample} per condition, blocks dealt from the live ones):"
+        )
+        print(f"{'condition':<10}{'pool':>7}{'failed':>8}{'rate':>8}{'95% CI':>16}{'blocks':>8}")
+        for i, (name, pool) in enumerate(pools.items()):
+            if len(pool) < 2 * DEFAULT_MAX_BLOCKS:
+                print(f"{name:<10}{len(pool):>7}  too few blocks to resample")
+                continue
+            k, used = resample(pool, args.resample, seed=1000 * i)
+            lo, hi = clopper_pearson(k, args.resample)
+            print(
+                f"{name:<10}{len(pool):>7}{k:>8}{k / args.resample:>8.1%}"
+                f"{f'{lo:.1%}-{hi:.1%}':>16}{statistics.median(used):>8.0f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,549 @@
+"""The relative check: paired decisions, the block schedule, reports, and the command.
+
+The schedule and the decision are tested on a virtual clock: `run_relative` takes the
+measurement of a block as a function, and here it is one whose stages last what the
+test says (a drift shared by the two processes of a block, noise of each process and
+each run), so the statistics are checked on known effects, whatever else the machine is
+doing. The command is then run for real (fresh processes, import paths, git worktrees) on
+pipelines whose stages advance a virtual clock by a known amount: on this shared 2-core
+runner even a `time.sleep(0.005)` lasts 5.5-7 ms under load, which is a verdict on the
+machine, not on the check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from perfguard import relative
+from perfguard.cases import Case
+from perfguard.errors import PerfguardError
+from perfguard.report import (
+    Report,
+    build_relative,
+    escape_md,
+    merge,
+    read_report,
+    render_markdown,
+    summary_line,
+    write_report,
+)
+from perfguard.runner import CaseResult
+from perfguard.verdict import (
+    DIFFERENT,
+    IMPROVEMENT,
+    PASS,
+    REGRESSION,
+    SAME,
+    UNKNOWN,
+    judge_relative_metric,
+    paired_estimate,
+)
+
+PG = Callable[..., tuple[int, str, str]]
+
+REPO = Path(__file__).resolve().parent.parent
+
+# ---- the paired decision -------------------------------------------------------------------
+
+
+def test_paired_estimate_gives_three_answers() -> None:
+    rng = random.Random(1)
+    noisy = [math.log(1.08) + rng.gauss(0, 0.01) for _ in range(8)]
+    est = paired_estimate(noisy, 0.03, 0.001)
+    assert est.decision == DIFFERENT and est.slower and est.low > 1.0 and est.ratio > 1.03
+    same = [rng.gauss(0, 0.005) for _ in range(8)]
+    assert paired_estimate(same, 0.03, 0.001).decision == SAME
+    # 2 % slower: not the 3 % that matters, not credibly within it either with this spread.
+    small = [math.log(1.02) + rng.gauss(0, 0.02) for _ in range(6)]
+    assert paired_estimate(small, 0.03, 0.001).decision == UNKNOWN
+    faster = [math.log(0.9) + rng.gauss(0, 0.01) for _ in range(6)]
+    est = paired_estimate(faster, 0.03, 0.001)
+    assert est.decision == DIFFERENT and not est.slower and est.high < 1.0
+
+
+def test_a_slowdown_above_the_minimum_effect_but_not_credible_is_unknown() -> None:
+    # 6 % on average, but the blocks disagree wildly: not credibly slower than 1.
+    est = paired_estimate([0.30, -0.20, 0.15, -0.05], 0.03, 0.002)
+    assert est.ratio > 1.03 and est.low < 1.0 and est.decision == UNKNOWN
+
+
+def test_relative_metric_verdicts_and_unresolved_note() -> None:
+    base = [10.0] * 8
+    slow = judge_relative_metric(
+        "stage:DenoisingStage", [10.8] * 8, base, [math.log(1.08) + d for d in (0.01, -0.01) * 3],
+        alpha=0.002,
+    )  # fmt: skip
+    assert slow.verdict == REGRESSION and slow.significant and "credibly" in slow.reason
+    fast = judge_relative_metric(
+        "e2e", [8.0] * 8, base, [math.log(0.8) + d for d in (0.01, -0.01) * 3], alpha=0.002
+    )
+    assert fast.verdict == IMPROVEMENT
+    open_ = judge_relative_metric(
+        "e2e", [10.2] * 8, base, [math.log(1.02) + d for d in (0.03, -0.03) * 3], alpha=0.002
+    )
+    assert open_.verdict == PASS and open_.paired is not None
+    assert open_.paired.decision == UNKNOWN and "passed with a note" in open_.reason
+    assert judge_relative_metric("e2e", None, base, [], alpha=0.01).verdict == "missing-stage"
+    assert judge_relative_metric("e2e", base, None, [], alpha=0.01).verdict == "new-stage"
+
+
+def test_look_schedule_and_bonferroni_per_look() -> None:
+    looks = relative.look_points(4, 24)
+    assert looks == (4, 6, 8, 12, 16, 24)
+    assert relative.alpha_per_look(0.01, looks) == pytest.approx(0.01 / 7)
+    assert relative.look_points(2, 5) == (2, 4, 5)
+    with pytest.raises(PerfguardError, match="--min-blocks"):
+        relative.look_points(1, 4)
+    with pytest.raises(PerfguardError, match="--max-blocks"):
+        relative.look_points(6, 4)
+
+
+def test_block_orders_come_in_mirrored_pairs_from_the_seed() -> None:
+    def orders(seed: int) -> list[str]:
+        rng, out, prev = random.Random(seed), [], None
+        for i in range(12):
+            prev = relative.block_order(i, prev, rng)
+            out.append(prev)
+        return out
+
+    got = orders(7)
+    assert got == orders(7)
+    assert all(got[i + 1] == got[i][::-1] for i in range(0, 12, 2))
+    assert {got[i] for i in range(0, 12, 2)} == {"BH", "HB"}  # drawn, not fixed
+
+
+# ---- the schedule on a virtual clock ------------------------------------------------------
+
+
+CASE = Case(id="sleepy", workload="qwen_image", preset="tiny")
+OTHER = Case(id="other", workload="qwen_image", preset="tiny")
+
+
+class VirtualBlocks:
+    """Blocks whose figures are known: `slow` (head / base) per stage, a drift shared by
+    the block's two processes, and noise of each process and each run; each block moves
+    the virtual clock by `block_s`."""
+
+    def __init__(
+        self,
+        slow: Mapping[str, float] | None = None,
+        *,
+        drift: float = 0.05,
+        process: float = 0.01,
+        run: float = 0.01,
+        seed: int = 0,
+        block_s: float = 10.0,
+        fail: Mapping[tuple[str, str], int] | None = None,
+    ) -> None:
+        self.slow = dict(slow or {})
+        self.drift, self.process, self.run = drift, process, run
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.block_s = block_s
+        self.fail = dict(fail or {})
+        self.calls: list[tuple[int, str, list[str]]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(
+        self, index: int, order: str, cases: Sequence[Case]
+    ) -> dict[str, dict[str, CaseResult]]:
+        self.calls.append((index, order, [c.id for c in cases]))
+        shared = math.exp(self.rng.gauss(0, self.drift))
+        out: dict[str, dict[str, CaseResult]] = {"B": {}, "H": {}}
+        for case in cases:
+            for side in order:
+                if self.fail.get((case.id, side)) == index:
+                    out[side][case.id] = CaseResult(case.id, "error", error="boom")
+                    continue
+                own = shared * math.exp(self.rng.gauss(0, self.process))
+                res = CaseResult(case.id, repeats=5, warmup=1, output_hash="abc")
+                for _ in range(5):
+                    den = 20.0 * own * math.exp(self.rng.gauss(0, self.run))
+                    dec = 5.0 * own * math.exp(self.rng.gauss(0, self.run))
+                    if side == "H":
+                        den *= self.slow.get("DenoisingStage", 1.0)
+                        dec *= self.slow.get("DecodingStage", 1.0)
+                    for name, value in (
+                        ("stage:DenoisingStage", den),
+                        ("stage:DecodingStage", dec),
+                        ("e2e", den + dec + 0.5),
+                    ):
+                        res.samples.setdefault(name, []).append(value)
+                res.deterministic = True
+                out[side][case.id] = res
+        self.now += self.block_s
+        return out
+
+
+def run_virtual(blocks: VirtualBlocks, cases: Sequence[Case] = (CASE,), **kw: object) -> object:
+    return relative.run_relative(cases, blocks, clock=blocks.clock, seed=3, **kw)  # type: ignore[arg-type]
+
+
+def verdicts(outcome: object, case_id: str = "sleepy") -> dict[str, str]:
+    (case,) = [c for c in outcome.judgement.cases if c.case_id == case_id]  # type: ignore[attr-defined]
+    return {m.metric: m.verdict for m in case.metrics}
+
+
+def test_unchanged_code_passes_and_stops_once_everything_is_clearly_the_same() -> None:
+    blocks = VirtualBlocks(drift=0.05, process=0.005, run=0.01)
+    outcome = run_virtual(blocks, budget_s=1000)
+    assert outcome.judgement.exit_code == 0  # type: ignore[attr-defined]
+    assert set(verdicts(outcome).values()) == {PASS}
+    assert outcome.stopped == "resolved"  # type: ignore[attr-defined]
+    assert len(outcome.blocks) < relative.DEFAULT_MAX_BLOCKS  # type: ignore[attr-defined]
+
+
+def test_a_head_five_percent_slower_in_denoising_fails_despite_a_large_shared_drift() -> None:
+    # The drift shared by a block (8 %) is larger than the slowdown; it cancels in the pairs.
+    blocks = VirtualBlocks({"DenoisingStage": 1.05}, drift=0.08, process=0.005, run=0.01)
+    outcome = run_virtual(blocks, budget_s=1000)
+    got = verdicts(outcome)
+    assert got["stage:DenoisingStage"] == REGRESSION and got["e2e"] == REGRESSION
+    assert got["stage:DecodingStage"] == PASS
+    assert outcome.judgement.exit_code == 1  # type: ignore[attr-defined]
+
+
+def test_a_small_open_effect_runs_to_the_budget_and_passes_with_a_note() -> None:
+    blocks = VirtualBlocks({"DenoisingStage": 1.02}, drift=0.05, process=0.03, block_s=10)
+    outcome = run_virtual(blocks, budget_s=95, min_blocks=4, max_blocks=24)
+    assert outcome.stopped == "budget"  # type: ignore[attr-defined]
+    # 10 s blocks, in pairs: after 8 blocks (80 s) the next pair would end past 95 s.
+    assert len(outcome.blocks) == 8  # type: ignore[attr-defined]
+    (case,) = outcome.judgement.cases  # type: ignore[attr-defined]
+    den = {m.metric: m for m in case.metrics}["stage:DenoisingStage"]
+    assert den.verdict == PASS and den.paired.decision == UNKNOWN
+    assert outcome.judgement.exit_code == 0  # type: ignore[attr-defined]
+    report = _report(outcome)
+    assert "unresolved metric(s) passed with a note" in summary_line(report)
+    assert "#### Unresolved" in render_markdown(report)
+
+
+def test_the_minimum_blocks_run_even_past_the_budget() -> None:
+    blocks = VirtualBlocks({"DenoisingStage": 1.02}, process=0.03, block_s=100)
+    outcome = run_virtual(blocks, budget_s=1, min_blocks=4)
+    assert len(outcome.blocks) == 4 and outcome.stopped == "budget"  # type: ignore[attr-defined]
+
+
+def test_a_case_that_fails_on_one_side_is_an_error_and_the_others_go_on() -> None:
+    blocks = VirtualBlocks(fail={("other", "B"): 1})
+    outcome = run_virtual(blocks, cases=(CASE, OTHER), budget_s=1000)
+    by_id = {c.case_id: c for c in outcome.judgement.cases}  # type: ignore[attr-defined]
+    assert by_id["other"].verdict == "error" and by_id["other"].error == "base: boom"
+    assert by_id["sleepy"].verdict == PASS
+    assert outcome.judgement.exit_code == 3  # type: ignore[attr-defined]
+    assert all(ids == ["sleepy"] for i, _, ids in blocks.calls if i >= 2)
+
+
+def test_false_alarms_of_unchanged_code_stay_under_alpha_over_repeated_looks() -> None:
+    """200 A/A checks (6 metrics each, looked at up to 6 times): alpha is 1 % per metric.
+
+    Without the Bonferroni split, looking six times at 1 % would fail roughly one metric
+    in twenty of these; with it, the rate of failing checks is what the docs promise.
+    """
+    alarms = 0
+    for seed in range(200):
+        blocks = VirtualBlocks(drift=0.05, process=0.02, run=0.01, seed=seed, block_s=1)
+        outcome = relative.run_relative(
+            (CASE, OTHER), blocks, clock=blocks.clock, seed=seed, budget_s=1e9, max_blocks=24
+        )
+        alarms += outcome.judgement.exit_code == 1
+    assert alarms <= 2, alarms
+
+
+def _report(outcome: object, commit: str = "a" * 40) -> Report:
+    against = {"dir": "/tmp/base", "commit": commit, "ref": None, **outcome.summary()}  # type: ignore[attr-defined]
+    return build_relative(
+        outcome.judgement,  # type: ignore[attr-defined]
+        environment={"platform": "cpu", "hardware": "test-cpu", "git_commit": "b" * 40},
+        against=against,
+        settings={"source": "relative", "inject": None},
+    )
+
+
+# ---- reports ----------------------------------------------------------------------------------
+
+
+def test_a_relative_report_validates_round_trips_merges_and_enters_history(
+    tmp_path: Path, pg: PG
+) -> None:
+    slow = run_virtual(VirtualBlocks({"DenoisingStage": 1.08}), budget_s=1000)
+    same = run_virtual(VirtualBlocks(seed=5), cases=(OTHER,), budget_s=1000)
+    first, second = _report(slow), _report(same)
+    write_report(tmp_path / "a.json", first)
+    write_report(tmp_path / "b.json", second)
+    back = read_report(tmp_path / "a.json")
+    assert back.relative and back.against["commit"] == "a" * 40  # type: ignore[index]
+    assert back.to_json()["cases"] == json.loads((tmp_path / "a.json").read_text())["cases"]
+    text = render_markdown(back)
+    assert "relative to /tmp/base (commit aaaaaaaaaaaa)" in text
+    assert "#### Regressions" in text and "stage:DenoisingStage" in text
+    assert "gen-baselines --tighten" not in text
+    paths = [str(tmp_path / n) for n in ("a.json", "b.json")]
+    code, out, err = pg("merge", *paths, "--out", str(tmp_path / "m.json"))
+    assert code == 1, out + err
+    merged = read_report(tmp_path / "m.json")
+    assert merged.relative and {c.case_id for c in merged.cases} == {"sleepy", "other"}
+    code, out, err = pg("history", "add", str(tmp_path / "m.json"), "--db", str(tmp_path / "h.db"))
+    assert code == 0, out + err
+    code, out, err = pg("history", "show", "--db", str(tmp_path / "h.db"), "--json")
+    assert code == 0 and "stage:DenoisingStage" in out
+
+
+def test_merge_refuses_reports_against_different_bases() -> None:
+    a = _report(run_virtual(VirtualBlocks(), budget_s=1000))
+    b = _report(run_virtual(VirtualBlocks(seed=2), cases=(OTHER,), budget_s=1000), "c" * 40)
+    with pytest.raises(PerfguardError, match="base commit"):
+        merge([a, b], ["a.json", "b.json"])
+
+
+# ---- the command, in processes -----------------------------------------------------------------
+
+VIRTUAL_PIPES = """
+import math
+import os
+import random
+
+import torch
+
+from perfguard.timer import stage, step
+
+SLOW = {slow}
+
+
+def pipeline(case, platform):
+    # Virtual time: the stages last what they say (with 0.5 % noise per process and per
+    # run), whatever else the machine is doing; everything else runs for real.
+    rng = random.Random(os.getpid())
+    now = [0]
+    platform.mark = lambda: now[0]
+    drift = rng.gauss(0, 0.005)
+
+    def work(ms):
+        now[0] += int(ms * 1e6 * math.exp(drift + rng.gauss(0, 0.005)))
+
+    def run():
+        with stage("TextEncodingStage"):
+            work(2)
+        with stage("DenoisingStage"):
+            for i in range(4):
+                with step(i):
+                    work(5 * SLOW)
+        with stage("DecodingStage"):
+            work(3)
+        return torch.zeros(4)
+
+    return run
+"""
+
+FACTORY = ("--factory", "pg_rel_pipes:pipeline")
+QUICK = ("--platform", "cpu", "--case", "qwen_image_t2i_smoke", "--repeats", "3")
+
+
+def _git(cwd: Path, *args: str) -> str:
+    who = {"NAME": "perfguard tests", "EMAIL": "tests@perfguard.invalid"}
+    env = {
+        **os.environ,
+        **{f"GIT_{r}_{k}": v for r in ("AUTHOR", "COMMITTER") for k, v in who.items()},
+    }
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A git repository holding the sleeping pipeline, the caller's working directory
+    and import path (the head side), with the real case registry."""
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.0))
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "commit", "-qm", "base")
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("PERFGUARD_CASES", str(REPO / "cases"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
+def worktrees(root: Path) -> list[str]:
+    return [
+        ln
+        for ln in _git(root, "worktree", "list", "--porcelain").splitlines()
+        if ln.startswith("worktree ")
+    ]
+
+
+def test_unchanged_code_passes_against_a_base_directory(
+    project: Path, pg: PG, tmp_path: Path
+) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.0))
+    code, out, err = pg(
+        "check", *QUICK, *FACTORY, "--against", str(base), "--min-blocks", "2", "--max-blocks", "2",
+        "--report", "r.json", "--markdown", "r.md", "--write-baseline", "base.json",
+    )  # fmt: skip
+    report = json.loads(Path("r.json").read_text())
+    assert code == 0, out + err + json.dumps(report["cases"])
+    assert report["against"]["dir"] == str(base.resolve()) and report["against"]["commit"] is None
+    assert report["settings"]["source"] == "relative" and report["profile"]["name"] == "relative"
+    assert escape_md(f"relative to {base.resolve()} (no commit)") in Path("r.md").read_text()
+    case = report["cases"]["qwen_image_t2i_smoke"]
+    assert case["sampling"]["blocks"] == report["against"]["blocks"] >= 2
+    assert case["metrics"]["stage:DenoisingStage"]["verdict"] == "pass"
+    # The base side's measurement, as a baseline a stored check can use.
+    saved = json.loads(Path("base.json").read_text())
+    den = saved["scenarios"]["qwen_image_t2i_smoke"]["stages"]["DenoisingStage"]
+    assert 19.0 < den["median"] < 26.0 and len(den["processes"]) == report["against"]["blocks"]
+    code, out, err = pg("baselines", "validate", "base.json")
+    assert code == 0, out + err
+
+
+def test_a_head_slowed_by_a_few_percent_fails_against_its_merge_base(project: Path, pg: PG) -> None:
+    """--against-ref: a temporary worktree of HEAD is the base; the working tree (5 %
+    slower in its denoising steps) is the head. The worktree is gone afterwards."""
+    (project / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.05))
+    sha = _git(project, "rev-parse", "HEAD")
+    code, out, err = pg(
+        "check", *QUICK, *FACTORY, "--against-ref", "HEAD",
+        "--min-blocks", "4", "--max-blocks", "4", "--report", "r.json", "--markdown", "r.md",
+    )  # fmt: skip
+    report = json.loads(Path("r.json").read_text())
+    metrics = report["cases"]["qwen_image_t2i_smoke"]["metrics"]
+    assert code == 1, out + err + json.dumps(metrics)
+    den = metrics["stage:DenoisingStage"]
+    assert den["verdict"] == "regression" and den["ratio_low"] > 1 and den["ratio"] > 1.03
+    assert report["against"]["commit"] == sha and report["against"]["ref"] == "HEAD"
+    assert f"relative to HEAD (commit {sha[:12]})" in Path("r.md").read_text()
+    assert len(worktrees(project)) == 1
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+
+def fake_perfguard(
+    root: Path, *, version: str = "0.0.9", protocol: int | None = 1, drop: str = ""
+) -> Path:
+    """A base whose perfguard package is only what the probe reads (no torch, no runner)."""
+    pkg = root / "perfguard"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    (pkg / "_worker.py").write_text("" if protocol is None else f"WORKER_PROTOCOL = {protocol}\n")
+    import dataclasses
+
+    fields = [f for f in dataclasses.fields(Case) if f.name != drop]
+    lines = ["import dataclasses", "", "@dataclasses.dataclass", "class Case:"]
+    lines += [f"    {f.name}: object = None" for f in fields]
+    (pkg / "cases.py").write_text("\n".join(lines) + "\n")
+    names = ("platform", "repeats", "warmup", "timeout", "sync", "inject", "factory")
+    (pkg / "workers.py").write_text(
+        "import dataclasses\n\n@dataclasses.dataclass\nclass RunOptions:\n"
+        + "".join(f"    {n}: object = None\n" for n in names)
+    )
+    return root
+
+
+def one_line_error(code: int, err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_missing_directory_is_one_line_and_exit_2(project: Path, pg: PG) -> None:
+    code, _, err = pg("check", *QUICK, "--against", "nowhere", "--report", "r.json")
+    assert "--against nowhere: no such directory" in one_line_error(code, err)
+    assert not Path("r.json").exists()
+
+
+def test_a_directory_that_does_not_provide_the_code_is_refused(
+    project: Path, pg: PG, tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = pg("check", *QUICK, *FACTORY, "--against", str(empty), "--report", "r.json")
+    line = one_line_error(code, err)
+    assert "not importable as the base" in line and "pg_rel_pipes" in line
+    assert not Path("r.json").exists()
+
+
+def test_an_incompatible_worker_protocol_names_both_versions(
+    project: Path, pg: PG, tmp_path: Path
+) -> None:
+    base = fake_perfguard(tmp_path / "old", protocol=99)
+    code, _, err = pg("check", *QUICK, "--against", str(base), "--report", "r.json")
+    line = one_line_error(code, err)
+    assert "perfguard 0.0.9 speaks worker protocol 99" in line and "this perfguard 0.1.0" in line
+    assert not Path("r.json").exists()
+
+
+def test_an_unknown_case_field_names_both_versions_and_writes_nothing(
+    project: Path, pg: PG, tmp_path: Path
+) -> None:
+    base = fake_perfguard(tmp_path / "old", drop="estimated_time_s")
+    code, _out, err = pg(
+        "check", *QUICK, "--against", str(base), "--report", "r.json", "--write-baseline", "b.json"
+    )
+    line = one_line_error(code, err)
+    assert "sets estimated_time_s = 0.3" in line and "0.0.9" in line and "0.1.0" in line
+    assert not Path("r.json").exists() and not Path("b.json").exists()
+
+
+def test_a_field_at_its_default_is_dropped_for_an_older_base(tmp_path: Path) -> None:
+    base = relative.Base(
+        root=tmp_path, import_dir=tmp_path, commit=None, dirty=None, version="0.0.9",
+        protocol=1, perfguard_file=None,
+        case_fields=frozenset(f for f in CASE.to_json() if f != "tolerance_overrides"),
+        option_fields=frozenset(),
+    )  # fmt: skip
+    assert "tolerance_overrides" not in relative.case_for_base(CASE, base)
+
+
+def test_options_of_the_stored_gate_are_refused_with_against(project: Path, pg: PG) -> None:
+    code, _, err = pg("check", *QUICK, "--against", ".", "--baseline", "b.json")
+    assert "--baseline does not apply to a relative check" in one_line_error(code, err)
+    code, _, err = pg("check", *QUICK, "--against", ".", "--against-ref", "HEAD")
+    assert "not both" in one_line_error(code, err)
+
+
+def test_no_worktree_is_left_behind_on_a_bad_ref_a_failed_probe_or_ctrl_c(
+    project: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = pg("check", *QUICK, "--against-ref", "no-such-ref")
+    assert "no such commit" in one_line_error(code, err)
+    # The ref's tree has no perfguard and no --factory: the probe refuses it.
+    code, _, err = pg("check", *QUICK, "--against-ref", "HEAD")
+    assert "not importable as the base" in one_line_error(code, err)
+    assert len(worktrees(project)) == 1
+
+    made: list[Path] = []
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        made.append(Path(worktrees(project)[-1].split(" ", 1)[1]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(relative, "run_relative", interrupted)
+    code, _, err = pg("check", *QUICK, *FACTORY, "--against-ref", "HEAD")
+    assert code == 130 and "interrupted" in err  # Ctrl-C, through cli.main
+    assert made and not made[0].exists()
+    assert len(worktrees(project)) == 1
+
+
+def test_temporary_worktree_is_removed_on_sigterm(project: Path) -> None:
+    seen: list[Path] = []
+    with pytest.raises(SystemExit) as exc, relative.temporary_worktree("HEAD") as path:
+        seen.append(path)
+        assert (path / "pg_rel_pipes.py").is_file()
+        os.kill(os.getpid(), 15)
+    assert exc.value.code == 143 and not seen[0].exists() and len(worktrees(project)) == 1
