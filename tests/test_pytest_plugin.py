@@ -87,6 +87,15 @@ def test_baseline_gate_passes_then_fails_a_slowdown_like_perfguard_check(
         "test_by_hand",
     }
 
+    # The stages sleep on the real clock, whose jitter on a loaded runner exceeds the 3 %
+    # minimum effect of a measured profile; this test is about the plugin gating like
+    # `check`, so the baseline (as a reviewer would) widens every class to 50 %.
+    data = json.loads((user.path / "base.json").read_text())
+    wide = {c: {"rel": 0.5} for c in ("e2e", "denoise_stage", "non_denoise_stage",
+                                      "denoise_step", "denoise_agg")}  # fmt: skip
+    for scenario in data["scenarios"].values():
+        scenario["tolerance_overrides"] = wide
+    (user.path / "base.json").write_text(json.dumps(data))
     same = user.runpytest(*cpu, "--perfguard-report", "ok.json")
     assert same.ret == 0
     same.stdout.fnmatch_lines(["*perfguard PASS*"])
