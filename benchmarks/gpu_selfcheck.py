@@ -237,19 +237,10 @@ def context_snapshot(env: Env) -> dict[str, Any]:
 
 def _compute_pids() -> list[int] | None:
     """Processes holding a context on any GPU (nvidia-smi), None where it cannot say."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    return [int(p) for p in out.stdout.split() if p.strip().isdigit()]
+    from perfguard.platform import nvidia_smi
+
+    lines, _ = nvidia_smi("--query-compute-apps=pid", "--format=csv,noheader", timeout=20)
+    return None if lines is None else [int(p) for p in lines if p.isdigit()]
 
 
 def check_context(env: Env) -> tuple[str, str, dict[str, Any]]:

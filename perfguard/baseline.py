@@ -510,6 +510,28 @@ def check_comparable(results: Any, baseline: Baseline, source: str) -> None:
             )
 
 
+def check_threads(cases: Iterable[Any], platform: str, baseline: Baseline, source: str) -> None:
+    """Before anything runs: each case's intra-op thread count must be its baseline's.
+
+    `check_comparable` checks what was measured; this checks what would be, so a check
+    that cannot be compared costs nothing. Same error, exit 2.
+    """
+    from perfguard.threads import case_threads
+
+    for case in cases:
+        scenario = baseline.scenarios.get(case.id)
+        if scenario is None or not scenario.threads:
+            continue
+        want = case_threads(case, platform)
+        if scenario.threads.get("intra_op") != want:
+            raise PerfguardError(
+                f"{source}: case {case.id!r}: the baseline was measured with "
+                f"{scenario.threads.get('intra_op')} intra-op thread(s), this run would use "
+                f"{want}: set the case's `threads` (or --threads) to match, or "
+                "regenerate the baseline"
+            )
+
+
 def _threads(t: Mapping[str, int]) -> str:
     return f"{t.get('intra_op')} intra-op / {t.get('inter_op')} inter-op thread(s)"
 

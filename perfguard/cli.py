@@ -1126,7 +1126,7 @@ def check(
         store.check_platform(baseline, platform.name, path)
         baseline.profile(profile)
         cases = sharded(cases, shard_spec, path)
-        _check_threads(cases, platform, baseline, path)
+        store.check_threads(cases, platform.name, baseline, path)
         outcome, cap = _gate(
             cases,
             platform,
@@ -1419,24 +1419,6 @@ def _gate(
         on_event=on_event,
     )
     return outcome, cap if adaptive else repeats
-
-
-def _check_threads(cases: list[Case], platform: Platform, baseline: Any, path: str) -> None:
-    """Before anything runs: the thread count of each case must be its baseline's."""
-    from perfguard.threads import INTEROP, case_threads
-
-    for case in cases:
-        scenario = baseline.scenarios.get(case.id)
-        if scenario is None or not scenario.threads:
-            continue
-        want = {"intra_op": case_threads(case, platform.name), "inter_op": INTEROP}
-        if scenario.threads.get("intra_op") != want["intra_op"]:
-            raise PerfguardError(
-                f"{path}: case {case.id!r}: the baseline was measured with "
-                f"{scenario.threads.get('intra_op')} intra-op thread(s), this run would use "
-                f"{want['intra_op']}: set the case's `threads` (or --threads) to match, or "
-                "regenerate the baseline"
-            )
 
 
 def _emit_report(

@@ -523,21 +523,28 @@ def gpu_clocks() -> dict[str, Any]:
             return {"available": True, "source": "nvml", "gpus": _nvml_gpus(pynvml)}
         except Exception as exc:
             nvml_reason = f"NVML: {type(exc).__name__}: {exc}"
+    lines, why = nvidia_smi(f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits")
+    if lines is None:
+        return {"available": False, "reason": f"{nvml_reason}; nvidia-smi: {why}"}
+    return {"available": True, "source": "nvidia-smi", "gpus": [_smi_row(line) for line in lines]}
+
+
+def nvidia_smi(*args: str, timeout: float = 10) -> tuple[list[str] | None, str]:
+    """The non-empty output lines of `nvidia-smi ARGS`, or None and the reason it failed.
+
+    One place for the queries of the fingerprint, the device name and the self-check:
+    a missing binary, a hang (`timeout`) or a non-zero exit is a reason, never an error.
+    """
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
+            ["nvidia-smi", *args], capture_output=True, text=True, timeout=timeout, check=False
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        return {"available": False, "reason": f"{nvml_reason}; nvidia-smi: {exc}"}
+        return None, str(exc)
     if out.returncode != 0:
         why = (out.stderr or out.stdout).strip().splitlines()[:1] or [f"exit {out.returncode}"]
-        return {"available": False, "reason": f"{nvml_reason}; nvidia-smi: {why[0][:200]}"}
-    gpus = [_smi_row(line) for line in out.stdout.strip().splitlines() if line.strip()]
-    return {"available": True, "source": "nvidia-smi", "gpus": gpus}
+        return None, why[0][:200]
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()], ""
 
 
 def _number(text: str) -> int | float | None:
@@ -627,34 +634,14 @@ def _clear_refs_works() -> bool:
 
 
 def _nvidia_driver() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    first = out.stdout.strip().splitlines()
-    return first[0].strip() if out.returncode == 0 and first else None
+    lines, _ = nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")
+    return lines[0] if lines else None
 
 
 def _nvidia_smi_name(device: str) -> str | None:
     """`nvidia-smi`'s name of `device` (an index or a UUID): the driver's, as torch's is."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", device],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    first = out.stdout.strip().splitlines()
-    return first[0].strip() if out.returncode == 0 and first and first[0].strip() else None
+    lines, _ = nvidia_smi("--query-gpu=name", "--format=csv,noheader", "-i", device)
+    return lines[0] if lines else None
 
 
 def _cann_version() -> str | None:
