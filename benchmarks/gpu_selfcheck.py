@@ -22,11 +22,12 @@ prints a table and writes a JSON file with one row per check, each `passed`, `fa
 | 9   | two ranks over NCCL, when two GPUs are visible |
 | 10  | the flash-attn varlen branch against the packed torch path (flash-attn from a wheel) |
 
-Every row is a composition of library calls (`perfguard.timer`, `perfguard.ab.run_ab`,
-`perfguard.workers.run_cases`, `perfguard.calibrate.calibrate_case`,
-`perfguard.workloads.pipeline.build_pipeline`). On a machine without a GPU every device
-row is skipped with its reason, which is how the test suite keeps the script from rotting
-(`tests/test_gpu_selfcheck.py` also makes each row fail on purpose with a fake device).
+Every row is a composition of library calls (`perfguard.measurement.timer`,
+`perfguard.measurement.ab.run_ab`, `perfguard.measurement.workers.run_cases`,
+`perfguard.decision.calibrate.calibrate_case`, `perfguard.workloads.pipeline.build_pipeline`).
+On a machine without a GPU every device row is skipped with its reason, which is how the
+test suite keeps the script from rotting (`tests/test_gpu_selfcheck.py` also makes each
+row fail on purpose with a fake device).
 Exit status: 0 when no row failed, 1 when one did, 2 for a usage error.
 
 Budget: under 5 minutes on one H200 from a bare machine, `--quick` under 2 (fewer
@@ -58,13 +59,14 @@ from typing import Any
 
 import torch
 
-from perfguard.ab import run_ab
-from perfguard.cases import Case, load_registry
 from perfguard.errors import EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, PerfguardError
-from perfguard.jsonio import write_json_atomic
+from perfguard.measurement.ab import run_ab
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.platform import Platform, fingerprint, probe
+from perfguard.measurement.timer import MB, StageTimer, stage
 from perfguard.metrics import STAGE_PEAK_PREFIX, metrics_of_run
-from perfguard.platform import Platform, fingerprint, probe
-from perfguard.timer import MB, StageTimer, stage
+from perfguard.storage.cases import Case, load_registry
+from perfguard.storage.jsonio import write_json_atomic
 
 KIND = "perfguard.gpu_selfcheck"
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
@@ -237,7 +239,7 @@ def context_snapshot(env: Env) -> dict[str, Any]:
 
 def _compute_pids() -> list[int] | None:
     """Processes holding a context on any GPU (nvidia-smi), None where it cannot say."""
-    from perfguard.platform import nvidia_smi
+    from perfguard.measurement.platform import nvidia_smi
 
     lines, _ = nvidia_smi("--query-compute-apps=pid", "--format=csv,noheader", timeout=20)
     return None if lines is None else [int(p) for p in lines if p.isdigit()]
@@ -664,14 +666,16 @@ def check_stage_peaks(env: Env) -> tuple[str, str, dict[str, Any]]:
 
 def check_noise(env: Env) -> tuple[str, str, dict[str, Any]]:
     env.require_cuda()
-    from perfguard.calibrate import CheckSetup, calibrate_case
-    from perfguard.verdict import default_profiles
-    from perfguard.workers import run_cases
+    from perfguard.decision.calibrate import CheckSetup, calibrate_case
+    from perfguard.decision.tolerances import default_profiles
+    from perfguard.measurement.workers import run_cases
 
     processes = 3 if env.quick else 5
     repeats = 5
     case = env.case("qwen_image_t2i", steps=8)
-    results = run_cases([case], env.platform, processes=processes, repeats=repeats, warmup=1)
+    results = run_cases(
+        [case], env.platform, MeasureOptions(processes=processes, repeats=repeats, warmup=1)
+    )
     result = results.cases[case.id]
     if result.status != "ok":
         return FAILED, f"the case failed in a worker: {result.error}", {}
@@ -798,10 +802,10 @@ def check_nccl(env: Env) -> tuple[str, str, dict[str, Any]]:
     visible = int(cuda.device_count())
     if visible < 2:
         raise Skip(f"needs two GPUs; {visible} visible")
-    from perfguard.workers import run_cases
+    from perfguard.measurement.workers import run_cases
 
     case = env.case("qwen_image_t2i_2gpu", steps=4)
-    res = run_cases([case], env.platform, repeats=3, warmup=1).cases[case.id]
+    res = run_cases([case], env.platform, MeasureOptions(repeats=3, warmup=1)).cases[case.id]
     if res.status != "ok":
         return FAILED, f"the two-rank case failed: {res.error}", {}
     ranks = res.case.get("ranks")

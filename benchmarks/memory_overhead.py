@@ -3,7 +3,7 @@
     python benchmarks/memory_overhead.py [--case ID ...] [--pairs 15] [--threads 1]
 
 Each case's pipeline is built once and warmed up, then plain runs and runs under
-`perfguard.memory.TensorMemory` alternate (ABBA order, so a drift in machine load lands
+`perfguard.measurement.memory.TensorMemory` alternate (ABBA order, so a drift in machine load lands
 on both alike). Printed per case: the median plain and tracked run, their ratio, the
 aten ops a run dispatches and the tracker's cost per op, the peak it measured (and
 whether every tracked run measured the same), and what the runner's one tracked run
@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from perfguard.ab import abba_order
-from perfguard.cases import load_registry
-from perfguard.memory import TensorMemory, measure_run
-from perfguard.platform import Platform
-from perfguard.timer import StageTimer
+from perfguard.measurement.ab import abba_order
+from perfguard.measurement.memory import TensorMemory, measure_run
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.timer import StageTimer
+from perfguard.storage.cases import load_registry
 from perfguard.workloads.pipeline import build_pipeline
 
 SMOKE = ("qwen_image_t2i_smoke", "glm_image_t2i_smoke")

@@ -338,9 +338,9 @@ def bench_pipeline(args: argparse.Namespace, device: torch.device) -> list[Row]:
     """
     from pathlib import Path
 
-    from perfguard.cases import load_registry
-    from perfguard.platform import Platform
-    from perfguard.timer import StageTimer
+    from perfguard.measurement.platform import Platform
+    from perfguard.measurement.timer import StageTimer
+    from perfguard.storage.cases import load_registry
     from perfguard.workloads.pipeline import build_pipeline
 
     platform = Platform(name="cuda" if device.type == "cuda" else "cpu")

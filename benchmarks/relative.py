@@ -15,7 +15,7 @@ median wall time of a check and the median number of blocks it used.
 Resampled checks (`--resample N`). Live checks take minutes each, too few for a false
 alarm rate near 1 %. So every block the live checks measured (both cases, every metric,
 both sides) goes into a pool per condition, and N further checks are replayed through
-the real schedule and rule (`perfguard.relative.run_relative`) on blocks dealt from the
+the real schedule and rule (`perfguard.measurement.relative.run_relative`) on blocks dealt from the
 shuffled pool (distinct blocks within a check; a pool of at least twice the maximum
 blocks of a check), each on a virtual clock that advances by the block's own measured
 duration. They assume blocks are exchangeable (no drift across the benchmark): an
@@ -43,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-DEFAULT_MAX_BLOCKS = 24  # perfguard.relative.DEFAULT_MAX_BLOCKS (no torch import here)
+DEFAULT_MAX_BLOCKS = 24  # perfguard.measurement.relative.DEFAULT_MAX_BLOCKS (no torch import here)
 
 CONDITIONS = {"A/A": None, "+5%": "DenoisingStage=+5%", "+10%": "DenoisingStage=+10%"}
 
@@ -109,9 +109,9 @@ def blocks_of(row: dict[str, Any]) -> list[tuple[float, dict[str, dict[str, dict
     (`--write-baseline`: each metric's per-process medians); the report is not enough,
     since a metric decided at an early look is summarized over that look's blocks only.
     """
-    from perfguard.baseline import load
-    from perfguard.report import read_results
-    from perfguard.stats import split_groups
+    from perfguard.decision.stats import split_groups
+    from perfguard.storage.baseline import load
+    from perfguard.storage.reports import read_results
 
     seconds = json.loads(Path(row["report"]).read_text())["against"]["block_seconds"]
     head, base = read_results(row["head"]), load(row["base"])
@@ -149,7 +149,7 @@ class Replay:
         return self.now
 
     def __call__(self, index: int, order: str, todo: Sequence[Any]) -> dict[str, dict[str, Any]]:
-        from perfguard.runner import CaseResult
+        from perfguard.storage.results import CaseResult
 
         seconds, blk = self.pool.pop()
         self.now += seconds
@@ -164,8 +164,8 @@ class Replay:
 
 def resample(pool: Sequence[Any], checks: int, seed: int) -> tuple[int, list[int]]:
     """Replay `checks` relative checks on blocks drawn from `pool`; (failures, blocks used)."""
-    from perfguard.cases import Case
-    from perfguard.relative import run_relative
+    from perfguard.measurement.relative import run_relative
+    from perfguard.storage.cases import Case
 
     rng = random.Random(seed)
     cases = [Case(id=cid, workload="qwen_image", preset="tiny") for cid in sorted(pool[0][1]["H"])]

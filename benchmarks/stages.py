@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from perfguard.cases import load_registry
-from perfguard.platform import Platform
-from perfguard.timer import StageTimer
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.timer import StageTimer
+from perfguard.storage.cases import load_registry
 from perfguard.workloads.pipeline import build_pipeline
 
 DEFAULT_CASES = (

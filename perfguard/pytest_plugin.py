@@ -3,18 +3,18 @@
 Installed with perfguard (entry point `pytest11`), so any test suite can use it::
 
     import pytest
-    from perfguard.timer import stage
+    from perfguard.measurement.timer import stage
 
     @pytest.mark.perfguard(case="unet_512")
     def test_unet_speed(perfguard_timer):
         pipe = build_my_pipeline()
         perfguard_timer.measure(pipe, repeats=5, warmup=1)  # or: with perfguard_timer.run(): ...
 
-Inside a measured run the timer is the ambient one, so `perfguard.timer.stage()` and
+Inside a measured run the timer is the ambient one, so `perfguard.measurement.timer.stage()` and
 `step()` calls in the code under test are recorded, exactly as in `perfguard run`; the
 run's wall time is `e2e`. Each test is one case (its id is the marker's `case`, else the
 test's name); its samples become a results file (`--perfguard-results`), and with
-`--perfguard-baseline` the session ends with the same judgement (`perfguard.verdict`),
+`--perfguard-baseline` the session ends with the same judgement (`perfguard.decision.verdict`),
 the same table and the same JSON report (`--perfguard-report`) as `perfguard check`. A
 regression makes the session exit 1, as it makes `perfguard check` exit 1; a test that
 fails while measuring is already a test failure, and its case is reported as an error.
@@ -42,9 +42,9 @@ import pytest
 from perfguard.errors import EXIT_REGRESSION, PerfguardError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from perfguard.platform import Platform
-    from perfguard.runner import CaseResult, Results
-    from perfguard.timer import StageTimer
+    from perfguard.measurement.platform import Platform
+    from perfguard.measurement.timer import StageTimer
+    from perfguard.storage.results import CaseResult, Results
 
 # perfguard's timer, runner and platform import torch; they are imported when a test first
 # asks for the fixture, so that merely having perfguard installed (this plugin loads in
@@ -124,9 +124,9 @@ class PerfguardTimer:
         """One measured run: the body's wall time is `e2e`, its `stage()`s its stages.
 
         On CPU a run by hand records no peak memory: the figure there comes from a
-        tracked run of its own (`perfguard.memory`), which only `measure` can make.
+        tracked run of its own (`perfguard.measurement.memory`), which only `measure` can make.
         """
-        from perfguard.timer import StageTimer
+        from perfguard.measurement.timer import StageTimer
 
         track = not self.platform.separate_memory_run
         with StageTimer(self.platform, track_memory=track) as timer:
@@ -147,13 +147,13 @@ class PerfguardTimer:
         warmup = self.warmup if warmup is None else warmup
         if repeats < 1 or warmup < 0:
             raise PerfguardError("perfguard_timer.measure: repeats must be >= 1, warmup >= 0")
-        from perfguard.runner import tensor_hash
+        from perfguard.measurement.runner import tensor_hash
 
         for _ in range(warmup):
             fn()
         self.result.warmup += warmup
         if self.platform.separate_memory_run:  # CPU: one tracked run, as `perfguard run`
-            from perfguard.memory import measure_run
+            from perfguard.measurement.memory import measure_run
 
             memory = measure_run(fn, self.platform)
             for name, mb in memory.metrics().items():
@@ -171,18 +171,18 @@ class PerfguardTimer:
             self.result.deterministic = len(set(hashes)) == 1
         return output
 
-    # The ambient helpers, for tests that do not import perfguard.timer themselves.
+    # The ambient helpers, for tests that do not import perfguard.measurement.timer themselves.
     @staticmethod
     def stage(name: str) -> Any:
-        """`with perfguard_timer.stage("DenoisingStage"): ...` (= `perfguard.timer.stage`)."""
-        from perfguard.timer import stage
+        """`with perfguard_timer.stage("DenoisingStage"): ...` (see `timer.stage`)."""
+        from perfguard.measurement.timer import stage
 
         return stage(name)
 
     @staticmethod
     def step(index: int) -> Any:
-        """`with perfguard_timer.step(i): ...` (= `perfguard.timer.step`)."""
-        from perfguard.timer import step
+        """`with perfguard_timer.step(i): ...` (= `perfguard.measurement.timer.step`)."""
+        from perfguard.measurement.timer import step
 
         return step(index)
 
@@ -214,7 +214,7 @@ class _Session:
     @property
     def platform(self) -> Platform:
         if self._platform is None:
-            from perfguard.platform import probe
+            from perfguard.measurement.platform import probe
 
             self._platform = probe(self.option("platform"))
         return self._platform
@@ -234,7 +234,7 @@ class _Session:
         definition: dict[str, Any] = {"id": case_id, "source": item.nodeid}
         if kwargs.get("tolerance_overrides"):
             definition["tolerance_overrides"] = dict(kwargs["tolerance_overrides"])
-        from perfguard.runner import CaseResult
+        from perfguard.storage.results import CaseResult
 
         result = CaseResult(case_id=case_id, case=definition)
         self.results[case_id] = result
@@ -250,8 +250,8 @@ class _Session:
         result.error = lines[0][:500] if lines else "the test failed"
 
     def to_results(self) -> Results:
-        from perfguard.platform import fingerprint
-        from perfguard.runner import Results
+        from perfguard.measurement.platform import fingerprint
+        from perfguard.storage.results import Results
 
         return Results(
             environment=fingerprint(self.platform),
@@ -268,14 +268,14 @@ class _Session:
         results = self.to_results()
         path = self.option("results")
         if path:
-            from perfguard.report import write_results
+            from perfguard.storage.reports import write_results
 
             write_results(path, results)
         baseline_path = self.option("baseline")
         if not baseline_path:
             return None
         if self.option("update-baseline"):
-            from perfguard.baseline import record_case
+            from perfguard.storage.baseline import record_case
 
             for result in self.results.values():
                 if result.status == "ok":
@@ -295,18 +295,19 @@ def check(
     *,
     report_path: str | Path | None = None,
 ) -> Any:
-    """Judge `results` against a baseline file as `perfguard check` does; the Report."""
-    from perfguard import baseline as baselines
-    from perfguard.report import build_against, write_report
-    from perfguard.verdict import DEFAULT_PROFILE, judge
+    """Judge `results` against a baseline file as `perfguard check --results` does
+    (`perfguard.api.judge_results`); the Report, also written to `report_path`."""
+    from perfguard import api
+    from perfguard.decision.tolerances import DEFAULT_PROFILE
 
-    base = baselines.load(baseline_path)
-    baselines.check_platform(base, results.platform, str(baseline_path))
-    name = profile or DEFAULT_PROFILE
-    judgement = judge(results, base, name)
-    report = build_against(judgement, results, base, baseline_path, settings=results.settings)
+    report = api.judge_results(
+        results,
+        baseline=str(baseline_path),
+        profile=profile or DEFAULT_PROFILE,
+        source="this pytest session",
+    )
     if report_path:
-        write_report(report_path, report)
+        api.write_report(report, str(report_path), step_summary=False)
     return report
 
 
@@ -372,7 +373,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     from rich.console import Console
 
-    from perfguard.report import render_table
+    from perfguard.presentation.render import render_table
 
     terminalreporter.section("perfguard", red=state.report.exit_code != 0)
     buffer = io.StringIO()

@@ -8,12 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from perfguard.ab import abba_order, apply_variant, parse_variant, run_ab, toggle_variants
-from perfguard.cases import load_registry, select
+from perfguard.decision.stats import ratio_of_medians, slower_p_value, summarize
 from perfguard.errors import PerfguardError
-from perfguard.platform import Platform
-from perfguard.stats import ratio_of_medians, slower_p_value, summarize
-from perfguard.timer import stage
+from perfguard.measurement.ab import (
+    abba_order,
+    apply_variant,
+    parse_variant,
+    run_ab,
+    toggle_variants,
+)
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.timer import stage
+from perfguard.storage.cases import load_registry, select
 
 REPO = Path(__file__).resolve().parent.parent
 CASE = select(load_registry("cpu", REPO / "cases"), ids=["qwen_image_t2i_smoke"])[0]

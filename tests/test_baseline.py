@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from perfguard import baseline as store
 from perfguard.errors import PerfguardError
-from perfguard.runner import CaseResult
+from perfguard.storage import baseline as store
+from perfguard.storage.results import CaseResult
 
 ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": "a" * 40, "hostname": "h"}
 

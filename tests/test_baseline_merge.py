@@ -19,15 +19,16 @@ import pytest
 import torch
 
 import perfguard.cli
-import perfguard.runner
-from perfguard import baseline as store
-from perfguard import baseline_merge as bm
+import perfguard.measurement.platform
+import perfguard.measurement.runner
+from perfguard.decision.stats import Summary, summarize
 from perfguard.errors import EXIT_USAGE, PerfguardError
-from perfguard.platform import Platform
-from perfguard.report import render_baseline_diff_markdown
-from perfguard.runner import CaseResult
-from perfguard.stats import Summary, summarize
-from perfguard.timer import stage, step
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.timer import stage, step
+from perfguard.presentation.render import render_baseline_diff_markdown
+from perfguard.storage import baseline as store
+from perfguard.storage import baseline_merge as bm
+from perfguard.storage.results import CaseResult
 
 PG = Callable[..., tuple[int, str, str]]
 ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": "a" * 40, "hostname": "h"}
@@ -369,7 +370,7 @@ def test_out_may_be_an_input_and_a_failed_write_leaves_it_intact(
     def crash(src: Any, dst: Any) -> None:
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(perfguard.jsonio.os, "replace", crash)
+    monkeypatch.setattr(perfguard.storage.jsonio.os, "replace", crash)
     with pytest.raises(PerfguardError, match="disk full"):
         bm.merge_files([a, b], a)
     assert a.read_bytes() == before
@@ -509,9 +510,9 @@ def shard_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     (tmp_path / "cases" / "cpu.toml").write_text(REGISTRY)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    monkeypatch.setattr(perfguard.runner, "_default_factory", virtual_pipeline)
-    monkeypatch.setattr(perfguard.runner.gc, "collect", lambda *a: 0)
-    monkeypatch.setattr(perfguard.cli, "probe", lambda name=None: VirtualCPU())
+    monkeypatch.setattr(perfguard.measurement.runner, "_default_factory", virtual_pipeline)
+    monkeypatch.setattr(perfguard.measurement.runner.gc, "collect", lambda *a: 0)
+    monkeypatch.setattr(perfguard.measurement.platform, "probe", lambda name=None: VirtualCPU())
     yield tmp_path
 
 

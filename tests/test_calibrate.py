@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from perfguard import calibrate as calibrate_module
-from perfguard.calibrate import (
+from perfguard.cli import main
+from perfguard.decision import calibrate as calibrate_module
+from perfguard.decision.calibrate import (
     CheckSetup,
     calibrate_case,
     detection,
     measure_noise,
     suggested_overrides,
 )
-from perfguard.cli import main
-from perfguard.runner import CaseResult, pool
-from perfguard.verdict import Band, default_profiles
+from perfguard.decision.tolerances import Band, default_profiles
+from perfguard.storage.results import CaseResult, pool
 
 REPO = Path(__file__).resolve().parents[1]
 M = "stage:DenoisingStage"

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfguard.cases import TOGGLES, Case, load_registry, select
-from perfguard.platform import probe
+from perfguard.measurement.platform import probe
+from perfguard.storage.cases import TOGGLES, Case, load_registry, select
 from perfguard.workloads import glm_image, qwen_image
 from perfguard.workloads.pipeline import build_pipeline
 

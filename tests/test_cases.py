@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from perfguard.cases import TOGGLES, load_registry, select
 from perfguard.errors import PerfguardError
+from perfguard.storage.cases import TOGGLES, load_registry, select
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -165,7 +165,7 @@ def test_with_toggles_changes_only_the_toggles() -> None:
 
 
 def test_toggle_names_agree_with_the_models_and_the_schema() -> None:
-    from perfguard.jsonio import schema
+    from perfguard.storage.jsonio import schema
     from perfguard.workloads.presets import TOGGLES as MODEL_TOGGLES
 
     assert set(TOGGLES) == set(MODEL_TOGGLES)

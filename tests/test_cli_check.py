@@ -18,10 +18,11 @@ import pytest
 import torch
 
 import perfguard.cli
-import perfguard.runner
-from perfguard.jsonio import validate
-from perfguard.platform import Platform
-from perfguard.timer import stage, step
+import perfguard.measurement.platform
+import perfguard.measurement.runner
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.timer import stage, step
+from perfguard.storage.jsonio import validate
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = """
@@ -112,11 +113,13 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     monkeypatch.delenv("PERFGUARD_FACTORY", raising=False)
-    monkeypatch.setattr(perfguard.runner, "_default_factory", fake_factory)
+    monkeypatch.setattr(perfguard.measurement.runner, "_default_factory", fake_factory)
     # The runner collects garbage after each case to free device memory; in a pytest
     # process that costs ~0.1 s a case, and the fake pipelines hold nothing.
-    monkeypatch.setattr(perfguard.runner.gc, "collect", lambda *a: 0)
-    monkeypatch.setattr(perfguard.cli, "probe", lambda name=None: VirtualClockPlatform())
+    monkeypatch.setattr(perfguard.measurement.runner.gc, "collect", lambda *a: 0)
+    monkeypatch.setattr(
+        perfguard.measurement.platform, "probe", lambda name=None: VirtualClockPlatform()
+    )
     yield tmp_path / "baselines" / "cpu" / "test-cpu.json"
 
 
@@ -461,7 +464,7 @@ import time
 
 import torch
 
-from perfguard.timer import stage, step
+from perfguard.measurement.timer import stage, step
 
 
 def pipeline(case, platform):

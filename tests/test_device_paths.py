@@ -18,15 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfguard import ab
-from perfguard import platform as pf
-from perfguard.baseline import Scenario, parse
-from perfguard.cases import load_registry, select
-from perfguard.jsonio import validate
+from perfguard.decision.stats import Summary
+from perfguard.decision.tolerances import default_profiles
+from perfguard.decision.verdict import REGRESSION, judge_metric
+from perfguard.measurement import ab
+from perfguard.measurement import platform as pf
+from perfguard.measurement.runner import tensor_hash
 from perfguard.metrics import is_metric_name, metric_class, metrics_of_run, unit
-from perfguard.runner import CaseResult, tensor_hash
-from perfguard.stats import Summary
-from perfguard.verdict import REGRESSION, default_profiles, judge_metric
+from perfguard.storage.baseline import Scenario, parse
+from perfguard.storage.cases import load_registry, select
+from perfguard.storage.jsonio import validate
+from perfguard.storage.results import CaseResult
 from perfguard.workloads import graphs, qwen_image
 from perfguard.workloads.pipeline import build_pipeline
 from perfguard.workloads.presets import build_model
@@ -195,7 +197,7 @@ def test_rank_worker_narrows_devices_before_torch_is_imported(tmp_path: Path) ->
                     seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
                 return None
         sys.meta_path.insert(0, Watch())
-        from perfguard import _worker
+        from perfguard.measurement import worker as _worker
         try:
             _worker._rank({str(request)!r}, {str(tmp_path / "result.json")!r})
         except BaseException:
@@ -294,7 +296,7 @@ def _result() -> CaseResult:
 
 
 def test_stage_peaks_are_stored_in_the_baseline_and_read_back() -> None:
-    from perfguard.baseline import new_baseline, scenario_from_result
+    from perfguard.storage.baseline import new_baseline, scenario_from_result
 
     scen = scenario_from_result(_result())
     data = scen.to_json()
@@ -312,7 +314,7 @@ def test_stage_peaks_are_stored_in_the_baseline_and_read_back() -> None:
 
 
 def test_results_with_stage_peaks_pass_the_results_schema() -> None:
-    from perfguard.runner import Results
+    from perfguard.storage.results import Results
 
     res = Results(environment={"platform": "cuda", "hardware": "x"}, settings={})
     res.cases["c"] = _result()

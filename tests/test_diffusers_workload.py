@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfguard.cases import parse_case
-from perfguard.platform import probe
-from perfguard.runner import run_case
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.platform import probe
+from perfguard.measurement.runner import run_case
+from perfguard.storage.cases import parse_case
 from tests.conftest import PG
 
 STEPS = 2
@@ -167,7 +168,7 @@ def _case(model: Path, **extra: object):  # type: ignore[no-untyped-def]
 def test_stages_steps_components_and_counters_come_from_the_pipelines_own_seams(
     models: dict[str, Path],
 ) -> None:
-    result = run_case(_case(models["qwen"]), probe("cpu"), repeats=2, warmup=1)
+    result = run_case(_case(models["qwen"]), probe("cpu"), MeasureOptions(repeats=2, warmup=1))
     assert result.status == "ok", result.error
     s = result.samples
     stages = ("stage:TextEncodingStage", "stage:DenoisingStage", "stage:DecodingStage")
@@ -214,13 +215,13 @@ def test_without_a_negative_prompt_qwen_image_runs_one_pass_per_step(
         },
         "test.toml",
     )
-    result = run_case(case, probe("cpu"), repeats=1, warmup=0)
+    result = run_case(case, probe("cpu"), MeasureOptions(repeats=1, warmup=0))
     assert result.status == "ok", result.error
     assert result.counters == {"denoise_steps": [STEPS], "denoiser_calls": [STEPS]}
 
 
 def test_perfguards_dit_swapped_in_gives_the_diffusers_image(models: dict[str, Path]) -> None:
-    from perfguard.workloads.diffusers_pipeline import build_diffusers_pipeline
+    from perfguard.interop.diffusers import build_diffusers_pipeline
 
     platform = probe("cpu")
     theirs = build_diffusers_pipeline(_case(models["qwen"]), platform)
@@ -233,7 +234,7 @@ def test_perfguards_dit_swapped_in_gives_the_diffusers_image(models: dict[str, P
 
 
 def test_toggles_reach_the_swapped_dit(models: dict[str, Path]) -> None:
-    from perfguard.workloads.diffusers_pipeline import build_diffusers_pipeline
+    from perfguard.interop.diffusers import build_diffusers_pipeline
 
     case = _case(models["qwen"], dit="perfguard", toggles={"qwen_modulation_cache": False})
     pipe = build_diffusers_pipeline(case, probe("cpu"))
@@ -415,7 +416,7 @@ def test_dit_perfguard_needs_a_pipeline_perfguard_has_a_dit_for(
 def test_a_glm_image_pipelines_transformer_swaps_for_perfguards_with_its_weights() -> None:
     import diffusers
 
-    from perfguard.workloads.diffusers_pipeline import swap_dit
+    from perfguard.interop.diffusers import swap_dit
     from tests.test_models_vs_diffusers import GLM_TINY, _glm_inputs
 
     class GlmImagePipeline:  # what swap_dit needs of the pipeline: its class name, .transformer

@@ -15,20 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfguard import threads
-from perfguard.cases import Case
-from perfguard.platform import Platform
-from perfguard.runner import run_case
-from perfguard.stats import summarize, t_quantile, z_quantile
-from perfguard.verdict import (
-    MIN_EFFECT,
-    PASS,
-    REGRESSION,
-    Band,
-    default_profiles,
-    judge_metric,
-    sglang_profiles,
-)
+from perfguard.decision.stats import summarize, t_quantile, z_quantile
+from perfguard.decision.tolerances import MIN_EFFECT, Band, default_profiles, sglang_profiles
+from perfguard.decision.verdict import PASS, REGRESSION, judge_metric
+from perfguard.measurement import threads
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.runner import run_case
+from perfguard.storage.cases import Case
 from tests.test_cli_check import CHECK, GEN, PG, fake  # noqa: F401  (the fixture)
 
 M = "stage:DenoisingStage"
@@ -52,8 +46,7 @@ def test_cpu_cases_run_with_one_intra_op_thread_and_record_it(
         res = run_case(
             Case(id="c", workload="qwen_image", preset="tiny"),
             Platform(),
-            repeats=1,
-            warmup=0,
+            MeasureOptions(repeats=1, warmup=0),
             factory=lambda case, platform: lambda: torch.zeros(1),
         )
         assert res.status == "ok" and res.threads == {"intra_op": 1, "inter_op": 1}

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from perfguard.baseline import new_baseline, scenario_from_result
-from perfguard.changepoints import detect
 from perfguard.cli import cli
+from perfguard.decision.verdict import judge
 from perfguard.errors import PerfguardError
-from perfguard.history import add_reports, changes, load
-from perfguard.report import build, write_report
-from perfguard.runner import CaseResult, Results
-from perfguard.verdict import judge
+from perfguard.presentation.changepoints import detect
+from perfguard.presentation.history import add_reports, changes, load
+from perfguard.storage.baseline import new_baseline, scenario_from_result
+from perfguard.storage.reports import build, write_report
+from perfguard.storage.results import CaseResult, Results
 
 ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": None}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from perfguard.errors import PerfguardError
-from perfguard.jsonio import read_json, write_json_atomic
+from perfguard.storage.jsonio import read_json, write_json_atomic
 
 
 @pytest.fixture

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from perfguard.cases import Case
-from perfguard.memory import MEASURE, TensorMemory, measure_run
-from perfguard.platform import Platform
-from perfguard.runner import run_case
-from perfguard.timer import stage
+from perfguard.measurement.memory import MEASURE, TensorMemory, measure_run
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.runner import run_case
+from perfguard.measurement.timer import stage
+from perfguard.storage.cases import Case
 
 MIB = 1024 * 1024
 FLOATS_PER_MIB = MIB // 4
@@ -123,7 +124,7 @@ def test_the_cpu_runner_takes_peak_memory_from_one_tracked_run() -> None:
         return counted
 
     case = Case(id="mem", workload="qwen_image", preset="tiny")
-    result = run_case(case, _NoRssPlatform(), repeats=3, warmup=1, factory=factory)
+    result = run_case(case, _NoRssPlatform(), MeasureOptions(repeats=3, warmup=1), factory=factory)
     assert result.status == "ok", result.error
     assert len(calls) == 1 + 1 + 3  # warm-up, the memory run, the timed runs
     assert result.samples["peak_memory"] == [pytest.approx(3.0)]
@@ -136,7 +137,7 @@ def test_the_cpu_runner_takes_peak_memory_from_one_tracked_run() -> None:
 
 
 def test_the_real_smoke_pipeline_allocates_the_same_in_every_tracked_run() -> None:
-    from perfguard.cases import load_registry
+    from perfguard.storage.cases import load_registry
     from perfguard.workloads.pipeline import build_pipeline
 
     case = {c.id: c for c in load_registry("cpu")}["qwen_image_t2i_smoke"]

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from perfguard.cases import Case, load_registry, select
-from perfguard.platform import Platform
-from perfguard.timer import StageTimer
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.timer import StageTimer
+from perfguard.storage.cases import Case, load_registry, select
 from perfguard.workloads.pipeline import build_pipeline
 
 REPO = Path(__file__).resolve().parent.parent

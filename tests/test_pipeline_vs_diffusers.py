@@ -18,8 +18,8 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-from perfguard.cases import Case, load_registry, select  # noqa: E402
-from perfguard.platform import Platform  # noqa: E402
+from perfguard.measurement.platform import Platform  # noqa: E402
+from perfguard.storage.cases import Case, load_registry, select  # noqa: E402
 from perfguard.workloads.components import SCHEDULER_CONFIGS  # noqa: E402
 from perfguard.workloads.pipeline import build_pipeline  # noqa: E402
 from perfguard.workloads.presets import get_preset, init_weights_  # noqa: E402

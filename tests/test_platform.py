@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfguard import platform as pf
 from perfguard.errors import PerfguardError
+from perfguard.measurement import platform as pf
+from perfguard.storage.baseline import slugify
 
 
 class _FakeEvent:
@@ -148,11 +149,11 @@ def test_environment_variable_overrides_the_probe(monkeypatch: pytest.MonkeyPatc
 
 
 def test_slugify_makes_file_name_safe_hardware_ids() -> None:
-    assert pf.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
-    assert pf.slugify("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz") == (
+    assert slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert slugify("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz") == (
         "intel-xeon-platinum-8375c-2-90ghz"
     )
-    assert "/" not in pf.slugify("a/b\\c")
+    assert "/" not in slugify("a/b\\c")
 
 
 def test_fingerprint_names_where_figures_came_from() -> None:

@@ -24,12 +24,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perfguard import baseline as store
-from perfguard import history, sglang
-from perfguard.cases import load_registry
 from perfguard.errors import PerfguardError
-from perfguard.report import read_report, read_results, write_results
-from perfguard.runner import Results
+from perfguard.interop import sglang
+from perfguard.presentation import history
+from perfguard.storage import baseline as store
+from perfguard.storage.cases import load_registry
+from perfguard.storage.reports import read_report, read_results, write_results
+from perfguard.storage.results import Results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_history import _report  # a real report made by the library
@@ -139,7 +140,7 @@ def real_files() -> dict[str, bytes]:
     rep = _report(tmp / "report.json", 22.0, seed=1)
     res_path = tmp / "results.json"
     report = json.loads(rep.read_text())
-    from perfguard.runner import CaseResult
+    from perfguard.storage.results import CaseResult
 
     case = CaseResult(case_id="qwen_image_t2i_smoke", repeats=3)
     case.samples = {"e2e": [5.0, 5.1, 5.2], "stage:DenoisingStage": [3.0, 3.1, 3.0]}

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from perfguard.report import read_report, read_results, render_markdown
+from perfguard.presentation.render import render_markdown
+from perfguard.storage.reports import read_report, read_results
 
 pytest_plugins = ["pytester"]
 
@@ -19,7 +20,7 @@ import time
 import pytest
 import torch
 
-from perfguard.timer import stage
+from perfguard.measurement.timer import stage
 
 DELAY = float(os.environ.get("PG_DELAY_S", "0.005"))
 

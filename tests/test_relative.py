@@ -22,30 +22,21 @@ from pathlib import Path
 
 import pytest
 
-from perfguard import relative
-from perfguard.cases import Case
-from perfguard.errors import PerfguardError
-from perfguard.report import (
-    Report,
-    build_relative,
-    escape_md,
-    merge,
-    read_report,
-    render_markdown,
-    summary_line,
-    write_report,
-)
-from perfguard.runner import CaseResult
-from perfguard.verdict import (
+from perfguard.decision import paired
+from perfguard.decision.paired import (
     DIFFERENT,
-    IMPROVEMENT,
-    PASS,
-    REGRESSION,
     SAME,
     UNKNOWN,
     judge_relative_metric,
     paired_estimate,
 )
+from perfguard.decision.verdict import IMPROVEMENT, PASS, REGRESSION
+from perfguard.errors import PerfguardError
+from perfguard.measurement import relative
+from perfguard.presentation.render import escape_md, render_markdown, summary_line
+from perfguard.storage.cases import Case
+from perfguard.storage.reports import Report, build_relative, merge, read_report, write_report
+from perfguard.storage.results import CaseResult
 
 PG = Callable[..., tuple[int, str, str]]
 
@@ -96,14 +87,14 @@ def test_relative_metric_verdicts_and_unresolved_note() -> None:
 
 
 def test_look_schedule_and_bonferroni_per_look() -> None:
-    looks = relative.look_points(4, 24)
+    looks = paired.look_points(4, 24)
     assert looks == (4, 6, 8, 12, 16, 24)
-    assert relative.alpha_per_look(0.01, looks) == pytest.approx(0.01 / 7)
-    assert relative.look_points(2, 5) == (2, 4, 5)
+    assert paired.alpha_per_look(0.01, looks) == pytest.approx(0.01 / 7)
+    assert paired.look_points(2, 5) == (2, 4, 5)
     with pytest.raises(PerfguardError, match="--min-blocks"):
-        relative.look_points(1, 4)
+        paired.look_points(1, 4)
     with pytest.raises(PerfguardError, match="--max-blocks"):
-        relative.look_points(6, 4)
+        paired.look_points(6, 4)
 
 
 def test_block_orders_come_in_mirrored_pairs_from_the_seed() -> None:
@@ -315,7 +306,7 @@ import random
 
 import torch
 
-from perfguard.timer import stage, step
+from perfguard.measurement.timer import stage, step
 
 SLOW = {slow}
 

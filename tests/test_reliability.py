@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-import perfguard.history
+import perfguard.presentation.history
 from perfguard.cli import main
 from perfguard.errors import EXIT_INTERNAL, EXIT_TERMINATED, EXIT_USAGE
 
@@ -37,7 +37,7 @@ needs_fixtures = pytest.mark.skipif(not H100.is_file(), reason="sglang fixtures 
 
 FAST_PIPES = """
 import torch
-from perfguard.timer import stage, step
+from perfguard.measurement.timer import stage, step
 
 
 def _work():
@@ -139,12 +139,12 @@ def test_an_unexpected_exception_is_exit_70_with_one_line_and_a_traceback_file(
 ) -> None:
     """Any exception that is not a PerfguardError: a bug, or a library raising something
     unexpected. Never 0, 1, 2 or 3."""
-    import perfguard.baseline
+    import perfguard.storage.baseline
 
     def broken(path: object) -> None:
         raise error
 
-    monkeypatch.setattr(perfguard.baseline, "load", broken)
+    monkeypatch.setattr(perfguard.storage.baseline, "load", broken)
     monkeypatch.setenv("PERFGUARD_TRACEBACK_DIR", str(tmp_path / "tb"))
     code, _, err = pg("baselines", "show", str(tmp_path / "b.json"))
     assert code == EXIT_INTERNAL == 70
@@ -165,9 +165,9 @@ def test_an_unexpected_exception_is_exit_70_with_one_line_and_a_traceback_file(
 def test_an_unwritable_traceback_dir_still_ends_in_exit_70(
     tmp_path: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import perfguard.baseline
+    import perfguard.storage.baseline
 
-    monkeypatch.setattr(perfguard.baseline, "load", lambda p: 1 / 0)
+    monkeypatch.setattr(perfguard.storage.baseline, "load", lambda p: 1 / 0)
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("PERFGUARD_TRACEBACK_DIR", str(tmp_path / "file" / "sub"))
     code, _, err = pg("baselines", "show", "b.json")
@@ -323,9 +323,9 @@ def test_every_json_reader_refuses_bad_bytes_with_one_line(
 def test_a_file_over_the_size_limit_is_refused_before_it_is_read(
     tmp_path: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import perfguard.jsonio
+    import perfguard.storage.jsonio
 
-    monkeypatch.setattr(perfguard.jsonio, "MAX_BYTES", 1024)
+    monkeypatch.setattr(perfguard.storage.jsonio, "MAX_BYTES", 1024)
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"a": ["x" * 100] * 20}))
     code, _, err = pg("baselines", "show", str(big))
@@ -336,7 +336,7 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_read(
 @needs_fixtures
 def test_a_perf_log_refuses_bad_bytes_and_hostile_stage_names(tmp_path: Path) -> None:
     from perfguard.errors import PerfguardError
-    from perfguard.sglang import read_perf_log
+    from perfguard.interop.sglang import read_perf_log
 
     good = {
         "stages": [{"name": "DenoisingStage", "execution_time_ms": 5.0}],
@@ -380,7 +380,7 @@ def archive(tmp_path: Path) -> Path:
     levels = [20.0] * 10 + [26.0] * 10
     reports = [_report(tmp_path / f"r{i}.json", lv, seed=i) for i, lv in enumerate(levels)]
     for i, rep in enumerate(reports):
-        code = perfguard.history.add_reports(
+        code = perfguard.presentation.history.add_reports(
             db, [rep], commit=f"c{i:02d}", date=f"2026-01-{i + 1:02d}"
         )
         assert code == (1, 0)
@@ -461,7 +461,7 @@ def test_history_add_to_a_file_that_is_not_an_archive_is_exit_2_and_leaves_it(
 def test_history_add_to_a_locked_archive_is_exit_2_and_leaves_it(
     archive: Path, pg: PG, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(perfguard.history, "LOCK_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(perfguard.presentation.history, "LOCK_TIMEOUT_S", 0.05)
     rep = _report(tmp_path / "new.json", 30.0, seed=99)
     with closing(sqlite3.connect(archive, isolation_level=None)) as holder:
         holder.execute("BEGIN EXCLUSIVE")
@@ -555,8 +555,7 @@ def test_bad_registry_files_are_one_line_naming_the_file(
 
 
 def test_registry_platforms_are_the_platform_names() -> None:
-    from perfguard.cases import REGISTRY_PLATFORMS
-    from perfguard.platform import PLATFORM_NAMES
+    from perfguard.storage.cases import PLATFORM_NAMES, REGISTRY_PLATFORMS
 
     assert REGISTRY_PLATFORMS == PLATFORM_NAMES
 
@@ -665,7 +664,7 @@ def test_eight_concurrent_gen_baselines_writers_lose_no_case(fast: Path) -> None
 
 
 def _write_forever(path: str) -> None:
-    from perfguard.jsonio import write_json_atomic
+    from perfguard.storage.jsonio import write_json_atomic
 
     i = 0
     while True:
@@ -675,7 +674,7 @@ def _write_forever(path: str) -> None:
 
 def _killed_at(path: str, call: str, nth: int) -> None:
     """Write twice; SIGKILL this process at the `nth` call of `os.<call>`."""
-    from perfguard.jsonio import write_json_atomic
+    from perfguard.storage.jsonio import write_json_atomic
 
     real = getattr(os, call)
     seen = [0]
@@ -700,7 +699,7 @@ def test_sigkill_at_any_point_of_a_write_leaves_valid_json(tmp_path: Path) -> No
     import multiprocessing
     import random
 
-    from perfguard.jsonio import read_json
+    from perfguard.storage.jsonio import read_json
 
     ctx = multiprocessing.get_context("fork")
     points = [(c, n) for c in ("open", "fsync", "replace") for n in (1, 2)] + [("chmod", 1)]
@@ -799,7 +798,7 @@ def test_hostile_commits_in_the_archive_print_literally(tmp_path: Path, pg: PG) 
 
 
 def test_plot_labels_escape_mathtext() -> None:
-    from perfguard.plots import literal
+    from perfguard.presentation.plots import literal
 
     assert literal("a $x$ b") == r"a \$x\$ b"
 

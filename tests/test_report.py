@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from perfguard import report as rep
-from perfguard.baseline import Baseline, Scenario
+from perfguard.decision.tolerances import default_profiles
+from perfguard.decision.verdict import Summary, judge
 from perfguard.errors import PerfguardError
-from perfguard.jsonio import validate
-from perfguard.runner import CaseResult, Results
-from perfguard.verdict import Summary, default_profiles, judge
+from perfguard.presentation import render
+from perfguard.storage import reports as rep
+from perfguard.storage.baseline import Baseline, Scenario
+from perfguard.storage.jsonio import validate
+from perfguard.storage.results import CaseResult, Results
 
 EVIL = "x|y</details><script>alert(1)</script>`[a](b)` @team #1"
 
@@ -90,7 +92,7 @@ def test_a_report_whose_verdict_disagrees_with_its_cases_is_refused(tmp_path: Pa
 
 
 def test_markdown_has_a_summary_line_regressions_first_and_collapsed_details() -> None:
-    md = rep.render_markdown(regressed())
+    md = render.render_markdown(regressed())
     lines = md.splitlines()
     assert lines[0].startswith("### ❌ perfguard FAIL: 2 regression")
     assert lines.index("#### Regressions (2)") < lines.index(
@@ -100,7 +102,7 @@ def test_markdown_has_a_summary_line_regressions_first_and_collapsed_details() -
 
 
 def test_markdown_improvements_come_with_the_exact_tighten_command() -> None:
-    md = rep.render_markdown(regressed())
+    md = render.render_markdown(regressed())
     cmd = (
         "perfguard gen-baselines --tighten --platform cpu "
         "--baseline baselines/cpu/test-cpu.json --case b"
@@ -115,7 +117,7 @@ def test_markdown_escapes_case_ids_notes_and_errors_so_nothing_injects_markup() 
         notes=EVIL + "\n\n# heading",
         errors=(),
     )
-    md = rep.render_markdown(report)
+    md = render.render_markdown(report)
     assert "<script>" not in md and "</script>" not in md
     assert md.count("</details>") == 1 and md.count("<details>") == 1
     assert "@team" not in md and "#1" not in md and "\n# heading" not in md
@@ -136,7 +138,7 @@ def test_markdown_names_an_injected_slowdown_and_failed_cases() -> None:
         errors=("broken",),
         inject="DenoisingStage=+50%",
     )
-    md = rep.render_markdown(report)
+    md = render.render_markdown(report)
     assert "injected slowdown: DenoisingStage=+50%" in md
     assert "#### Cases that failed to run (1)" in md and "RuntimeError: boom" in md
 
@@ -147,7 +149,7 @@ def test_console_table_puts_regressions_first_and_respects_no_color(
     monkeypatch.setenv("NO_COLOR", "1")
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=200)
-    rep.render_table(regressed(), console)
+    render.render_table(regressed(), console)
     text = buf.getvalue()
     assert "\x1b[31m" not in text and "\x1b[32m" not in text  # no red, no green
     body = [line for line in text.splitlines() if "│" in line]
@@ -158,7 +160,7 @@ def test_console_table_puts_regressions_first_and_respects_no_color(
 def test_console_table_prints_rich_markup_in_case_ids_literally() -> None:
     buf = io.StringIO()
     report = make_report({"[bold]x[/bold]": {"e2e": [10.0]}}, {})
-    rep.render_table(report, Console(file=buf, width=200))
+    render.render_table(report, Console(file=buf, width=200))
     assert "[bold]x[/bold]" in buf.getvalue()
 
 
@@ -186,6 +188,6 @@ def test_merge_refuses_overlapping_shards_and_different_baselines() -> None:
 def test_step_summary_is_appended_when_github_sets_it(tmp_path: Path) -> None:
     target = tmp_path / "summary.md"
     target.write_text("earlier step\n")
-    assert rep.append_step_summary("# ours", {"GITHUB_STEP_SUMMARY": str(target)}) == target
+    assert render.append_step_summary("# ours", {"GITHUB_STEP_SUMMARY": str(target)}) == target
     assert target.read_text() == "earlier step\n# ours\n"
-    assert rep.append_step_summary("# ours", {}) is None
+    assert render.append_step_summary("# ours", {}) is None

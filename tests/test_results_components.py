@@ -7,10 +7,13 @@ from typing import Any
 
 import torch
 
-from perfguard.cases import Case
-from perfguard.platform import probe
-from perfguard.report import components_line, counters_line, read_results, write_results
-from perfguard.runner import CaseResult, Results, components_of, pool, run_case
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.platform import probe
+from perfguard.measurement.runner import components_of, run_case
+from perfguard.presentation.render import components_line, counters_line
+from perfguard.storage.cases import Case
+from perfguard.storage.reports import read_results, write_results
+from perfguard.storage.results import CaseResult, Results, pool
 
 CASE = Case(id="fake", workload="qwen_image", preset="tiny")
 
@@ -41,13 +44,13 @@ def _factory(case: Case, platform: Any) -> _Pipeline:
 
 
 def test_components_and_counters_are_read_after_every_measured_run(tmp_path: Path) -> None:
-    res = run_case(CASE, probe("cpu"), repeats=3, warmup=1, factory=_factory)
+    res = run_case(CASE, probe("cpu"), MeasureOptions(repeats=3, warmup=1), factory=_factory)
     assert res.status == "ok", res.error
     assert res.components == {
         "scheduler": {"class": "diffusers.FlowMatchEulerDiscreteScheduler", "parameters": None},
         "transformer": {"class": "torch.nn.modules.linear.Linear", "parameters": 15},
     }
-    # The warm-up is call 1 and the CPU memory run (perfguard.memory) call 2: measured
+    # The warm-up is call 1 and the CPU memory run (perfguard.measurement.memory) call 2: measured
     # calls are 3, 4, 5; a counter missing from a run is 0.
     assert res.counters == {"cache_hits": [3, 4, 5], "odd_only": [1, 0, 1]}
     results = Results(environment={"platform": "cpu", "hardware": "h"}, settings={})
@@ -62,7 +65,7 @@ def test_a_factory_that_shows_nothing_records_nothing() -> None:
     def plain(case: Case, platform: Any) -> Any:
         return lambda: torch.ones(1)
 
-    res = run_case(CASE, probe("cpu"), repeats=1, warmup=0, factory=plain)
+    res = run_case(CASE, probe("cpu"), MeasureOptions(repeats=1, warmup=0), factory=plain)
     assert res.status == "ok" and res.components is None and res.counters is None
     data = res.to_json()
     assert "components" not in data and "counters" not in data

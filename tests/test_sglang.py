@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from perfguard import baseline as store
 from perfguard.errors import PerfguardError
-from perfguard.sglang import import_data, import_file, perf_log_results, read_perf_log
+from perfguard.interop.sglang import import_data, import_file, perf_log_results, read_perf_log
+from perfguard.storage import baseline as store
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sglang"
 if not FIXTURES.is_dir():  # pragma: no cover - a checkout elsewhere

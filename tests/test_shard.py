@@ -11,9 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfguard.cases import Case
 from perfguard.errors import EXIT_USAGE, PerfguardError
-from perfguard.shard import (
+from perfguard.measurement.shard import (
     DEFAULT_TIME_S,
     Shard,
     expected_time_s,
@@ -21,6 +20,7 @@ from perfguard.shard import (
     select_shard,
     split,
 )
+from perfguard.storage.cases import Case
 
 
 def case(cid: str, estimate: float | None = None) -> Case:
@@ -124,7 +124,7 @@ import time
 
 import torch
 
-from perfguard.timer import stage, step
+from perfguard.measurement.timer import stage, step
 
 
 def pipeline(case, platform):
@@ -153,7 +153,7 @@ REGISTRY = "".join(
 
 
 def verdicts(report_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
-    from perfguard.report import read_report
+    from perfguard.storage.reports import read_report
 
     # An improvement never fails a check and, on stages that sleep a millisecond, comes and
     # goes with the machine's load between two checks: it counts as a pass here.
@@ -169,7 +169,7 @@ def verdicts(report_path: Path) -> dict[str, tuple[str, dict[str, str]]]:
 def test_merged_shard_reports_give_the_verdicts_and_exit_code_of_one_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg: Callable[..., tuple[int, str, str]]
 ) -> None:
-    from perfguard.report import read_report
+    from perfguard.storage.reports import read_report
 
     (tmp_path / "registry").mkdir()
     (tmp_path / "registry" / "cpu.toml").write_text(REGISTRY)

@@ -7,11 +7,11 @@ import types
 
 import pytest
 
-import perfguard.timer
+import perfguard.measurement.timer
 from perfguard.errors import EXIT_USAGE
-from perfguard.inject import InjectionUnmatched
-from perfguard.platform import Platform
-from perfguard.timer import StageTimer, current_timer, stage, step
+from perfguard.measurement.inject import InjectionUnmatched
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.timer import StageTimer, current_timer, stage, step
 
 
 def _spin(seconds: float) -> None:
@@ -274,7 +274,7 @@ class _VirtualClock(Platform):
 def test_injected_time_stays_inside_the_named_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _VirtualClock()
     monkeypatch.setattr(
-        perfguard.timer, "time", types.SimpleNamespace(perf_counter=clock.perf_counter)
+        perfguard.measurement.timer, "time", types.SimpleNamespace(perf_counter=clock.perf_counter)
     )
     inject = {"DenoisingStage": 0.5, "DecodingStage/VaeStage": 0.25}
     with StageTimer(clock, inject=inject, track_memory=False) as timer:

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from perfguard.baseline import Baseline, Scenario
+from perfguard.decision.tolerances import Band, Profile, sglang_profiles
+from perfguard.decision.verdict import Summary, gated_steps, judge, judge_metric, summarize
 from perfguard.errors import EXIT_CASE_FAILED, EXIT_OK, EXIT_REGRESSION
-from perfguard.runner import CaseResult, Results
-from perfguard.verdict import (
-    Band,
-    Profile,
-    Summary,
-    gated_steps,
-    judge,
-    judge_metric,
-    sglang_profiles,
-    summarize,
-)
+from perfguard.storage.baseline import Baseline, Scenario
+from perfguard.storage.results import CaseResult, Results
 
 CUDA = sglang_profiles("cuda")["pr_test"]
 

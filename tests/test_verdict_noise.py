@@ -18,16 +18,19 @@ from typing import Any
 import pytest
 import torch
 
-from perfguard.baseline import Baseline, Scenario, new_baseline, scenario_from_result
-from perfguard.cases import Case
+from perfguard.decision.gate import run_gate
+from perfguard.decision.stats import log_ratio_noise, process_spread, summarize
+from perfguard.decision.tolerances import Band
+from perfguard.decision.verdict import CONTENDED, PASS, REGRESSION, Rule, judge_case, judge_metric
 from perfguard.errors import EXIT_CONTENDED
-from perfguard.gate import run_gate
-from perfguard.jsonio import validate
-from perfguard.platform import Platform
-from perfguard.runner import CaseResult, Results, pool, run_case, run_cases
-from perfguard.stats import log_ratio_noise, process_spread, summarize
-from perfguard.timer import stage
-from perfguard.verdict import CONTENDED, PASS, REGRESSION, Band, Rule, judge_case, judge_metric
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.runner import run_case, run_cases
+from perfguard.measurement.timer import stage
+from perfguard.storage.baseline import Baseline, Scenario, new_baseline, scenario_from_result
+from perfguard.storage.cases import Case
+from perfguard.storage.jsonio import validate
+from perfguard.storage.results import CaseResult, Results, pool
 
 M = "stage:DenoisingStage"
 BAND = Band(0.10, 0.0)
@@ -353,8 +356,7 @@ def test_run_case_stops_when_told_and_never_before_the_minimum_nor_after_the_max
     res = run_case(
         CASE,
         VirtualClock(),
-        repeats=5,
-        max_repeats=20,
+        MeasureOptions(repeats=5, max_repeats=20),
         until=until,
         factory=_factory(lambda i: 10.0),
     )
@@ -362,8 +364,7 @@ def test_run_case_stops_when_told_and_never_before_the_minimum_nor_after_the_max
     res = run_case(
         CASE,
         VirtualClock(),
-        repeats=5,
-        max_repeats=9,
+        MeasureOptions(repeats=5, max_repeats=9),
         until=lambda r: False,
         factory=_factory(lambda i: 10.0),
     )
@@ -390,12 +391,9 @@ def test_adaptive_sampling_stops_as_soon_as_every_verdict_is_clear(level: float,
         return run_cases(
             cases,
             VirtualClock(),
-            repeats=5,
-            warmup=0,
-            max_repeats=20,
+            MeasureOptions(repeats=5, warmup=0, max_repeats=20, progress=False),
             until_for=until_for,
             factory=factory,
-            progress=False,
         )
 
     outcome = run_gate([CASE], baseline, "pr_test", measure, max_reruns=0, max_repeats=20)
@@ -405,7 +403,8 @@ def test_adaptive_sampling_stops_as_soon_as_every_verdict_is_clear(level: float,
 
 
 def test_the_report_shows_the_evidence_and_the_reruns_and_round_trips() -> None:
-    from perfguard.report import Report, build, render_markdown
+    from perfguard.presentation.render import render_markdown
+    from perfguard.storage.reports import Report, build
 
     measure, _ = _scripted([15.0, 15.1])
     baseline = _baseline([10.0, 10.1, 9.9])

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from perfguard import workers
-from perfguard._worker import _narrow_visible_devices
-from perfguard.cases import Case
 from perfguard.errors import PerfguardError
-from perfguard.platform import CudaPlatform, NpuPlatform, Platform, RocmPlatform, probe
-from perfguard.runner import run_case
+from perfguard.measurement import workers
+from perfguard.measurement.options import MeasureOptions, parse_devices
+from perfguard.measurement.platform import CudaPlatform, NpuPlatform, Platform, RocmPlatform, probe
+from perfguard.measurement.runner import import_factory, run_case
+from perfguard.measurement.worker import _narrow_visible_devices
+from perfguard.storage.cases import Case
 
 FAKE_PIPES = """
 import os
@@ -27,7 +28,7 @@ import time
 
 import torch
 
-from perfguard.timer import stage, step
+from perfguard.measurement.timer import stage, step
 
 
 def _log(case, what):
@@ -110,17 +111,17 @@ FACTORY = "pg_fake_pipes:pipeline"
 
 
 def test_parse_devices() -> None:
-    assert workers.parse_devices("0,1") == ["0", "1"]
-    assert workers.parse_devices(" 3 , GPU-8f3a ") == ["3", "GPU-8f3a"]
-    assert workers.parse_devices(None) is None
-    assert workers.parse_devices("") is None
+    assert parse_devices("0,1") == ["0", "1"]
+    assert parse_devices(" 3 , GPU-8f3a ") == ["3", "GPU-8f3a"]
+    assert parse_devices(None) is None
+    assert parse_devices("") is None
     for bad in ("0,,1", "0;1", "0,0"):
         with pytest.raises(PerfguardError, match="--devices"):
-            workers.parse_devices(bad)
+            parse_devices(bad)
 
 
 def test_import_factory_names_what_is_wrong(fake: Path) -> None:
-    assert callable(workers.import_factory(FACTORY))
+    assert callable(import_factory(FACTORY))
     for spec, why in [
         ("pg_fake_pipes", "module:function"),
         ("no_such_module_xyz:f", "cannot import"),
@@ -128,7 +129,7 @@ def test_import_factory_names_what_is_wrong(fake: Path) -> None:
         ("pg_fake_pipes:signal.SIGKILL", "not callable"),
     ]:
         with pytest.raises(PerfguardError, match=why):
-            workers.import_factory(spec)
+            import_factory(spec)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +186,9 @@ def test_more_cpu_workers_than_cores_is_refused_before_anything_starts(
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     with pytest.raises(PerfguardError, match="2 CPU workers x 1 thread"):
-        workers.run_cases([fake_case("a")], CPU, devices=["0", "1"], factory=FACTORY)
+        workers.run_cases(
+            [fake_case("a")], CPU, MeasureOptions(devices=["0", "1"], factory=FACTORY)
+        )
     assert log_lines(fake, "build") == []
 
 
@@ -197,7 +200,10 @@ def test_devices_run_one_worker_per_device_that_keeps_running_cases(fake: Path) 
     cases = [fake_case(f"c{i}") for i in range(4)]
     seen = []
     results = workers.run_cases(
-        cases, CPU, devices=["0", "1"], repeats=2, warmup=1, factory=FACTORY, on_case=seen.append
+        cases,
+        CPU,
+        MeasureOptions(devices=["0", "1"], repeats=2, warmup=1, factory=FACTORY),
+        on_case=seen.append,
     )
     assert sorted(results.cases) == ["c0", "c1", "c2", "c3"]
     assert all(r.status == "ok" and len(r.samples["e2e"]) == 2 for r in results.cases.values())
@@ -215,7 +221,7 @@ def test_devices_run_one_worker_per_device_that_keeps_running_cases(fake: Path) 
 
 def test_a_worker_that_dies_fails_only_its_case(fake: Path) -> None:
     cases = [fake_case("a_ok"), fake_case("b_crash", "crash"), fake_case("c_ok")]
-    results = workers.run_cases(cases, CPU, repeats=1, warmup=0, factory=FACTORY)
+    results = workers.run_cases(cases, CPU, MeasureOptions(repeats=1, warmup=0, factory=FACTORY))
     crash = results.cases["b_crash"]
     assert crash.status == "error"
     assert "died while running this case (killed by SIGKILL)" in (crash.error or "")
@@ -229,7 +235,7 @@ def test_isolate_kills_a_case_that_hangs_and_runs_the_rest_in_fresh_processes(
     cases = [fake_case("a_hang", "hang"), fake_case("b_ok")]
     started = time.monotonic()
     results = workers.run_cases(
-        cases, CPU, isolate=True, repeats=1, warmup=0, timeout=1.0, factory=FACTORY
+        cases, CPU, MeasureOptions(isolate=True, repeats=1, warmup=0, timeout=1.0, factory=FACTORY)
     )
     elapsed = time.monotonic() - started
     hang = results.cases["a_hang"]
@@ -245,14 +251,16 @@ def test_isolate_kills_a_case_that_hangs_and_runs_the_rest_in_fresh_processes(
 
 def test_a_multi_device_case_needs_that_many_devices(fake: Path) -> None:
     results = workers.run_cases(
-        [fake_case("two", devices=2)], CPU, devices=["0"], repeats=1, factory=FACTORY
+        [fake_case("two", devices=2)],
+        CPU,
+        MeasureOptions(devices=["0"], repeats=1, factory=FACTORY),
     )
     assert results.cases["two"].error == "needs 2 devices but --devices lists 1"
 
 
 def test_a_bad_factory_is_a_usage_error_before_anything_runs(fake: Path) -> None:
     with pytest.raises(PerfguardError, match="cannot import"):
-        workers.run_cases([fake_case("a")], CPU, factory="no_such_module_xyz:f")
+        workers.run_cases([fake_case("a")], CPU, MeasureOptions(factory="no_such_module_xyz:f"))
 
 
 def test_an_injection_that_matched_no_stage_ends_the_command_from_a_worker(fake: Path) -> None:
@@ -261,11 +269,9 @@ def test_an_injection_that_matched_no_stage_ends_the_command_from_a_worker(fake:
         workers.run_cases(
             cases,
             CPU,
-            isolate=True,
-            repeats=1,
-            warmup=0,
-            inject={"Denoising": 0.1},
-            factory=FACTORY,
+            MeasureOptions(
+                isolate=True, repeats=1, warmup=0, inject={"Denoising": 0.1}, factory=FACTORY
+            ),
         )
     assert err.value.exit_code == 2
     assert "stages that ran: DenoisingStage" in str(err.value)
@@ -273,16 +279,14 @@ def test_an_injection_that_matched_no_stage_ends_the_command_from_a_worker(fake:
 
 
 def test_an_injection_that_matched_no_stage_is_not_a_case_failure_in_process(fake: Path) -> None:
-    from perfguard.inject import InjectionUnmatched
+    from perfguard.measurement.inject import InjectionUnmatched
 
     with pytest.raises(InjectionUnmatched, match="no stage named Denoising ran"):
         run_case(
             fake_case("a"),
             CPU,
-            repeats=1,
-            warmup=0,
-            inject={"Denoising": 0.1},
-            factory=workers.import_factory(FACTORY),
+            MeasureOptions(repeats=1, warmup=0, inject={"Denoising": 0.1}),
+            factory=import_factory(FACTORY),
         )
 
 
@@ -296,7 +300,7 @@ def test_a_two_device_case_runs_on_two_gloo_ranks_cfg_parallel() -> None:
         prompt_lengths=(24, 13), guidance_scale=4.0,
     )  # fmt: skip
     double = Case(**{**single.definition(), "num_devices": 2})
-    results = workers.run_cases([double], CPU, repeats=2, warmup=1, timeout=120)
+    results = workers.run_cases([double], CPU, MeasureOptions(repeats=2, warmup=1, timeout=120))
     res = results.cases["qwen_2rank"]
     assert res.status == "ok", res.error
     assert res.case["ranks"] == 2
@@ -305,7 +309,7 @@ def test_a_two_device_case_runs_on_two_gloo_ranks_cfg_parallel() -> None:
     assert res.samples["e2e"] == [max(a, b) for a, b in zip(*per_rank, strict=True)]
     assert "stage:DenoisingStage" in res.samples
     # The same images as one process computing both CFG halves itself.
-    reference = run_case(single, probe("cpu"), repeats=1, warmup=0)
+    reference = run_case(single, probe("cpu"), MeasureOptions(repeats=1, warmup=0))
     assert res.output_hash == reference.output_hash
     assert res.deterministic is True
 
@@ -313,8 +317,9 @@ def test_a_two_device_case_runs_on_two_gloo_ranks_cfg_parallel() -> None:
 def test_a_hung_rank_is_killed_with_every_rank(fake: Path) -> None:
     results = workers.run_cases(
         [fake_case("ranks", "hang_rank1", devices=2)],
-        CPU, repeats=1, warmup=0, timeout=1.0, factory=FACTORY,
-    )  # fmt: skip
+        CPU,
+        MeasureOptions(repeats=1, warmup=0, timeout=1.0, factory=FACTORY),
+    )
     res = results.cases["ranks"]
     assert res.status == "error" and (res.error or "").startswith("timeout: killed after")
     rank_pids = {pid for cid, pid, _ in log_lines(fake, "build") if cid == "ranks"}
@@ -327,9 +332,10 @@ def test_a_hung_rank_is_killed_with_every_rank(fake: Path) -> None:
 
 def test_a_rank_that_dies_fails_the_case(fake: Path) -> None:
     results = workers.run_cases(
-        [fake_case("ranks", "crash_rank1", devices=2)], CPU, repeats=1, warmup=0,
-        timeout=60, factory=FACTORY,
-    )  # fmt: skip
+        [fake_case("ranks", "crash_rank1", devices=2)],
+        CPU,
+        MeasureOptions(repeats=1, warmup=0, timeout=60, factory=FACTORY),
+    )
     res = results.cases["ranks"]
     assert res.status == "error"
     assert "2 ranks" in (res.error or "") and "failed" in (res.error or "")
@@ -342,7 +348,7 @@ def test_run_with_devices_and_isolate_from_the_command_line(
     fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from perfguard.cli import main
-    from perfguard.report import read_results
+    from perfguard.storage.reports import read_results
 
     registry = tmp_path / "registry"
     registry.mkdir()

@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from perfguard.cases import Case
-from perfguard.platform import Platform
-from perfguard.timer import stage, step
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.timer import stage, step
+from perfguard.storage.cases import Case
 from perfguard.workloads.components import (
     QWEN_PROMPT_SUFFIX_TOKENS,
     QWEN_PROMPT_TEMPLATE,
@@ -67,9 +67,7 @@ from perfguard.workloads.graphs import breakable_cuda_graph
 from perfguard.workloads.presets import build_model, get_preset
 
 VAE_SCALE = 8
-# The negative prompt's length in DiT text tokens (Qwen-Image; GLM-Image's negative
-# prompt is "" as in diffusers, one glyph token).
-NEGATIVE_PROMPT_TOKENS = 8
+NEGATIVE_PROMPT_TOKENS = 8  # Qwen-Image's, in DiT tokens (GLM-Image's is "": one glyph token)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -78,6 +76,16 @@ class _Text:
     embeds: torch.Tensor  # [B, T, D]
     mask: torch.Tensor | None  # [B, T] bool, None when no row is padded
     lengths: list[int]
+
+    def clone(self) -> _Text:
+        mask = None if self.mask is None else self.mask.clone()
+        return _Text(self.embeds.clone(), mask, list(self.lengths))
+
+    def refill(self, other: _Text) -> None:
+        """Copy `other`'s values into this text's tensors (a CUDA graph's static inputs)."""
+        self.embeds.copy_(other.embeds)
+        if self.mask is not None and other.mask is not None:
+            self.mask.copy_(other.mask)
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -123,8 +131,8 @@ class T2IPipeline:
         """Switch optimizations on this built pipeline, sharing its weights.
 
         The toggles choose code paths, not weights, so an A/B run builds the model once and
-        flips them between runs (`perfguard.ab`): two copies of Qwen-Image at `full` would
-        not fit one 80 GB device. Toggles of the other workload are ignored, as in
+        flips them between runs (`perfguard.measurement.ab`): two copies of Qwen-Image at
+        `full` would not fit one 80 GB device. Toggles of the other workload are ignored, as in
         `build_model`. A captured CUDA graph keeps the path it recorded, which is the
         capture-safe one for every toggle.
         """
@@ -726,17 +734,6 @@ def _cfg_parallel_group(case: Case) -> Any:
     return None
 
 
-def _static_text(text: _Text) -> _Text:
-    mask = None if text.mask is None else text.mask.clone()
-    return _Text(text.embeds.clone(), mask, list(text.lengths))
-
-
-def _refill_text(static: _Text, text: _Text) -> None:
-    static.embeds.copy_(text.embeds)
-    if static.mask is not None and text.mask is not None:
-        static.mask.copy_(text.mask)
-
-
 class _GraphedPrediction:
     """The guided DiT prediction captured in a CUDA graph and replayed every step.
 
@@ -759,8 +756,8 @@ class _GraphedPrediction:
     ) -> None:
         self.static_latents = latents.clone()
         self.static_timestep = timestep.clone()
-        self.static_cond = _static_text(cond)
-        self.static_uncond = None if uncond is None else _static_text(uncond)
+        self.static_cond = cond.clone()
+        self.static_uncond = None if uncond is None else uncond.clone()
 
         def run() -> torch.Tensor:
             return pipe.guided_prediction(
@@ -782,9 +779,9 @@ class _GraphedPrediction:
     ) -> torch.Tensor:
         self.static_latents.copy_(latents)
         self.static_timestep.copy_(timestep)
-        _refill_text(self.static_cond, cond)
+        self.static_cond.refill(cond)
         if self.static_uncond is not None and uncond is not None:
-            _refill_text(self.static_uncond, uncond)
+            self.static_uncond.refill(uncond)
         self.graph.replay()
         return self.static_out.clone()
 

@@ -1,0 +1,700 @@
+"""The library API: what each command does, one function each.
+
+    from perfguard import MeasureOptions, Selection, check, gen_baselines
+
+    options = MeasureOptions(repeats=5, processes=3)
+    gen_baselines(Selection(tags=("smoke",)), options, baseline="b.json")
+    report = check(Selection(tags=("smoke",)), options.replace(processes=1), baseline="b.json")
+    raise SystemExit(report.exit_code)
+
+Every function composes the layers below it: `perfguard.measurement` runs cases (the one
+layer that needs torch), `perfguard.decision` judges them, `perfguard.storage` reads and
+writes the files. The CLI (`perfguard.cli`) parses flags, calls one of these, and renders
+what it returns. Measurement modules import torch at module level, so they are imported
+inside the functions that measure: `check_results`, `check_perf_log` and everything that
+only reads files run where torch is not installed.
+
+Errors the user can fix raise `PerfguardError` (one line, exit 2); progress notes go to
+`echo` (stderr by default), never into the returned values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from perfguard.errors import PerfguardError
+from perfguard.measurement.options import MeasureOptions
+from perfguard.storage.baseline import Baseline
+from perfguard.storage.cases import Case, Selection, load_registry
+from perfguard.storage.reports import Report
+from perfguard.storage.results import CaseResult, Results
+
+if TYPE_CHECKING:
+    from perfguard.decision.calibrate import CaseCalibration, CheckSetup
+    from perfguard.measurement.platform import Platform
+    from perfguard.measurement.relative import RelativeOptions
+
+Echo = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---- cases and baselines --------------------------------------------------------------------
+
+
+def probe(name: str | None = None) -> Platform:
+    """The platform to measure on: `name`, `$PERFGUARD_PLATFORM`, else the probed one."""
+    from perfguard.measurement import platform
+
+    return platform.probe(name)
+
+
+def baseline_path(path: str | None, platform: str, hardware: str) -> str:
+    """`path`, else the default baseline of this platform and hardware."""
+    from perfguard.storage.baseline import default_path
+
+    return path or str(default_path(platform, hardware))
+
+
+def load_baseline(path: str) -> Baseline:
+    """The baseline a check compares with; a missing file says how to make one."""
+    from perfguard.storage import baseline as store
+
+    if not os.path.exists(path):
+        raise PerfguardError(
+            f"{path}: no baseline file: measure one with `perfguard gen-baselines` "
+            "on this hardware, or pass --baseline"
+        )
+    return store.load(path)
+
+
+def select_cases(
+    platform: str,
+    selection: Selection,
+    *,
+    split_by: str | None = None,
+    preflight: bool = True,
+    echo: Echo = _stderr,
+) -> list[Case]:
+    """The selected cases of `platform`'s registry; exit 2 when none matches.
+
+    With `selection.shard`, only that shard (balanced by the baseline at `split_by`
+    where cases lack `estimated_time_s`). With `preflight`, a diffusers model directory
+    that cannot load offline is an error now, before anything runs.
+    """
+    cases = selection.of(load_registry(platform, selection.cases_dir))
+    if not cases:
+        raise PerfguardError("no case matches the selection (see `perfguard list-cases`)")
+    if preflight:
+        from perfguard.interop.diffusers import preflight_all
+
+        preflight_all(cases)
+    return shard(cases, selection.shard, split_by, echo=echo)
+
+
+def shard(
+    cases: list[Case], spec: str | None, split_by: str | None, *, echo: Echo = _stderr
+) -> list[Case]:
+    """The cases of shard `spec` (`K/N`); says so when this shard has none."""
+    from perfguard.measurement.shard import shard_selection
+
+    chosen = shard_selection(cases, spec, split_by)
+    if spec and not chosen:
+        echo(f"perfguard: shard {spec} has no case ({len(cases)} selected)")
+    return chosen
+
+
+def run_cases(
+    cases: Sequence[Case],
+    platform: Platform,
+    options: MeasureOptions,
+    *,
+    on_case: Callable[[CaseResult], None] | None = None,
+    until_for: Callable[[Case], Callable[[CaseResult], bool] | None] | None = None,
+) -> Results:
+    """Run `cases` here or in worker processes, as `options` say (`workers.execute`)."""
+    from perfguard.measurement.workers import execute
+
+    return execute(cases, platform, options, on_case=on_case, until_for=until_for)
+
+
+# ---- run and gen-baselines ------------------------------------------------------------------
+
+
+def run(
+    selection: Selection,
+    options: MeasureOptions,
+    *,
+    platform: Platform | None = None,
+    out: str | None = None,
+    echo: Echo = _stderr,
+) -> Results:
+    """Measure the selected cases; every sample of every metric, errors kept per case.
+
+    `out` also writes the results file (the input of `check --results`).
+    """
+    from perfguard.storage.reports import write_results
+
+    platform = platform or probe()
+    split_by = baseline_path(None, platform.name, platform.hardware_slug())
+    cases = select_cases(platform.name, selection, split_by=split_by, echo=echo)
+    results = run_cases(cases, platform, options)
+    if out:
+        write_results(out, results)
+    return results
+
+
+@dataclass
+class BaselineUpdate:
+    """What `gen_baselines` did to the baseline file at `path`."""
+
+    path: str
+    results: Results
+    selected: int
+    saved: list[str] = field(default_factory=list)
+    contended: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    tightened: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status != "ok" for r in self.results.cases.values())
+
+
+def gen_baselines(
+    selection: Selection,
+    options: MeasureOptions,
+    *,
+    baseline: str | None = None,
+    tighten: bool = False,
+    prune: bool = False,
+    platform: Platform | None = None,
+    echo: Echo = _stderr,
+    say: Echo = print,
+) -> BaselineUpdate:
+    """Measure the selected cases and store them in the baseline file.
+
+    Only the selected cases are updated; the others, and every case's notes and
+    tolerance_overrides, are kept. The file is saved after each case, under a file
+    lock, so an interrupt loses at most the case in flight. Refuses fault injection
+    (a baseline must never contain injected time) and refuses to touch a baseline it
+    cannot read, before measuring anything. `say` is told each case's outcome as soon as
+    it is saved (or why it was not).
+    """
+    from perfguard.decision.contention import screen
+    from perfguard.measurement.inject import ENV_INJECT, inject_from
+    from perfguard.measurement.platform import fingerprint
+    from perfguard.storage import baseline as store
+
+    if options.inject or inject_from(None):
+        source = f"${ENV_INJECT}" if inject_from(None) else "--inject"
+        raise PerfguardError(
+            f"gen-baselines refuses fault injection ({source} is set): "
+            "a baseline must never contain injected time"
+        )
+    platform = platform or probe()
+    path = baseline_path(baseline, platform.name, platform.hardware_slug())
+    cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
+    environment = fingerprint(platform)
+    with store.lock(path):
+        store.open_for_update(path, environment)  # refuse an unreadable file before measuring
+    cases = shard(cases, selection.shard, path, echo=echo)
+    update = BaselineUpdate(path=path, results=Results({}, {}), selected=len(cases))
+    update.tightened = tighten
+
+    def on_case(result: CaseResult) -> None:
+        if result.status != "ok":
+            say(f"{result.case_id}: error, baseline not updated: {result.error}")
+            return
+        # Runs that the reference workload saw contended (against this measurement's own
+        # lower quartile) are not part of a baseline. When most were, there is no quiet
+        # level to trust: the runs are kept and the file says how busy the runner was.
+        quiet, scr = screen(result, None)
+        if scr.contended:
+            update.contended.append(result.case_id)
+            say(f"{result.case_id}: warning: {scr.reason}; kept every run")
+            scr = dataclasses.replace(scr, dropped=0)
+        else:
+            result = quiet
+        store.record_case(path, result, environment, tighten=tighten, dropped_runs=scr.dropped)
+        update.saved.append(result.case_id)
+        e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
+        where = f", {len(result.groups)} processes" if result.groups else ""
+        say(f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved")
+
+    update.results = run_cases(cases, platform, options, on_case=on_case)
+    if prune:
+        known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
+        update.pruned = store.prune(path, known)
+    return update
+
+
+# ---- check ----------------------------------------------------------------------------------
+
+
+def check(
+    selection: Selection,
+    options: MeasureOptions,
+    *,
+    baseline: str | None = None,
+    profile: str = "pr_test",
+    max_reruns: int | None = None,
+    fail_on_missing: bool = False,
+    advisory: bool = False,
+    out: str | None = None,
+    platform: Platform | None = None,
+    echo: Echo = _stderr,
+) -> Report:
+    """Run the selected cases through the gate and judge them against the baseline.
+
+    Everything that can be wrong with the baseline (missing, unreadable, another
+    platform, another thread count, an unknown profile) fails before anything runs.
+    The gate (`perfguard.decision.gate`) confirms a case over a bound in fresh
+    processes, drops contended runs and stops sampling clear cases early; `out` also
+    writes the results it judged.
+    """
+    from perfguard.decision.gate import DEFAULT_MAX_REPEATS, DEFAULT_MAX_RERUNS, run_gate
+    from perfguard.measurement.comparable import check_comparable, check_threads
+    from perfguard.measurement.inject import describe
+    from perfguard.storage import baseline as store
+    from perfguard.storage.reports import build_against, write_results
+
+    platform = platform or probe()
+    reruns = DEFAULT_MAX_RERUNS if max_reruns is None else max_reruns
+    cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
+    path = baseline_path(baseline, platform.name, platform.hardware_slug())
+    base = load_baseline(path)  # before running anything: a bad file fails fast
+    store.check_platform(base, platform.name, path)
+    base.profile(profile)
+    cases = shard(cases, selection.shard, path, echo=echo)
+    check_threads(cases, platform.name, base, path, options.threads)
+
+    # Adaptive sampling needs the verdict after every run, so it applies when the cases
+    # run in this process; in workers each measurement is REPEATS runs.
+    in_process = not options.uses_workers(cases)
+    cap = max(options.repeats, options.max_repeats or DEFAULT_MAX_REPEATS)
+    adaptive = in_process and cap > options.repeats
+    first = options.replace(max_repeats=cap if adaptive else None)
+
+    def measure_cases(todo: Any, until_for: Any) -> Results:
+        return run_cases(list(todo), platform, first, until_for=until_for if adaptive else None)
+
+    def confirm(todo: Any, until_for: Any) -> Results:
+        # A fresh process for each confirmation: the process, not the run, is the unit
+        # whose spread the verdict's interval needs (perfguard.decision.gate).
+        again = options.replace(isolate=True, processes=1, max_repeats=None)
+        return run_cases(list(todo), platform, again)
+
+    outcome = run_gate(
+        cases,
+        base,
+        profile,
+        measure_cases,
+        confirm=confirm if in_process else None,
+        adaptive=adaptive,
+        max_reruns=reruns,
+        fail_on_missing=fail_on_missing,
+        advisory=advisory,
+        max_repeats=cap if adaptive else None,
+        on_event=lambda case_id, message: echo(f"perfguard: {case_id}: {message}"),
+    )
+    results = outcome.results
+    if out:
+        write_results(out, results)
+    check_comparable(results, base, path)
+    _warn_hardware(results, base, echo)
+    settings = {
+        "source": "run",
+        "repeats": options.repeats,
+        "max_repeats": cap if adaptive else options.repeats,
+        "max_reruns": reruns,
+        "processes": options.processes,
+        "warmup": options.warmup,
+        "sync": options.sync,
+        "inject": describe(dict(options.inject)),
+        "shard": selection.shard,
+        "devices": ",".join(options.devices) if options.devices else None,
+        "isolate": options.isolate,
+    }
+    return build_against(outcome.judgement, results, base, path, settings=settings)
+
+
+def check_results(
+    results_file: str,
+    selection: Selection | None = None,
+    *,
+    baseline: str | None = None,
+    profile: str = "pr_test",
+    fail_on_missing: bool = False,
+    advisory: bool = False,
+    echo: Echo = _stderr,
+) -> Report:
+    """Judge a results file (`perfguard run --out`) against its baseline; no torch."""
+    from perfguard.storage.reports import read_results
+
+    results = filter_results(read_results(results_file), selection or Selection())
+    settings = {
+        "source": "results",
+        "results_file": results_file,
+        "repeats": results.settings.get("repeats"),
+        "warmup": results.settings.get("warmup"),
+        "inject": results.settings.get("inject"),
+    }
+    return judge_results(
+        results,
+        baseline=baseline,
+        profile=profile,
+        fail_on_missing=fail_on_missing,
+        advisory=advisory,
+        settings=settings,
+        source=results_file,
+        echo=echo,
+    )
+
+
+def judge_results(
+    results: Results,
+    *,
+    baseline: str | None = None,
+    profile: str = "pr_test",
+    fail_on_missing: bool = False,
+    advisory: bool = False,
+    settings: dict[str, Any] | None = None,
+    source: str = "the results",
+    echo: Echo = _stderr,
+) -> Report:
+    """Judge `results` measured elsewhere (a results file, a pytest session) against the
+    baseline at `baseline` (default: its platform and hardware's); no torch."""
+    from perfguard.decision.verdict import judge
+    from perfguard.measurement.comparable import check_comparable
+    from perfguard.storage.reports import build_against
+
+    path = baseline_path(baseline, results.platform, results.hardware)
+    base = load_baseline(path)
+    if results.platform != base.platform:
+        raise PerfguardError(
+            f"{source} is from platform {results.platform!r} but {path} is a "
+            f"baseline for {base.platform!r}"
+        )
+    check_comparable(results, base, path)
+    _warn_hardware(results, base, echo)
+    judgement = judge(results, base, profile, fail_on_missing=fail_on_missing, advisory=advisory)
+    return build_against(
+        judgement, results, base, path, settings=results.settings if settings is None else settings
+    )
+
+
+def check_perf_log(
+    perf_log: str,
+    *,
+    baseline: str,
+    case_id: str | None = None,
+    profile: str = "pr_test",
+    fail_on_missing: bool = False,
+    advisory: bool = False,
+) -> Report:
+    """Judge the requests of sglang's `performance.log` against a baseline; no torch.
+
+    The log names no platform, so the baseline is required; what the log cannot hold
+    (sglang's log has no memory figures, no per-stage allocator peaks) is not missing.
+    """
+    from perfguard.decision.verdict import judge
+    from perfguard.interop.sglang import NOT_IN_PERF_LOG, perf_log_results, read_perf_log
+    from perfguard.metrics import STAGE_PEAK_PREFIX
+    from perfguard.storage.reports import build_against
+
+    base = load_baseline(baseline)
+    results = perf_log_results(read_perf_log(perf_log), base, case_id=case_id, source=perf_log)
+    metrics = {m for s in base.scenarios.values() for m in s.metrics}
+    peaks = {m for m in metrics if m.startswith(STAGE_PEAK_PREFIX)}
+    judgement = judge(
+        results,
+        base,
+        profile,
+        fail_on_missing=fail_on_missing,
+        advisory=advisory,
+        ignore_missing=NOT_IN_PERF_LOG + tuple(sorted(peaks)),
+    )
+    settings = {"source": "sglang-perf-log", "perf_log": perf_log, "inject": None}
+    return build_against(judgement, results, base, baseline, settings=settings)
+
+
+def check_relative(
+    selection: Selection,
+    options: MeasureOptions,
+    against: RelativeOptions,
+    *,
+    fail_on_missing: bool = False,
+    advisory: bool = False,
+    out: str | None = None,
+    platform: Platform | None = None,
+    echo: Echo = _stderr,
+) -> Report:
+    """The relative check: this revision against a base one, side by side, no baseline.
+
+    Base (`against.directory`, or a temporary worktree of `against.ref`) and head run in
+    randomized interleaved blocks of fresh processes, and each metric is judged on their
+    paired per-block ratios (`perfguard.decision.paired`). Everything that can be wrong
+    with the options, the registry, the base checkout or the baseline file to write is
+    checked before the first block runs, so a bad input measures nothing and writes
+    nothing.
+    """
+    from perfguard.decision.paired import BASE, HEAD
+    from perfguard.measurement import relative
+    from perfguard.measurement.inject import describe
+    from perfguard.measurement.platform import fingerprint
+    from perfguard.measurement.runner import import_factory
+    from perfguard.storage import baseline as store
+    from perfguard.storage.reports import build_relative, write_results
+
+    if options.devices is not None and len(options.devices) > 1:
+        raise PerfguardError("--devices: a relative check runs both sides on one device; list one")
+    platform = platform or probe()
+    cases = select_cases(platform.name, selection, echo=echo)
+    multi = [c.id for c in cases if c.num_devices > 1]
+    if multi:
+        raise PerfguardError(
+            f"case {multi[0]!r} needs more than one device: a relative check "
+            "runs single-device cases only (select them with --case / --tag)"
+        )
+    if options.factory:
+        import_factory(options.factory)
+    environment = fingerprint(platform)
+    if against.write_baseline:
+        if options.inject:
+            echo("perfguard: the injection applies to the head only")
+        store.open_for_update(against.write_baseline, environment)  # a bad file fails now
+    with contextlib.ExitStack() as stack:
+        directory = against.directory
+        if against.ref is not None:
+            directory = str(stack.enter_context(relative.temporary_worktree(against.ref)))
+        assert directory is not None
+        base = relative.probe_base(
+            directory, subdir=against.subdir, factory=options.factory, ref=against.ref
+        )
+        for case in cases:
+            relative.case_for_base(case, base)  # an unknown field fails before any block
+        sides = {
+            HEAD: relative.head_side(options, platform.name),
+            BASE: relative.base_side(options, base, platform.name),
+        }
+        echo(
+            f"perfguard: relative check of {len(cases)} case(s) against {base.describe()}, "
+            f"base perfguard {base.version}; up to {against.max_blocks} blocks in "
+            f"{against.budget_s:g} s"
+        )
+
+        def on_block(index: int, block: Any, open_metrics: int) -> None:
+            looked = f", {open_metrics} metric(s) unresolved" if open_metrics >= 0 else ""
+            echo(f"perfguard: block {index + 1} ({block.order}) took {block.seconds:.1f} s{looked}")
+
+        outcome = relative.run_relative(
+            cases,
+            relative.process_blocks(sides, platform.name, options.devices),
+            min_blocks=against.min_blocks,
+            max_blocks=against.max_blocks,
+            budget_s=against.budget_s,
+            seed=against.order_seed,
+            fail_on_missing=fail_on_missing,
+            advisory=advisory,
+            on_block=on_block,
+        )
+    against_info = {**base.to_json(), **outcome.summary()}
+    if against.ref is not None:
+        against_info["dir"] = f"{against.ref} (temporary worktree)"
+    settings = {
+        "source": "relative",
+        "repeats": options.repeats,
+        "warmup": options.warmup,
+        "sync": options.sync,
+        "inject": describe(dict(options.inject)),
+        "shard": selection.shard,
+        "devices": ",".join(options.devices) if options.devices else None,
+        "factory": options.factory,
+        "budget_s": against.budget_s,
+        "min_blocks": against.min_blocks,
+        "max_blocks": against.max_blocks,
+    }
+    report = build_relative(
+        outcome.judgement, environment=environment, against=against_info, settings=settings
+    )
+    if out:
+        head = Results(environment=environment, settings=settings)
+        head.cases = dict(outcome.pooled[HEAD])
+        write_results(out, head)
+    if against.write_baseline:
+        base_env = {**environment, "git_commit": base.commit}
+        for _, result in sorted(outcome.pooled[BASE].items()):
+            if result.status == "ok":
+                store.record_case(against.write_baseline, result, base_env)
+    return report
+
+
+def filter_results(results: Results, selection: Selection) -> Results:
+    """`selection`'s ids, match and tags applied to a results file (tags from each
+    result's case); unknown ids and an empty selection are errors."""
+    unknown = [i for i in selection.case_ids if i not in results.cases]
+    if unknown:
+        raise PerfguardError(f"unknown case id(s) in the results: {', '.join(unknown)}")
+    try:
+        pattern = re.compile(selection.match) if selection.match else None
+    except re.error as exc:
+        raise PerfguardError(
+            f"--match: invalid regular expression {selection.match!r}: {exc}"
+        ) from exc
+    kept = {
+        cid: r
+        for cid, r in results.cases.items()
+        if (not selection.case_ids or cid in selection.case_ids)
+        and (pattern is None or pattern.search(cid))
+        and (not selection.tags or set(selection.tags) & set(r.case.get("tags", ())))
+    }
+    if not kept:
+        raise PerfguardError("no case of the results matches the selection")
+    results.cases = kept
+    return results
+
+
+def _warn_hardware(results: Results, baseline: Baseline, echo: Echo) -> None:
+    if results.hardware != baseline.hardware:
+        echo(
+            f"perfguard: warning: results are from hardware {results.hardware!r}, "
+            f"the baseline from {baseline.hardware!r}"
+        )
+
+
+def write_report(
+    report: Report,
+    json_path: str | None = None,
+    markdown_path: str | None = None,
+    *,
+    step_summary: bool = True,
+) -> tuple[Report, str]:
+    """Write the JSON / Markdown files asked for and (`step_summary`) the CI job summary
+    (`$GITHUB_STEP_SUMMARY`, where it is set).
+
+    Returns the report as its JSON file holds it (figures rounded) and its Markdown:
+    renderings are made from that, so that `perfguard report render` of the file later
+    prints exactly the same thing.
+    """
+    from perfguard.presentation.render import append_step_summary, render_markdown, write_markdown
+    from perfguard.storage import reports
+
+    if json_path:
+        reports.write_report(json_path, report)
+    report = Report.from_json(report.to_json())
+    markdown = render_markdown(report)
+    if markdown_path:
+        write_markdown(markdown_path, markdown)
+    if step_summary:
+        append_step_summary(markdown)
+    return report, markdown
+
+
+# ---- calibrate ------------------------------------------------------------------------------
+
+
+@dataclass
+class Calibration:
+    """`calibrate`'s figures: one `CaseCalibration` per case, and what was written."""
+
+    path: str | None
+    profile: str
+    cases: list[CaseCalibration]
+    written: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return any(c.error for c in self.cases)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"baseline": self.path, "profile": self.profile}
+        for cal in self.cases:
+            out[cal.case_id] = cal.to_json()
+        return out
+
+
+def calibrate(
+    selection: Selection,
+    options: MeasureOptions,
+    setup: CheckSetup,
+    *,
+    baseline: str | None = None,
+    profile: str = "pr_test",
+    write: bool = False,
+    all_metrics: bool = False,
+    platform: Platform | None = None,
+    echo: Echo = _stderr,
+) -> Calibration:
+    """Measure this runner's noise per metric and what the gate can catch through it.
+
+    Each case runs in `options.processes` fresh processes of `options.repeats` runs. Per
+    metric: the noise within and between processes, the false-alarm rate of the current
+    band, the smallest slowdown caught with >= 95 % probability at <= 1 % false alarms
+    (simulated through the real rule for checks set up as `setup` says), and the
+    tightest band that keeps false alarms within 1 %. `write` stores those bands as
+    per-case tolerance overrides in the baseline.
+    """
+    from perfguard.decision import calibrate as calibration
+    from perfguard.decision.tolerances import default_profiles
+    from perfguard.measurement.inject import ENV_INJECT, inject_from
+    from perfguard.storage import baseline as store
+
+    runs = options.processes
+    if options.inject or inject_from(None):
+        raise PerfguardError(f"calibrate refuses fault injection (${ENV_INJECT} is set)")
+    if write and runs < calibration.MIN_RUNS_TO_WRITE:
+        raise PerfguardError(
+            f"calibrate --write needs --runs >= {calibration.MIN_RUNS_TO_WRITE} (got {runs}): "
+            f"from {runs} processes the simulated false-alarm rate moves in steps of "
+            f"1/{runs}^2 = {1 / runs**2:.0%}, too coarse to hold a band to "
+            f"{calibration.FALSE_ALARM_TARGET:.0%}"
+        )
+    platform = platform or probe()
+    cases = select_cases(platform.name, selection, echo=echo)
+    path = baseline_path(baseline, platform.name, platform.hardware_slug())
+    base = load_baseline(path) if (write or os.path.exists(path)) else None
+    if base is not None:
+        store.check_platform(base, platform.name, path)
+    prof = base.profile(profile) if base else default_profiles(platform.name)[profile]
+    if write and base is not None:
+        missing = [c.id for c in cases if c.id not in base.scenarios]
+        if missing:
+            raise PerfguardError(
+                f"{path}: no scenario for {', '.join(missing)}: "
+                "run gen-baselines for them before calibrate --write"
+            )
+    results = run_cases(cases, platform, options.replace(isolate=True))
+    out = Calibration(path=path if base else None, profile=profile, cases=[])
+    for case in cases:
+        scenario = base.scenarios.get(case.id) if base else None
+        out.cases.append(
+            calibration.calibrate_case(
+                results.cases[case.id], prof, setup, scenario=scenario, all_metrics=all_metrics
+            )
+        )
+    if write and base is not None:
+        with store.lock(path):
+            current = store.load(path)
+            for cal in out.cases:
+                if cal.error or not cal.detections:
+                    continue
+                scenario = current.scenarios[cal.case_id]
+                merged = calibration.suggested_overrides(
+                    cal.detections, scenario.tolerance_overrides
+                )
+                current = current.with_scenario(
+                    cal.case_id, dataclasses.replace(scenario, tolerance_overrides=merged)
+                )
+            store.save(path, current.touched())
+        out.written = True
+    return out

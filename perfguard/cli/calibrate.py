@@ -1,0 +1,193 @@
+"""`perfguard calibrate` and `perfguard ab`: what this runner's noise lets a gate see."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+
+from perfguard import api
+from perfguard.cli.common import (
+    CONTEXT_SETTINGS,
+    baseline_option,
+    cases_dir_option,
+    console,
+    echo_err,
+    json_file_option,
+    max_reruns_option,
+    measurement_options,
+    platform_option,
+    profile_option,
+    selection_options,
+)
+from perfguard.errors import EXIT_CASE_FAILED, EXIT_CODES_HELP, EXIT_OK, PerfguardError
+from perfguard.measurement.options import MeasureOptions
+from perfguard.presentation.tables import ab_table, calibration_table
+from perfguard.storage.cases import Selection
+from perfguard.storage.jsonio import write_json_atomic
+
+
+@click.command("calibrate", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@platform_option
+@selection_options(shard=False)
+@baseline_option
+@click.option(
+    "--runs",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Fresh processes to measure each case in (the between-process noise needs 2+; "
+    "--write needs 10+).",
+)
+@measurement_options(
+    repeats=10, min_repeats=3, processes=None, workers=False, inject=False, progress=False
+)
+@profile_option
+@click.option(
+    "--check-processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The --processes of the checks calibrated for.",
+)
+@max_reruns_option("The --max-reruns of the checks calibrated for.")
+@click.option(
+    "--check-isolate",
+    is_flag=True,
+    help="The checks calibrated for run with --isolate (re-runs in fresh processes).",
+)
+@click.option(
+    "--baseline-processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The baseline's processes where the baseline does not record them.",
+)
+@click.option(
+    "--trials",
+    default=400,
+    show_default=True,
+    type=click.IntRange(min=50),
+    help="Simulated checks per point (false-alarm resolution ~ 1/trials).",
+)
+@click.option("--all-metrics", is_flag=True, help="Per-step metrics too.")
+@click.option(
+    "--write",
+    is_flag=True,
+    help="Store the suggested bands as the cases' tolerance_overrides in the baseline.",
+)
+@json_file_option("Also write every figure to this JSON file.")
+def calibrate_command(
+    platform_name: str | None,
+    selection: Selection,
+    baseline_path: str | None,
+    runs: int,
+    options: MeasureOptions,
+    profile: str,
+    check_processes: int,
+    max_reruns: int,
+    check_isolate: bool,
+    baseline_processes: int,
+    trials: int,
+    all_metrics: bool,
+    write: bool,
+    json_out: str | None,
+) -> int:
+    """Measure this runner's noise per metric and what the gate can catch through it.
+
+    Each case runs in RUNS fresh processes of REPEATS runs. Per metric it prints the
+    noise within a process and between processes, the false-alarm rate of the current
+    band, the smallest slowdown caught with >= 95 % probability at <= 1 % false alarms
+    (simulated through the real rule, re-runs included, for checks run as the options
+    say), and the tightest band that keeps false alarms within 1 %. --write stores those
+    bands as per-case tolerance overrides in the baseline.
+    """
+    from perfguard.decision.calibrate import CheckSetup
+
+    setup = CheckSetup(
+        repeats=options.repeats,
+        baseline_processes=baseline_processes,
+        check_processes=check_processes,
+        max_reruns=max_reruns,
+        isolate=check_isolate,
+        trials=trials,
+    )
+    result = api.calibrate(
+        selection,
+        options.replace(processes=runs),
+        setup,
+        baseline=baseline_path,
+        profile=profile,
+        write=write,
+        all_metrics=all_metrics,
+        platform=api.probe(platform_name),
+        echo=echo_err,
+    )
+    out = console()
+    for cal in result.cases:
+        if cal.error:
+            out.print(escape(f"{cal.case_id}: error: {cal.error}"))
+        else:
+            out.print(calibration_table(cal, runs))
+    out.print(
+        "false alarms are per metric: a case gated on k metrics alarms at most k times as "
+        "often (less, as its metrics move together); steps are left out unless --all-metrics"
+    )
+    if json_out:
+        write_json_atomic(json_out, result.to_json())
+    if result.written:
+        out.print(escape(f"{result.path}: suggested bands written as tolerance_overrides"))
+    return EXIT_CASE_FAILED if result.failed else EXIT_OK
+
+
+@click.command("ab", context_settings=CONTEXT_SETTINGS)
+@platform_option
+@click.argument("case_id")
+@cases_dir_option
+@click.option(
+    "--toggle",
+    "toggles",
+    multiple=True,
+    help="Optimization to measure: A = off (reference), B = on (repeatable).",
+)
+@click.option("--a", "spec_a", default=None, help="Variant A as 'key=value,...'.")
+@click.option("--b", "spec_b", default=None, help="Variant B as 'key=value,...'.")
+@click.option("--pairs", default=10, show_default=True, help="A/B pairs, run in ABBA order.")
+@click.option("--warmup", default=1, show_default=True, help="Untimed runs of each variant.")
+@json_file_option("Also write the comparison (with every sample) to this JSON file.")
+def ab_command(
+    platform_name: str | None,
+    case_id: str,
+    cases_dir: str | None,
+    toggles: tuple[str, ...],
+    spec_a: str | None,
+    spec_b: str | None,
+    pairs: int,
+    warmup: int,
+    json_out: str | None,
+) -> int:
+    """Compare two variants of CASE_ID, interleaved ABBA in one process.
+
+    Prints per metric the medians, the ratio B/A with a 95 % bootstrap confidence
+    interval, and a Mann-Whitney p-value. A ratio below 1 means B is faster.
+    """
+    from perfguard.measurement.ab import parse_variant, run_ab, toggle_variants
+
+    if toggles and (spec_a or spec_b):
+        raise PerfguardError("use either --toggle or --a/--b, not both")
+    if toggles:
+        variant_a, variant_b = toggle_variants(toggles)
+    elif spec_a is not None and spec_b is not None:
+        variant_a, variant_b = parse_variant(spec_a), parse_variant(spec_b)
+    else:
+        raise PerfguardError("give --toggle NAME, or both --a and --b")
+    platform = api.probe(platform_name)
+    (case,) = api.select_cases(
+        platform.name, Selection(cases_dir=cases_dir, case_ids=(case_id,)), preflight=False
+    )
+    result = run_ab(case, variant_a, variant_b, platform, pairs=pairs, warmup=warmup)
+    console().print(ab_table(result, pairs))
+    same = len(set(result.hashes.values())) == 1
+    console().print(escape(f"outputs identical: {'yes' if same else 'NO'} ({result.hashes})"))
+    if json_out:
+        write_json_atomic(json_out, result.to_json())
+    return 0

@@ -1,0 +1,334 @@
+"""What the commands share: the console and the options, each declared once.
+
+Options come in groups (`selection_options`, `measurement_options`, `baseline_option`,
+...), and a command takes the groups that apply to it, so two commands that take an
+option take the same option: same name, default, help and validation. The groups that
+build a library value hand the command that value (`selection: Selection`,
+`options: MeasureOptions`) instead of the raw flags.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+from perfguard.measurement.inject import inject_from
+from perfguard.measurement.options import SYNC_POLICIES, MeasureOptions, factory_from, parse_devices
+from perfguard.storage.cases import PLATFORM_NAMES, Selection
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console; rich itself honours NO_COLOR and drops styling when not a TTY."""
+    stream = sys.stderr if stderr else sys.stdout
+    # Off a terminal (CI logs) rich would wrap at 80 columns; tables read better wider.
+    width = None if stream.isatty() else 160
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+def echo_err(message: str) -> None:
+    """Progress notes of the library (`echo=`): stderr, so stdout stays the result."""
+    click.echo(message, err=True)
+
+
+def given(name: str) -> bool:
+    """Whether the option whose parameter is `name` was given on the command line."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+class SharedOption(click.Option):
+    """An option of a shared group (`selection`, `measurement`): the CLI reference lists
+    the group once and names it where a command takes all of it."""
+
+    def __init__(self, *args: Any, group: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+
+def _shared(group: str, *names: str, **kwargs: Any) -> Decorator:
+    return click.option(*names, cls=SharedOption, group=group, **kwargs)
+
+
+def _apply(fn: Callable[..., Any], options: list[Decorator]) -> Callable[..., Any]:
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def platform_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--platform",
+        "platform_name",
+        type=click.Choice(PLATFORM_NAMES),
+        default=None,
+        envvar="PERFGUARD_PLATFORM",
+        help="Platform to use instead of the probed one (env: PERFGUARD_PLATFORM).",
+    )(fn)
+
+
+def cases_dir_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return _shared(
+        "selection",
+        "--cases",
+        "cases_dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        envvar="PERFGUARD_CASES",
+        help="Case registry directory (default: ./cases; env: PERFGUARD_CASES).",
+    )(fn)
+
+
+SELECTION_PARAMS = ("cases_dir", "case_ids", "match", "tags", "shard_spec")
+
+
+def selection_options(*, shard: bool = True) -> Decorator:
+    """--cases / --case / --match / --tag [/ --shard]; the command gets `selection`."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            kwargs["selection"] = Selection(
+                cases_dir=kwargs.pop("cases_dir"),
+                case_ids=kwargs.pop("case_ids"),
+                match=kwargs.pop("match"),
+                tags=kwargs.pop("tags"),
+                shard=kwargs.pop("shard_spec", None),
+            )
+            return fn(**kwargs)
+
+        options: list[Decorator] = [
+            cases_dir_option,
+            _shared("selection", "--case", "case_ids", multiple=True, help="Case id (repeatable)."),
+            _shared(
+                "selection",
+                "--match",
+                default=None,
+                help="Regular expression searched in case ids.",
+            ),
+            _shared(
+                "selection",
+                "--tag",
+                "tags",
+                multiple=True,
+                help="Only cases with this tag (repeatable).",
+            ),
+        ]
+        if shard:
+            options.append(
+                click.option(
+                    "--shard",
+                    "shard_spec",
+                    default=None,
+                    metavar="K/N",
+                    help="Only shard K of N (K from 1): a deterministic split balanced by "
+                    "expected time (estimated_time_s, else the baseline's e2e); every case "
+                    "is in exactly one shard.",
+                )
+            )
+        return _apply(wrapper, options)
+
+    return decorate
+
+
+DEFAULT_BASELINE_PROCESSES = 3
+"""gen-baselines measures in 3 fresh processes by default: the verdict's interval needs
+the between-process spread, and a baseline of 3 processes gives it 2 degrees of freedom
+of its own; a check confirmed in 2 more fresh processes adds 2, and the one-sided 99 %
+t quantile is then 3.75 (with one process a side there is no spread at all). Each
+process pays ~5 s of imports and builds with the real diffusers / transformers
+components, so 3 keeps the smoke suite's gen-baselines + check near 30 s on the 2-core
+runner; `--processes 5` buys more power at +5 % for ~10 s more (docs/verdicts.md)."""
+
+
+def measurement_options(
+    *,
+    repeats: int = 5,
+    min_repeats: int = 1,
+    processes: int | None = 1,
+    workers: bool = True,
+    adaptive: bool = False,
+    inject: bool = True,
+    progress: bool = True,
+) -> Decorator:
+    """The measurement settings (`MeasureOptions`); the command gets `options`.
+
+    Every command that measures takes --repeats, --warmup, --timeout, --sync, --threads
+    and --factory; the others where they mean something: --devices / --isolate where
+    cases may run in worker processes (`workers`), --processes with its default
+    (`processes`, None: the command has its own notion, like calibrate's --runs),
+    --max-repeats for adaptive sampling (`adaptive`), --inject for fault injection.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            devices = parse_devices(kwargs.pop("devices_spec", None))
+            kwargs["options"] = MeasureOptions(
+                repeats=kwargs.pop("repeats"),
+                warmup=kwargs.pop("warmup"),
+                timeout=kwargs.pop("timeout"),
+                sync=kwargs.pop("sync"),
+                threads=kwargs.pop("threads"),
+                inject=inject_from(kwargs.pop("inject", None)) if inject else {},
+                factory=factory_from(kwargs.pop("factory_spec")),
+                devices=tuple(devices) if devices is not None else None,
+                isolate=kwargs.pop("isolate", False),
+                processes=kwargs.pop("processes", 1),
+                max_repeats=kwargs.pop("max_repeats", None),
+                progress=kwargs.pop("progress", None),
+            )
+            return fn(**kwargs)
+
+        options: list[Decorator] = [
+            _shared(
+                "measurement",
+                "--repeats",
+                default=repeats,
+                show_default=True,
+                type=click.IntRange(min=min_repeats),
+                help="Measured runs per case (per process).",
+            ),
+            _shared(
+                "measurement",
+                "--warmup",
+                default=1,
+                show_default=True,
+                type=click.IntRange(min=0),
+                help="Untimed runs per case first (one-off costs: allocator, autotuning).",
+            ),
+            _shared(
+                "measurement",
+                "--timeout",
+                default=None,
+                type=click.FloatRange(min=0, min_open=True),
+                help="Seconds a case may take; past it the case is an error, the others run.",
+            ),
+            _shared(
+                "measurement",
+                "--sync",
+                default="none",
+                show_default=True,
+                type=click.Choice(SYNC_POLICIES),
+                help="Synchronize the device at every stage boundary (debugging).",
+            ),
+            _shared(
+                "measurement",
+                "--threads",
+                type=click.IntRange(min=1),
+                default=None,
+                help="torch intra-op threads for every case (default: $PERFGUARD_THREADS, "
+                "else the case's `threads`, else 1 on CPU and 4 on devices).",
+            ),
+            _shared(
+                "measurement",
+                "--factory",
+                "factory_spec",
+                default=None,
+                metavar="MODULE:FUNCTION",
+                help="Build each case's pipeline with this callable (case, platform) -> "
+                "pipeline instead of perfguard's workloads (env: PERFGUARD_FACTORY).",
+            ),
+        ]
+        if progress:
+            options.append(
+                click.option(
+                    "--progress/--no-progress",
+                    default=None,
+                    help="Progress bar (default: only on a terminal).",
+                )
+            )
+        if workers:
+            options += [
+                click.option(
+                    "--devices",
+                    "devices_spec",
+                    default=None,
+                    metavar="0,1,...",
+                    help="One worker process per device, pinned with CUDA_VISIBLE_DEVICES / "
+                    "HIP_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES; a case with "
+                    "num_devices > 1 runs through torchrun on that many of them.",
+                ),
+                click.option(
+                    "--isolate",
+                    is_flag=True,
+                    help="Run each case in a fresh subprocess; --timeout kills it (process tree).",
+                ),
+            ]
+        if processes is not None:
+            options.append(
+                click.option(
+                    "--processes",
+                    default=processes,
+                    show_default=True,
+                    type=click.IntRange(min=1),
+                    help="Measure each case in K fresh processes (REPEATS runs each) and pool "
+                    "them; the spread of their medians is the between-process noise the "
+                    "verdict uses.",
+                )
+            )
+        if adaptive:
+            options.append(
+                click.option(
+                    "--max-repeats",
+                    default=None,
+                    type=click.IntRange(min=1),
+                    help="Adaptive sampling: after REPEATS runs keep measuring a case until "
+                    "every verdict is clear, up to this many runs (default: 20; in-process "
+                    "runs only).",
+                )
+            )
+        if inject:
+            options.append(
+                click.option(
+                    "--inject",
+                    default=None,
+                    metavar="STAGE=+N%",
+                    help="Slow a stage down by N % with real busy work, to prove the gate "
+                    "catches it (env: PERFGUARD_INJECT).",
+                )
+            )
+        return _apply(wrapper, options)
+
+    return decorate
+
+
+def baseline_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--baseline",
+        "baseline_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Baseline file (default: baselines/<platform>/<hardware-slug>.json).",
+    )(fn)
+
+
+def profile_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--profile",
+        default="pr_test",
+        show_default=True,
+        help="Tolerance profile of the baseline: pr_test or long_term.",
+    )(fn)
+
+
+def max_reruns_option(help: str) -> Decorator:
+    return click.option(
+        "--max-reruns", default=2, show_default=True, type=click.IntRange(min=0), help=help
+    )
+
+
+def json_file_option(help: str) -> Decorator:
+    """`--json FILE`: write the command's figures to FILE (not a flag: see --json on
+    the file commands, which prints JSON)."""
+    return click.option(
+        "--json", "json_out", type=click.Path(dir_okay=False), default=None, help=help
+    )

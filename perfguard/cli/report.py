@@ -1,0 +1,91 @@
+"""`perfguard report ...` and `perfguard merge`: render and combine report files (no torch)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+from rich.markup import escape
+
+from perfguard.cli.common import CONTEXT_SETTINGS, console
+from perfguard.errors import (
+    EXIT_CODES_HELP,
+    EXIT_OK,
+)
+from perfguard.presentation import render
+
+
+@click.group("report", context_settings=CONTEXT_SETTINGS)
+def report_group() -> None:
+    """Render check reports."""
+
+
+@report_group.command("render", context_settings=CONTEXT_SETTINGS)
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option(
+    "--format", "fmt", type=click.Choice(["md", "table", "json"]), default="md", show_default=True
+)
+@click.option("--all-metrics", is_flag=True, help="Table: show passing step metrics too.")
+def report_render(path: str, fmt: str, all_metrics: bool) -> int:
+    """Render a JSON report as Markdown (a PR comment), a console table or JSON."""
+    from perfguard.storage import reports as rep
+
+    report = rep.read_report(path)
+    if fmt == "md":
+        click.echo(render.render_markdown(report), nl=False)
+    elif fmt == "json":
+        click.echo(rep.render_json(report), nl=False)
+    else:
+        render.render_table(report, console(), all_metrics=all_metrics)
+    return EXIT_OK
+
+
+@click.command("merge", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Merged report.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the merged Markdown report here.",
+)
+def merge_command(paths: tuple[str, ...], out: str, markdown_path: str | None) -> int:
+    """Combine the reports of shards (disjoint case sets) into one; exits with its code."""
+    from perfguard.storage import reports as rep
+
+    merged = rep.merge([rep.read_report(p) for p in paths], sources=list(paths))
+    rep.write_report(out, merged)
+    if markdown_path:
+        render.write_markdown(markdown_path, render.render_markdown(merged))
+    console().print(escape(render.summary_line(merged)))
+    return merged.exit_code
+
+
+@report_group.command("plot", context_settings=CONTEXT_SETTINGS)
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="PNG to write.")
+@click.option("--case", "case_ids", multiple=True, help="Only these cases (repeatable).")
+def report_plot(path: str, out: str, case_ids: tuple[str, ...]) -> int:
+    """Draw a report's per-stage medians against their baselines (extra `plots`)."""
+    from perfguard.presentation.plots import plot_report_stages
+    from perfguard.storage import reports as rep
+
+    report = rep.read_report(path)
+    rows = [
+        {
+            "case": case.case_id,
+            "metric": m.metric,
+            "median": None if m.measured is None else m.measured.median,
+            "baseline": None if m.baseline is None else m.baseline.median,
+            "bound": m.bound,
+            "verdict": m.verdict,
+        }
+        for case in report.cases
+        if not case_ids or case.case_id in case_ids
+        for m in case.metrics
+        if m.metric.startswith("stage:") and m.measured is not None
+    ]
+    title = f"{os.path.basename(path)}: {report.verdict} ({report.judgement.profile})"
+    click.echo(str(plot_report_stages(rows, title=title, out=out)))
+    return EXIT_OK

@@ -1,0 +1,106 @@
+"""`perfguard run` and `perfguard gen-baselines`: measure the selected cases."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+
+from perfguard import api
+from perfguard.cli.common import (
+    CONTEXT_SETTINGS,
+    DEFAULT_BASELINE_PROCESSES,
+    baseline_option,
+    console,
+    echo_err,
+    given,
+    measurement_options,
+    platform_option,
+    selection_options,
+)
+from perfguard.errors import EXIT_CASE_FAILED, EXIT_CODES_HELP, EXIT_OK, PerfguardError
+from perfguard.measurement.inject import ENV_INJECT, inject_from
+from perfguard.measurement.options import MeasureOptions
+from perfguard.presentation.tables import results_table
+from perfguard.storage.cases import Selection
+
+
+@click.command("run", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@platform_option
+@selection_options()
+@measurement_options()
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write every sample to this results file (input of `check --results`).",
+)
+def run_command(
+    platform_name: str | None, selection: Selection, options: MeasureOptions, out: str | None
+) -> int:
+    """Run the selected cases: WARMUP untimed plus REPEATS measured runs each.
+
+    Records every sample of every metric (stages, denoising steps, e2e, average and median
+    step, peak memory) and each output's hash. A case that raises or times out is recorded
+    as an error and the others still run (exit 3).
+    """
+    platform = api.probe(platform_name)
+    results = api.run(selection, options, platform=platform, out=out, echo=echo_err)
+    console().print(results_table(results))
+    if out:
+        console().print(escape(f"results written to {out}"))
+    failed = any(r.status != "ok" for r in results.cases.values())
+    return EXIT_CASE_FAILED if failed else EXIT_OK
+
+
+@click.command("gen-baselines", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@platform_option
+@selection_options()
+@baseline_option
+@measurement_options(processes=DEFAULT_BASELINE_PROCESSES, inject=False)
+@click.option(
+    "--tighten",
+    is_flag=True,
+    help="Only lower a figure, and only on a credible improvement (99 %), to the new median.",
+)
+@click.option("--prune", is_flag=True, help="Drop scenarios whose case no longer exists.")
+@click.option("--inject", default=None, hidden=True)
+def gen_baselines(
+    platform_name: str | None,
+    selection: Selection,
+    baseline_path: str | None,
+    options: MeasureOptions,
+    tighten: bool,
+    prune: bool,
+    inject: str | None,
+) -> int:
+    """Measure the selected cases and store them in the baseline file.
+
+    Only the selected cases are updated; the others, and every case's notes and
+    tolerance_overrides, are kept. The file is saved after each case, under a file lock,
+    so an interrupt loses at most the case in flight. Refuses fault injection and
+    refuses to touch a baseline it cannot read. With --processes K each metric also
+    keeps the median of each of the K processes, which the verdict uses as the
+    between-process noise (see docs/verdicts.md).
+    """
+    if given("inject") or inject_from(None):
+        source = "--inject" if given("inject") else f"${ENV_INJECT}"
+        raise PerfguardError(
+            f"gen-baselines refuses fault injection ({source} is set): "
+            "a baseline must never contain injected time"
+        )
+    out = console()
+    update = api.gen_baselines(
+        selection,
+        options,
+        baseline=baseline_path,
+        tighten=tighten,
+        prune=prune,
+        platform=api.probe(platform_name),
+        echo=echo_err,
+        say=lambda line: out.print(escape(line)),
+    )
+    if update.pruned:
+        out.print(escape(f"pruned {len(update.pruned)} scenario(s): {', '.join(update.pruned)}"))
+    mode = "tightened" if tighten else "updated"
+    out.print(escape(f"{update.path}: {mode} {len(update.saved)} of {update.selected} case(s)"))
+    return EXIT_CASE_FAILED if update.failed else EXIT_OK

@@ -1,0 +1,4 @@
+"""Decision: statistics, tolerance bands, verdicts, the gate, calibration's simulation.
+
+Pure Python plus scipy: nothing here imports torch.
+"""

@@ -1,0 +1,348 @@
+"""Paired verdicts for the relative check: base and head measured in alternating blocks.
+
+Each block of the relative check (`perfguard.measurement.relative`) gives one head/base
+ratio per metric; this module turns the blocks' log-ratios into DIFFERENT / SAME /
+UNKNOWN (Pinpoint's three answers) with a trimmed mean and a t-interval, at a sequence
+of looks with a Bonferroni-split alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfguard.decision.stats import (
+    summarize,
+)
+from perfguard.decision.tolerances import Band, min_effect
+from perfguard.decision.verdict import (
+    DIFFERENT,
+    ERROR,
+    IMPROVEMENT,
+    MISSING_STAGE,
+    NEW_STAGE,
+    PASS,
+    REGRESSION,
+    SAME,
+    UNKNOWN,
+    CaseVerdict,
+    Judgement,
+    MetricVerdict,
+    PairedEstimate,
+    worst,
+)
+from perfguard.errors import PerfguardError
+from perfguard.metrics import metric_sort_key
+from perfguard.storage.results import CaseResult, pool
+
+PAIRED_TRIM = 0.2
+"""The share of blocks trimmed from each end before averaging the per-block log ratios.
+
+On the shared CPU runner a contention episode now and then lands on one side of a block
+only: in a 24-block check of the smoke cases, 19 blocks had `DenoisingStage` ratios
+within 1.02-1.12 and 5 were 0.64-1.98. A plain mean and t-interval let those few blocks
+move the estimate and widen the interval fourfold; Yuen's trimmed mean with its
+winsorized variance (Wilcox, "Introduction to Robust Estimation") keeps the 20 % at
+either end out of the estimate and in the interval's width only, at the price of
+fewer degrees of freedom. With fewer than 5 blocks nothing is trimmed.
+"""
+
+
+def paired_estimate(
+    log_ratios: Sequence[float], effect: float, alpha: float, trim: float = PAIRED_TRIM
+) -> PairedEstimate:
+    """The paired decision on `log_ratios` (one `log(head / base)` per block) at `alpha`.
+
+    Why per-block ratios: each block runs a fresh base process and a fresh head process
+    next to each other, so the drift of the machine (frequency, neighbours, memory
+    layout of that moment) is common to both and cancels in the ratio, where pooled
+    samples would carry it as noise. Why an interval over blocks and not over runs:
+    the runs of one process share that process's drift, so the block, not the run, is
+    the independent unit (as in Laaber et al.'s RMIT and pyperf's process-level view).
+    The estimate is Yuen's trimmed mean (`PAIRED_TRIM`) with a t-interval on `h - 1`
+    degrees of freedom, `h` the blocks kept.
+    """
+    n = len(log_ratios)
+    if n == 0:
+        raise ValueError("no blocks")
+    ordered = sorted(log_ratios)
+    g = math.floor(trim * n)
+    kept = ordered[g : n - g]
+    h = len(kept)
+    mean = math.fsum(kept) / h
+    ratio = math.exp(mean)
+    if h < 2:
+        return PairedEstimate(n, ratio, 0.0, math.inf, effect, alpha, UNKNOWN)
+    from scipy import stats as _st
+
+    winsorized = [min(max(x, kept[0]), kept[-1]) for x in ordered]
+    wmean = math.fsum(winsorized) / n
+    ss = math.fsum((x - wmean) ** 2 for x in winsorized)
+    se = math.sqrt(ss / (h * (h - 1)))  # = s_w / ((1 - 2 trim) sqrt(n)), Yuen 1974
+    half = float(_st.t.ppf(1.0 - alpha, h - 1)) * se
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    slower = ratio > 1.0 + effect and low > 1.0
+    faster = ratio < 1.0 / (1.0 + effect) and high < 1.0
+    if slower or faster:
+        decision = DIFFERENT
+    elif low > 1.0 / (1.0 + effect) and high < 1.0 + effect:
+        decision = SAME
+    else:
+        decision = UNKNOWN
+    return PairedEstimate(n, ratio, low, high, effect, alpha, decision)
+
+
+def judge_relative_metric(
+    metric: str,
+    head: Sequence[float] | None,
+    base: Sequence[float] | None,
+    log_ratios: Sequence[float],
+    *,
+    alpha: float,
+    head_groups: Sequence[int] | None = None,
+    base_groups: Sequence[int] | None = None,
+    final: bool = True,
+) -> MetricVerdict:
+    """The verdict on one metric of a relative check (`perfguard.measurement.relative`).
+
+    A regression needs the same two things as against a stored baseline, with the
+    paired estimate in place of the band: a point ratio above `1 + min_effect(metric)`
+    and a one-sided lower bound above 1. Faster by more than the minimum effect, and
+    credibly, is an improvement (never a failure). A metric still `unknown` when the
+    check stops (`final`) passes, with the reason saying it was not resolved.
+    `head` / `base` are every sample of each side (for the summaries); a metric only
+    one side produced is `new-stage` or `missing-stage`.
+    """
+    if not head:
+        if not base:
+            raise ValueError(f"{metric}: neither side produced it")
+        return MetricVerdict(
+            metric,
+            MISSING_STAGE,
+            baseline=summarize(base, groups=base_groups),
+            reason="produced by the base revision but not by this one",
+        )
+    measured = summarize(head, groups=head_groups)
+    if not base:
+        return MetricVerdict(
+            metric, NEW_STAGE, measured=measured, reason="not produced by the base revision"
+        )
+    baseline = summarize(base, groups=base_groups)
+    effect = min_effect(metric)
+    band = Band(effect, 0.0)
+    bound = band.bound(baseline.median)
+    if len(log_ratios) < 2:
+        return MetricVerdict(
+            metric, PASS, measured, baseline, band, bound, None,
+            f"{len(log_ratios)} block(s) with a positive figure on both sides: "
+            "too few to compare",
+            clear=False,
+        )  # fmt: skip
+    est = paired_estimate(log_ratios, effect, alpha)
+    interval = f"{1 - alpha:.2%} bounds {est.low:.3f}-{est.high:.3f}x over {est.blocks} blocks"
+    if est.decision == DIFFERENT and est.ratio > 1.0:
+        verdict = REGRESSION
+        reason = f"{est.ratio:.3f}x the base, above 1 + {effect:g} and credibly > 1 ({interval})"
+    elif est.decision == DIFFERENT:
+        verdict = IMPROVEMENT
+        reason = f"{est.ratio:.3f}x the base: faster by more than {effect:g} ({interval})"
+    elif est.decision == SAME:
+        verdict = PASS
+        reason = ""
+    else:
+        verdict = PASS
+        reason = (
+            f"unresolved: {est.ratio:.3f}x the base ({interval}) is neither credibly slower "
+            f"by {effect:g} nor within +-{effect:g}: passed with a note"
+            if final
+            else "unresolved"
+        )
+    return MetricVerdict(
+        metric,
+        verdict,
+        measured,
+        baseline,
+        band,
+        bound,
+        est.ratio,
+        reason,
+        low=est.low,
+        high=est.high,
+        significant=est.low > 1.0,
+        clear=est.decision != UNKNOWN,
+        paired=est,
+    )
+
+
+LOOK_SCHEDULE = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+"""Block counts at which the verdicts are looked at: roughly geometric, so that the
+number of looks, and with it the Bonferroni price per look, grows with the log of the
+blocks, while an easy verdict is still seen after the first two pairs."""
+
+
+def look_points(min_blocks: int, max_blocks: int) -> tuple[int, ...]:
+    """The block counts at which verdicts are looked at: the minimum, the schedule's
+    counts in between, and the maximum."""
+    if min_blocks < 2:
+        raise PerfguardError("--min-blocks must be at least 2 (a spread needs two blocks)")
+    if max_blocks < min_blocks:
+        raise PerfguardError("--max-blocks must be at least --min-blocks")
+    inner = {n for n in LOOK_SCHEDULE if min_blocks < n < max_blocks}
+    return tuple(sorted({min_blocks, *inner, max_blocks}))
+
+
+def alpha_per_look(alpha: float, looks: Sequence[int]) -> float:
+    """Bonferroni over the scheduled looks plus the one a budget stop may add."""
+    return alpha / (len(looks) + 1)
+
+
+@dataclass
+class Block:
+    order: str
+    seconds: float
+    results: dict[str, dict[str, CaseResult]]
+
+
+@dataclass
+class RelativeOutcome:
+    """Every block measured, the judgement on them, and why measuring stopped."""
+
+    judgement: Judgement
+    blocks: list[Block]
+    pooled: dict[str, dict[str, CaseResult]]
+    stopped: str
+    looks: tuple[int, ...]
+    alpha: float
+    alpha_look: float
+    seed: int
+    elapsed_s: float
+    looked_at: list[int] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "blocks": len(self.blocks),
+            "order": [b.order for b in self.blocks],
+            "seed": self.seed,
+            "stopped": self.stopped,
+            "looks": list(self.looks),
+            "looked_at": list(self.looked_at),
+            "alpha": self.alpha,
+            "alpha_per_look": round(self.alpha_look, 6),
+            "elapsed_s": round(self.elapsed_s, 1),
+            "block_seconds": [round(b.seconds, 2) for b in self.blocks],
+        }
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
+def log_ratios(blocks: Sequence[Block], case_id: str, metric: str) -> list[float]:
+    """`log(median head / median base)` of each block that has the metric on both sides."""
+    out = []
+    for block in blocks:
+        head = block.results[HEAD].get(case_id)
+        base = block.results[BASE].get(case_id)
+        if head is None or base is None or head.status != "ok" or base.status != "ok":
+            continue
+        h, b = head.samples.get(metric), base.samples.get(metric)
+        if not h or not b:
+            continue
+        mh, mb = _median(h), _median(b)
+        if mh > 0 and mb > 0:
+            out.append(math.log(mh / mb))
+    return out
+
+
+def judge_blocks(
+    case_ids: Sequence[str],
+    blocks: Sequence[Block],
+    *,
+    alpha_look: float,
+    final: bool,
+    errors: Mapping[str, str] | None = None,
+    latched: Mapping[tuple[str, str], MetricVerdict] | None = None,
+    fail_on_missing: bool = False,
+    advisory: bool = False,
+) -> tuple[Judgement, dict[str, dict[str, CaseResult]]]:
+    """The judgement on the blocks so far, and each side's results pooled over them.
+
+    `latched` holds the verdicts already decided at an earlier look, keyed by (case,
+    metric): they stand as they were decided.
+    """
+    errors = errors or {}
+    latched = latched or {}
+    pooled: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
+    verdicts: list[CaseVerdict] = []
+    for cid in sorted(case_ids):
+        parts = {
+            side: [b.results[side][cid] for b in blocks if cid in b.results[side]]
+            for side in (BASE, HEAD)
+        }
+        for side in (BASE, HEAD):
+            if parts[side]:
+                pooled[side][cid] = pool(parts[side])
+        if cid in errors:
+            head = pooled[HEAD].get(cid)
+            verdicts.append(
+                CaseVerdict(
+                    cid,
+                    ERROR,
+                    error=errors[cid],
+                    output_hash=head.output_hash if head else None,
+                )
+            )
+            continue
+        head, base = pooled[HEAD][cid], pooled[BASE][cid]
+        metrics: list[MetricVerdict] = []
+        for metric in sorted(set(head.samples) | set(base.samples), key=metric_sort_key):
+            if (cid, metric) in latched:
+                metrics.append(latched[(cid, metric)])
+                continue
+            metrics.append(
+                judge_relative_metric(
+                    metric,
+                    head.samples.get(metric),
+                    base.samples.get(metric),
+                    log_ratios(blocks, cid, metric),
+                    alpha=alpha_look,
+                    head_groups=head.groups,
+                    base_groups=base.groups,
+                    final=final,
+                )
+            )
+        verdicts.append(
+            CaseVerdict(
+                cid,
+                worst(m.verdict for m in metrics),
+                tuple(metrics),
+                output_hash=head.output_hash,
+                baseline_output_hash=base.output_hash,
+                deterministic=head.deterministic,
+                sampling={
+                    "runs": head.repeats,
+                    "groups": len(head.groups) if head.groups else 1,
+                    "reruns": 0,
+                    "blocks": len(parts[HEAD]),
+                    "base_runs": base.repeats,
+                },
+            )
+        )
+    judgement = Judgement(PROFILE_NAME, tuple(verdicts), fail_on_missing, advisory)
+    return judgement, pooled
+
+
+BASE = "B"
+
+
+HEAD = "H"
+
+
+SIDES = {BASE: "base", HEAD: "head"}
+
+
+PROFILE_NAME = "relative"

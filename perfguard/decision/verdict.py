@@ -1,0 +1,750 @@
+"""The decision: is a measured metric a regression, an improvement, or within its band?
+
+Everything that decides lives here, so that "how a regression is decided" is one file:
+the tolerance profiles and their defaults, how a metric's band is resolved from the
+profile and the overrides, the evidence a regression needs (`Rule`), the per-metric
+verdict, which verdicts are borderline (re-run the case) or already clear (stop
+sampling), the per-case verdict and the overall verdict with its exit code. Baselines
+(`perfguard.storage.baseline`) store figures and profiles (`perfguard.decision.tolerances`);
+reports (`perfguard.presentation.render`) render verdicts; `perfguard.decision.gate` runs,
+re-runs and stops sampling as these functions say;
+`perfguard.decision.stats` computes the statistics; none of them decides anything.
+
+The band, in sglang's words: a metric whose baseline is `b` may not exceed
+`max(b * (1 + rel), b + abs)`. It is one-sided (only slowdowns fail). The relative part
+scales with the figure; the absolute pad stops tiny figures (a 0.04 ms input
+validation) from failing on timer and scheduler jitter that no relative tolerance can
+absorb.
+
+The measured figure is the median of the samples, compared with the baseline's median.
+The median, not the mean, because one preempted run (a page-fault storm, a noisy
+neighbour) moves the mean of five samples by 20 % and the median not at all.
+
+A median above the band is a regression only when the slowdown is also credible: the
+lower end of a one-sided (1 - alpha) confidence bound on median/baseline must exceed 1
+(`Rule.alpha`, 1 % by default). The interval comes from `stats.log_ratio_noise`: the
+spread of both sides' samples and, when either side was measured in several processes,
+the spread of the per-process medians, because on a shared runner the process is a
+source of variation that the samples of one process cannot show. Without that
+information the bands themselves must cover the drift between processes; `perfguard
+calibrate` measures it and suggests bands that do.
+
+Borderline verdicts (band exceeded but not credible; credible but within 1.2x of the
+band; credible and just inside it; a regression seen in one process only) are re-run by
+the gate with fresh measurements pooled in. The last one is there because on the shared
+CPU runner we measured episodes of ~1 s in which the same stage runs 70 % slower, with
+no other process visible in the guest: a check whose samples all fall into one looks
+exactly like a regression, and only a second measurement at another time tells them
+apart. A real regression is confirmed at the cost of one more measurement; a check
+that passes never pays it. Verdicts whose confidence interval lies wholly on one side
+of the bound are "clear", and the gate stops sampling a case once all its verdicts are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
+from perfguard.decision.stats import (
+    Noise,
+    Summary,
+    log_ratio_noise,
+    summarize,
+    t_quantile,
+)
+from perfguard.decision.tolerances import (
+    DEFAULT_IMPROVEMENT_THRESHOLD,
+    DEFAULT_PROFILE,
+    Band,
+    Profile,
+)
+from perfguard.errors import (
+    EXIT_CASE_FAILED,
+    EXIT_CONTENDED,
+    EXIT_OK,
+    EXIT_REGRESSION,
+)
+from perfguard.metrics import metric_class, metric_sort_key, unit
+from perfguard.storage.results import CaseResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfguard.storage.baseline import Baseline, Scenario
+    from perfguard.storage.results import CaseResult, Results
+
+# ---- verdict names -------------------------------------------------------------------------
+
+PASS = "pass"
+REGRESSION = "regression"
+IMPROVEMENT = "improvement"
+MISSING_BASELINE = "missing-baseline"
+MISSING_STAGE = "missing-stage"
+NEW_STAGE = "new-stage"
+ERROR = "error"
+CONTENDED = "contended"
+"""The runner stayed much slower than at baseline time: no verdict on the code (exit 4)."""
+
+SEVERITY = (
+    REGRESSION,
+    ERROR,
+    CONTENDED,
+    MISSING_BASELINE,
+    MISSING_STAGE,
+    NEW_STAGE,
+    IMPROVEMENT,
+    PASS,
+)
+"""Verdicts from worst to best: a case's verdict is its worst metric's; tables sort by it."""
+VERDICTS = SEVERITY
+MISSING = (MISSING_BASELINE, MISSING_STAGE, NEW_STAGE)
+"""Verdicts about coverage, not speed: reported, and failures only with `--fail-on-missing`."""
+
+OVERALL_PASS = "pass"
+OVERALL_FAIL = "fail"
+OVERALL_ERROR = "error"
+OVERALL_CONTENDED = "contended"
+
+# ---- default tolerance profiles --------------------------------------------------------------
+
+
+"""sglang's `improvement_reporting.threshold`: 20 % faster than the baseline is stale."""
+
+
+# ---- the evidence a regression needs -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How much evidence a verdict needs, and which verdicts are worth a second look.
+
+    `alpha` is the one-sided false-alarm rate of the credibility test: a median above
+    its band is a regression only when the (1 - alpha) lower confidence bound of
+    median/baseline is above 1. 1 %, so that noise alone fails about one metric in a
+    hundred that already sit above their band, not one in twenty.
+
+    `borderline` (1.2) is how close to the band a credible slowdown counts as
+    borderline: its excess over the baseline is within 1.2x of the band's allowance, or
+    above 1/1.2 of it while still inside. Such a verdict could flip with the next
+    process's drift, so the gate re-runs the case (`--max-reruns`) before reporting it.
+    """
+
+    alpha: float = 0.01
+    borderline: float = 1.2
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 0.5:
+            raise ValueError(f"alpha must be in (0, 0.5), not {self.alpha}")
+        if self.borderline < 1:
+            raise ValueError(f"borderline must be >= 1, not {self.borderline}")
+
+    def quantile(self, noise: Noise) -> float:
+        """Student's t at `alpha` with the degrees of freedom that estimated `noise`."""
+        return t_quantile(self.alpha, noise.dof)
+
+    def to_json(self) -> dict[str, float]:
+        return {"alpha": self.alpha, "borderline": self.borderline}
+
+
+DEFAULT_RULE = Rule()
+
+
+# ---- one metric ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    """The verdict on one metric of one case, with everything a reader needs to check it.
+
+    `low` / `high` bound median/baseline at the rule's confidence (one-sided each);
+    `significant` says whether `low` > 1 (slower beyond noise); `borderline` asks the
+    gate for a re-run; `clear` says more runs of the same process would not change the
+    verdict (the bound lies outside [low, high] x baseline, or the between-process
+    spread dominates the interval); `noise` is where the interval came from.
+    """
+
+    metric: str
+    verdict: str
+    measured: Summary | None = None
+    baseline: Summary | None = None
+    band: Band | None = None
+    bound: float | None = None
+    ratio: float | None = None
+    reason: str = ""
+    low: float | None = None
+    high: float | None = None
+    significant: bool | None = None
+    borderline: bool = False
+    clear: bool = True
+    noise: Noise | None = None
+    paired: PairedEstimate | None = None
+
+    @property
+    def metric_class(self) -> str:
+        return metric_class(self.metric)
+
+    @property
+    def unit(self) -> str:
+        return unit(self.metric)
+
+    def to_json(self) -> dict[str, Any]:
+        baseline = None
+        if self.baseline is not None:
+            baseline = {k: v for k, v in self.baseline.to_json().items() if k != "samples"}
+        out: dict[str, Any] = {
+            "class": self.metric_class,
+            "unit": self.unit,
+            "verdict": self.verdict,
+            "measured": None if self.measured is None else self.measured.to_json(),
+            "baseline": baseline,
+            "band": None if self.band is None else self.band.to_json(),
+            "bound": None if self.bound is None else round(self.bound, 3),
+            "ratio": None if self.ratio is None else round(self.ratio, 4),
+            "reason": self.reason,
+        }
+        if self.low is not None and self.high is not None:
+            out["ratio_low"] = round(self.low, 4)
+            out["ratio_high"] = round(self.high, 4)
+        if self.significant is not None:
+            out["significant"] = self.significant
+        if self.borderline:
+            out["borderline"] = True
+        if self.noise is not None:
+            out["noise"] = self.noise.to_json()
+        if self.paired is not None:
+            out["paired"] = self.paired.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, metric: str, data: Mapping[str, Any]) -> MetricVerdict:
+        band = data.get("band")
+        noise = data.get("noise")
+        paired = data.get("paired")
+
+        def opt(key: str) -> float | None:
+            return None if data.get(key) is None else float(data[key])
+
+        return cls(
+            metric=metric,
+            verdict=str(data["verdict"]),
+            measured=None if data.get("measured") is None else Summary.from_json(data["measured"]),
+            baseline=None if data.get("baseline") is None else Summary.from_json(data["baseline"]),
+            band=None if band is None else Band(float(band["rel"]), float(band["abs"])),
+            bound=opt("bound"),
+            ratio=opt("ratio"),
+            reason=str(data.get("reason", "")),
+            low=opt("ratio_low"),
+            high=opt("ratio_high"),
+            significant=data.get("significant"),
+            borderline=bool(data.get("borderline", False)),
+            noise=None
+            if noise is None
+            else Noise(
+                se=float(noise["se"]),
+                within=float(noise["within"]),
+                between=float(noise["between"]),
+                processes_baseline=int(noise["processes_baseline"]),
+                processes_current=int(noise["processes_current"]),
+                between_dof=int(noise.get("dof", 0)),
+                within_dof=int(noise.get("dof", 0)),
+            ),
+            paired=None
+            if paired is None or data.get("ratio_low") is None
+            else PairedEstimate(
+                blocks=int(paired["blocks"]),
+                ratio=float(data["ratio"]),
+                low=float(data["ratio_low"]),
+                high=float(data["ratio_high"]),
+                min_effect=float(paired["min_effect"]),
+                alpha=float(paired["alpha"]),
+                decision=str(paired["decision"]),
+            ),
+        )
+
+
+def _fmt(value: float, metric: str) -> str:
+    return f"{value:.3f} {unit(metric)}"
+
+
+def judge_metric(
+    metric: str,
+    samples: Sequence[float] | None,
+    baseline: Summary | None,
+    band: Band,
+    *,
+    improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
+    rule: Rule = DEFAULT_RULE,
+    groups: Sequence[int] | None = None,
+    speed: float | None = None,
+) -> MetricVerdict:
+    """Compare the median of `samples` with `baseline.median` under `band` and `rule`.
+
+    `samples` None (or empty) means the run did not produce the metric (`missing-stage`);
+    `baseline` None means the baseline does not have it (`new-stage`). Otherwise:
+
+    - regression: the median is above `band.bound(b)` and the slowdown is credible (the
+      rule's lower confidence bound on median/b is above 1);
+    - improvement: the median is below `band.improvement_below(b, t)` (the baseline is
+      stale: never a failure);
+    - pass: anything else, including a median above the bound that noise explains.
+
+    `groups` gives the number of consecutive samples from each process (or re-run), so
+    that their medians' spread enters the noise estimate. `speed` is the runner's
+    reference workload now over at baseline time (`perfguard.decision.contention`): when the
+    runner is slower as a whole (speed > 1), a regression must also hold with the
+    median divided by it, so that a slower host or a capped clock does not read as
+    slower code. A faster runner adjusts nothing: it must not hide a real slowdown.
+    """
+    if not samples:
+        if baseline is None:
+            raise ValueError(f"{metric}: neither samples nor a baseline")
+        return MetricVerdict(
+            metric,
+            MISSING_STAGE,
+            baseline=baseline,
+            band=band,
+            bound=band.bound(baseline.median),
+            reason="in the baseline but not produced by this run",
+        )
+    measured = summarize(samples, groups=groups)
+    if baseline is None:
+        return MetricVerdict(metric, NEW_STAGE, measured=measured, reason="not in the baseline")
+    b, m = baseline.median, measured.median
+    bound = band.bound(b)
+    if b <= 0 or m <= 0:
+        # No ratio to put an interval on (a figure rounded to 0): the band alone decides.
+        verdict = REGRESSION if m > bound else PASS
+        reason = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}" if m > bound else ""
+        ratio = m / b if b > 0 else None
+        return MetricVerdict(metric, verdict, measured, baseline, band, bound, ratio, reason)
+    noise = log_ratio_noise(baseline, measured)
+    ratio = m / b
+    spread = math.exp(rule.quantile(noise) * noise.se)
+    low, high = ratio / spread, ratio * spread
+    significant = low > 1.0
+    allowance = bound - b
+    excess = (m - b) / allowance if allowance > 0 else math.inf
+    over = m > bound
+    one_process = noise.processes_current == 1
+    borderline = (over and (not significant or excess <= rule.borderline or one_process)) or (
+        significant and not over and excess > 1.0 / rule.borderline
+    )
+    # More runs of this process cannot narrow an interval that the between-process
+    # spread dominates: then the verdict is as clear as this process can make it.
+    clear = not (low * b <= bound < high * b) or noise.within < noise.between / 2
+    figures = f"baseline {_fmt(b, metric)}, rel {band.rel:g}, abs {band.abs:g}"
+    evidence = (
+        f"{1 - rule.alpha:.0%} lower bound {low:.3f}x from the {noise.source}"
+        if noise.se > 0
+        else "no spread known: the band alone decides"
+    )
+    if over and significant and speed is not None and speed > 1 and m / speed <= bound:
+        verdict = PASS
+        reason = (
+            f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}, but the runner's "
+            f"reference workload is {speed:.3f}x slower than at baseline time: "
+            f"{_fmt(m / speed, metric)} adjusted, within the bound"
+        )
+    elif over and significant:
+        verdict = REGRESSION
+        reason = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} ({figures}); {evidence}"
+    elif m < band.improvement_below(b, improvement_threshold):
+        verdict = IMPROVEMENT
+        reason = (
+            f"median {_fmt(m, metric)} is more than {improvement_threshold:.0%} and "
+            f"{band.abs:g} {unit(metric)} below the baseline {_fmt(b, metric)}: "
+            "the baseline is stale"
+        )
+    elif over:
+        verdict = PASS
+        reason = (
+            f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} ({figures}) but within "
+            f"noise: {evidence}"
+        )
+    else:
+        verdict = PASS
+        reason = ""
+    return MetricVerdict(
+        metric,
+        verdict,
+        measured,
+        baseline,
+        band,
+        bound,
+        ratio,
+        reason,
+        low=low,
+        high=high,
+        significant=significant,
+        borderline=borderline,
+        clear=clear,
+        noise=noise,
+    )
+
+
+# ---- one case ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaseVerdict:
+    """The verdicts on one case's metrics, and the case's own (its worst metric's).
+
+    `sampling` is what the gate did to reach it (runs, processes, re-runs, whether it
+    stopped early), when the case was run by `perfguard.decision.gate`.
+    """
+
+    case_id: str
+    verdict: str
+    metrics: tuple[MetricVerdict, ...] = ()
+    error: str | None = None
+    output_hash: str | None = None
+    baseline_output_hash: str | None = None
+    deterministic: bool | None = None
+    notes: str | None = None
+    sampling: Mapping[str, Any] | None = None
+    runner: Mapping[str, Any] | None = None
+
+    @property
+    def over(self) -> list[str]:
+        """The metrics whose median is over their bound (credible or not)."""
+        return [
+            m.metric
+            for m in self.metrics
+            if m.verdict == REGRESSION
+            or (m.measured is not None and m.bound is not None and m.measured.median > m.bound)
+        ]
+
+    components: Mapping[str, Any] | None = None
+    counters: Mapping[str, Any] | None = None
+
+    @property
+    def borderline(self) -> list[str]:
+        """The metrics whose verdict asks for a re-run of the case."""
+        return [m.metric for m in self.metrics if m.borderline]
+
+    @property
+    def clear(self) -> bool:
+        """Every verdict is clear: more samples would not change any of them."""
+        return self.verdict != ERROR and all(m.clear for m in self.metrics)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "verdict": self.verdict,
+            "error": self.error,
+            "output_hash": self.output_hash,
+            "baseline_output_hash": self.baseline_output_hash,
+            "deterministic": self.deterministic,
+            "notes": self.notes,
+            "metrics": {m.metric: m.to_json() for m in self.metrics},
+        }
+        if self.sampling is not None:
+            out["sampling"] = dict(self.sampling)
+        if self.runner is not None:
+            out["runner"] = dict(self.runner)
+        if self.components is not None:
+            out["components"] = {k: dict(v) for k, v in self.components.items()}
+        if self.counters is not None:
+            out["counters"] = {k: list(v) for k, v in self.counters.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, case_id: str, data: Mapping[str, Any]) -> CaseVerdict:
+        metrics = [MetricVerdict.from_json(k, v) for k, v in data.get("metrics", {}).items()]
+        return cls(
+            case_id=case_id,
+            verdict=str(data["verdict"]),
+            metrics=tuple(sorted(metrics, key=lambda m: metric_sort_key(m.metric))),
+            error=data.get("error"),
+            output_hash=data.get("output_hash"),
+            baseline_output_hash=data.get("baseline_output_hash"),
+            deterministic=data.get("deterministic"),
+            notes=data.get("notes"),
+            sampling=data.get("sampling"),
+            runner=data.get("runner"),
+            components=data.get("components"),
+            counters=data.get("counters"),
+        )
+
+
+def worst(verdicts: Iterable[str]) -> str:
+    """The most severe of `verdicts` (PASS when there are none)."""
+    ranks = [SEVERITY.index(v) for v in verdicts]
+    return SEVERITY[min(ranks)] if ranks else PASS
+
+
+def gated_steps(step_count: int, step_fractions: Sequence[float] | None) -> set[int] | None:
+    """The step indices sglang's `sampling.step_fractions` selects: `round(f * max_step)`.
+
+    Checking every one of 50 steps at 30 % each is 50 chances for noise to fail a run;
+    sglang samples a few. None (the default) gates every step.
+    """
+    if step_fractions is None or step_count == 0:
+        return None
+    max_step = step_count - 1
+    return {round(f * max_step) for f in step_fractions}
+
+
+def judge_case(
+    case_id: str,
+    result: CaseResult,
+    scenario: Scenario | None,
+    profile: Profile,
+    *,
+    improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
+    step_fractions: Sequence[float] | None = None,
+    ignore_missing: Iterable[str] = (),
+    rule: Rule = DEFAULT_RULE,
+    policy: ContentionPolicy = DEFAULT_POLICY,
+) -> CaseVerdict:
+    """Judge every metric of one case's result against its baseline scenario.
+
+    The runs are screened first (`perfguard.decision.contention.screen`): runs that the
+    reference workload saw contended are dropped, and a measurement that was mostly
+    contended gets the case verdict `contended` instead of a judgement on the code.
+
+    The band of each metric uses the case registry's `tolerance_overrides` (carried in
+    the result's case definition) and then the baseline scenario's, which win: the
+    baseline file is hardware-specific and reviewed next to the figures it loosens.
+    Metrics in `ignore_missing` are not reported missing (a source that cannot measure
+    them, such as sglang's performance.log for memory).
+    """
+    common = {
+        "output_hash": result.output_hash,
+        "deterministic": result.deterministic,
+        "baseline_output_hash": scenario.output_hash if scenario else None,
+        "notes": scenario.notes if scenario else None,
+        "components": result.components,
+        "counters": result.counters,
+    }
+    if result.status != "ok":
+        return CaseVerdict(case_id, ERROR, error=result.error or "case failed", **common)
+    samples = result.samples
+    if scenario is None:
+        metrics = tuple(
+            MetricVerdict(
+                m,
+                MISSING_BASELINE,
+                measured=summarize(samples[m], groups=result.groups),
+                reason="no scenario",
+            )
+            for m in sorted(samples, key=metric_sort_key)
+        )
+        return CaseVerdict(case_id, MISSING_BASELINE, metrics, **common)
+    ref = scenario.reference.median if scenario.reference is not None else None
+    result, scr = screen(result, ref, policy)
+    samples = result.samples
+    overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
+    base = scenario.metrics
+    steps = gated_steps(scenario.step_count, step_fractions)
+    ignored = set(ignore_missing)
+    out: list[MetricVerdict] = []
+    for metric in sorted(set(samples) | set(base), key=metric_sort_key):
+        if steps is not None and metric.startswith("step:") and int(metric[5:]) not in steps:
+            continue
+        if metric not in samples and metric in ignored:
+            continue
+        band = profile.noise_band(profile.band(metric, overrides), base.get(metric))
+        out.append(
+            judge_metric(
+                metric,
+                samples.get(metric),
+                base.get(metric),
+                band,
+                improvement_threshold=improvement_threshold,
+                rule=rule,
+                groups=result.groups,
+                speed=scr.speed,
+            )
+        )
+    verdict = CaseVerdict(
+        case_id, worst(m.verdict for m in out), tuple(out), runner=scr.to_json(), **common
+    )
+    return contended(verdict, scr.reason) if scr.contended else verdict
+
+
+# ---- overall -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Every case's verdict under one profile, and what that means for the exit code.
+
+    `advisory` (from the flag, the profile or the baseline's metadata) reports
+    regressions without failing: a platform whose runners are too noisy to gate on yet,
+    as sglang treats its AMD runners. It does not hide cases that cannot run (exit 3):
+    a crash is a broken setup, not a noisy figure.
+    """
+
+    profile: str
+    cases: tuple[CaseVerdict, ...]
+    fail_on_missing: bool = False
+    advisory: bool = False
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Metric verdicts by kind, plus case errors under `error`."""
+        out = dict.fromkeys(SEVERITY, 0)
+        for case in self.cases:
+            if case.verdict == ERROR:
+                out[ERROR] += 1
+            for m in case.metrics:
+                out[m.verdict] += 1
+        return out
+
+    @property
+    def verdict(self) -> str:
+        return overall(self.cases, self.fail_on_missing, self.advisory)[0]
+
+    @property
+    def exit_code(self) -> int:
+        return overall(self.cases, self.fail_on_missing, self.advisory)[1]
+
+    def failing(self) -> list[tuple[CaseVerdict, MetricVerdict]]:
+        """The metric verdicts that count as failures (before advisory is applied)."""
+        bad = {REGRESSION, *MISSING} if self.fail_on_missing else {REGRESSION}
+        return [(c, m) for c in self.cases for m in c.metrics if m.verdict in bad]
+
+
+def overall(
+    cases: Iterable[CaseVerdict], fail_on_missing: bool = False, advisory: bool = False
+) -> tuple[str, int]:
+    """The run's verdict and exit code: fail (1) > error (3) > contended (4) > pass (0).
+
+    A regression fails the run (exit 1) unless advisory; with `fail_on_missing` so do
+    metrics or cases missing from the baseline and stages missing from the run. Else a
+    case that failed to run makes it exit 3; else a case measured on a runner that
+    stayed contended makes it exit 4 (no verdict on the code: re-run on a quiet
+    runner); else 0. Improvements never fail.
+    """
+    cases = list(cases)
+    bad = {REGRESSION, *MISSING} if fail_on_missing else {REGRESSION}
+    failing = any(m.verdict in bad for c in cases for m in c.metrics)
+    if fail_on_missing and any(c.verdict == MISSING_BASELINE for c in cases):
+        failing = True
+    if failing and not advisory:
+        return OVERALL_FAIL, EXIT_REGRESSION
+    if any(c.verdict == ERROR for c in cases):
+        return OVERALL_ERROR, EXIT_CASE_FAILED
+    if any(c.verdict == CONTENDED for c in cases):
+        return OVERALL_CONTENDED, EXIT_CONTENDED
+    return OVERALL_PASS, EXIT_OK
+
+
+def contended(case: CaseVerdict, why: str) -> CaseVerdict:
+    """`case` re-labelled `contended`: its regressions say the runner was slow, not the code.
+
+    The metric verdicts are kept for the reader, except that a regression becomes
+    `contended` with `why` in its reason: a slowdown measured on a machine that was
+    itself much slower than at baseline time says nothing about the change.
+    """
+    metrics = tuple(
+        dataclasses.replace(m, verdict=CONTENDED, reason=f"{why}; {m.reason}")
+        if m.verdict == REGRESSION
+        else m
+        for m in case.metrics
+    )
+    note = case.notes
+    return dataclasses.replace(case, verdict=CONTENDED, metrics=metrics, error=why, notes=note)
+
+
+def judge(
+    results: Results,
+    baseline: Baseline,
+    profile_name: str = DEFAULT_PROFILE,
+    *,
+    fail_on_missing: bool = False,
+    advisory: bool = False,
+    ignore_missing: Iterable[str] = (),
+    rule: Rule = DEFAULT_RULE,
+    policy: ContentionPolicy = DEFAULT_POLICY,
+) -> Judgement:
+    """Judge every case of `results` against `baseline` under its profile `profile_name`.
+
+    The run is advisory when `advisory` is passed, when the profile says so, or when the
+    baseline's metadata marks its platform advisory.
+    """
+    profile = baseline.profile(profile_name)
+    ignored = tuple(ignore_missing)
+    cases = tuple(
+        judge_case(
+            cid,
+            res,
+            baseline.scenarios.get(cid),
+            profile,
+            improvement_threshold=baseline.improvement_threshold,
+            step_fractions=baseline.step_fractions,
+            ignore_missing=ignored,
+            rule=rule,
+            policy=policy,
+        )
+        for cid, res in sorted(results.cases.items())
+    )
+    advisory = advisory or profile.advisory or bool(baseline.metadata.get("advisory", False))
+    return Judgement(profile_name, cases, fail_on_missing, advisory)
+
+
+# ---- the relative check: paired blocks against a base revision ---------------------------
+
+
+__all__ = [
+    "CONTENDED",
+    "DEFAULT_RULE",
+    "SEVERITY",
+    "VERDICTS",
+    "CaseVerdict",
+    "Judgement",
+    "MetricVerdict",
+    "PairedEstimate",
+    "Rule",
+    "contended",
+    "gated_steps",
+    "judge",
+    "judge_case",
+    "judge_metric",
+    "overall",
+    "worst",
+]
+
+
+SAME = "same"
+
+
+DIFFERENT = "different"
+
+
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """head/base for one metric from per-block log ratios, and what it lets us say.
+
+    `ratio` is the geometric mean of the blocks' median ratios, `low` / `high` its
+    one-sided (1 - alpha) bounds from a t-interval over the blocks (n - 1 degrees of
+    freedom); `decision` is Pinpoint's three answers: `different` (a regression: ratio
+    above 1 + min_effect and low above 1; or an improvement: ratio below 1 / (1 +
+    min_effect) and high below 1), `same` (the interval lies within +-min_effect), or
+    `unknown` (measure more).
+    """
+
+    blocks: int
+    ratio: float
+    low: float
+    high: float
+    min_effect: float
+    alpha: float
+    decision: str
+
+    @property
+    def slower(self) -> bool:
+        return self.decision == DIFFERENT and self.ratio > 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "blocks": self.blocks,
+            "decision": self.decision,
+            "min_effect": self.min_effect,
+            "alpha": round(self.alpha, 6),
+        }

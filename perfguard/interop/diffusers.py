@@ -1,0 +1,399 @@
+"""Any diffusers pipeline under the gate: `workload = "diffusers"`.
+
+A case names a directory written by `DiffusionPipeline.save_pretrained` (`model`), and
+perfguard loads it offline (`DiffusionPipeline.from_pretrained(path, local_files_only=True)`)
+and times its stages from outside, without editing diffusers:
+
+* `TextEncodingStage`: forward pre/post hooks on `text_encoder`, `text_encoder_2`, ...;
+* `PriorTokenGenerationStage`: a wrapper around `vision_language_encoder.generate`
+  (GLM-Image's autoregressive prior; forward hooks when it has no `generate`);
+* `DenoisingStage`: opened by the denoiser's (`transformer` / `unet`) first forward
+  pre-hook, closed by the callback of the last step (the pipeline's `num_timesteps`), else
+  when the next stage starts or the call ends;
+* `step:<i>`: from the denoiser's first call in step `i` to `callback_on_step_end` of
+  step `i`;
+* `DecodingStage`: a wrapper around `vae.decode`.
+
+Why hooks and a callback: they are the pipeline's public seams, so the pipeline measured is
+the user's own, line for line; a copy of its loop would drift from it. Why the ambient
+`StageTimer`: each boundary records a device event and the run syncs once, as the
+built-in pipelines do, so the figures are device time on CUDA/ROCm/NPU and comparable.
+What no seam shows (input checks, latent and timestep preparation, post-processing) is
+in `e2e` only.
+
+The case's fields map onto the pipeline's own `__call__` arguments: `prompt`,
+`negative_prompt`, `height`, `width`, `steps` (`num_inference_steps`), `guidance_scale`
+(the pipeline's CFG argument: `true_cfg_scale` where the pipeline has one, as Qwen-Image
+does, else `guidance_scale`), `seed` (a CPU `torch.Generator`), `dtype` (the load dtype).
+With `dit = "perfguard"` the pipeline's transformer is replaced by perfguard's optimized
+DiT of the same config with the same weights (Qwen-Image, GLM-Image), and the case's
+toggles apply to it.
+
+Errors: a `model` that is not a complete local diffusers pipeline is a data error naming
+the case and the path (`preflight`, exit 2, before anything runs); a pipeline whose
+`__call__` does not take the case's arguments fails that case only (exit 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from perfguard.errors import PerfguardError
+from perfguard.measurement.platform import Platform
+from perfguard.measurement.timer import stage, step
+from perfguard.storage.cases import DIFFUSERS, Case
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Pipeline class (model_index.json `_class_name`) -> perfguard workload whose DiT can
+# replace its transformer.
+PERFGUARD_DITS = {"QwenImagePipeline": "qwen_image", "GlmImagePipeline": "glm_image"}
+
+TEXT_ENCODING = "TextEncodingStage"
+PRIOR = "PriorTokenGenerationStage"
+DENOISING = "DenoisingStage"
+DECODING = "DecodingStage"
+DENOISER_ROLES = ("transformer", "unet")
+PRIOR_ROLES = ("vision_language_encoder",)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".safetensors.index.json")
+
+# Arguments every pipeline must take for a case to drive it.
+REQUIRED_ARGUMENTS = (
+    "prompt",
+    "height",
+    "width",
+    "num_inference_steps",
+    "generator",
+    "output_type",
+    "callback_on_step_end",
+)
+
+
+def model_path(case: Case) -> Path:
+    """The case's `model` directory (`~` expanded; relative to the working directory)."""
+    return Path(os.path.expanduser(case.model))
+
+
+def _bad(case: Case, path: Path, why: str) -> PerfguardError:
+    return PerfguardError(f"case {case.id!r}: model {str(path)!r}: {why}")
+
+
+def read_model_index(case: Case) -> dict[str, Any]:
+    """The pipeline's `model_index.json`, or a `PerfguardError` naming the case and path."""
+    path = model_path(case)
+    if not path.is_dir():
+        raise _bad(
+            case,
+            path,
+            "no such directory (a diffusers case loads a save_pretrained directory offline; "
+            "download or save the pipeline there first)",
+        )
+    index = path / "model_index.json"
+    if not index.is_file():
+        raise _bad(case, path, "is not a diffusers pipeline (no model_index.json)")
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise _bad(case, path, f"model_index.json: unreadable: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("_class_name"), str):
+        raise _bad(case, path, "model_index.json: _class_name: missing")
+    return data
+
+
+def component_roles(index: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """role -> (library, class) of the components `model_index.json` declares."""
+    roles = {}
+    for role, value in index.items():
+        if role.startswith("_") or not isinstance(value, list) or len(value) != 2:
+            continue
+        library, cls = value
+        if library is not None and cls is not None:
+            roles[role] = (str(library), str(cls))
+    return roles
+
+
+def preflight(case: Case) -> None:
+    """Check, before anything runs, that `case` can load offline; raise a `PerfguardError`.
+
+    A missing component folder, or a model folder without weights, is what
+    `from_pretrained` would try to download: offline it is an error here, not a hang or
+    a network call in the middle of a gate.
+    """
+    if case.workload != DIFFUSERS:
+        return
+    path = model_path(case)
+    index = read_model_index(case)
+    for role in sorted(component_roles(index)):
+        folder = path / role
+        if not folder.is_dir():
+            raise _bad(case, path, f"component {role!r}: no {role}/ folder (needs a download)")
+        if (folder / "config.json").is_file() and not any(
+            f.name.endswith(WEIGHT_SUFFIXES) for f in folder.iterdir()
+        ):
+            raise _bad(case, path, f"component {role!r}: no weights in {role}/ (needs a download)")
+    if case.dit == "perfguard":
+        cls = index["_class_name"]
+        workload = PERFGUARD_DITS.get(cls)
+        if workload is None:
+            raise PerfguardError(
+                f"case {case.id!r}: dit: 'perfguard' needs a {' or '.join(PERFGUARD_DITS)}, "
+                f"not {cls} ({path})"
+            )
+        from perfguard.workloads.presets import TOGGLES
+
+        for name in sorted(case.toggles):
+            if TOGGLES.get(name) != workload:
+                raise PerfguardError(
+                    f"case {case.id!r}: toggles.{name}: does not apply to a {cls} "
+                    f"({TOGGLES.get(name)} only)"
+                )
+
+
+def preflight_all(cases: Iterable[Case]) -> None:
+    for case in cases:
+        preflight(case)
+
+
+# ---- loading ---------------------------------------------------------------------------
+
+
+def load_pipeline(case: Case, device: torch.device) -> Any:
+    """`DiffusionPipeline.from_pretrained(model, local_files_only=True)` on `device`."""
+    from diffusers import DiffusionPipeline
+
+    preflight(case)
+    with _quiet_loading():
+        pipe = DiffusionPipeline.from_pretrained(
+            str(model_path(case)), local_files_only=True, dtype=DTYPES[case.dtype]
+        )
+    if case.dit == "perfguard":
+        swap_dit(pipe, case)
+    pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Any:
+    """No loading progress bars in a gate's log (restored afterwards)."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    states = []
+    for lib in (diffusers_logging, transformers_logging):
+        states.append(lib.is_progress_bar_enabled())
+        lib.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for lib, enabled in zip((diffusers_logging, transformers_logging), states, strict=True):
+            if enabled:
+                lib.enable_progress_bar()
+
+
+def swap_dit(pipe: Any, case: Case) -> torch.nn.Module:
+    """Replace `pipe.transformer` by perfguard's DiT of the same config and weights.
+
+    Built on the meta device and given the loaded tensors with `assign=True`: no second
+    copy of the weights, and `strict=True` proves every parameter found its place.
+    """
+    from perfguard.workloads.presets import MODEL_CLASSES
+
+    workload = PERFGUARD_DITS.get(type(pipe).__name__)
+    if workload is None:
+        raise ValueError(f"{case.id}: dit = 'perfguard' needs a {' or '.join(PERFGUARD_DITS)}")
+    original = pipe.transformer
+    cls = MODEL_CLASSES[workload]
+    accepted = inspect.signature(cls.__init__).parameters
+    config = {k: v for k, v in dict(original.config).items() if k in accepted}
+    toggles = {name: case.toggles[name] for name in case.toggles if name in accepted}
+    with torch.device("meta"):
+        model = cls(**config, **toggles)
+    model.load_state_dict(original.state_dict(), strict=True, assign=True)
+    model.eval()
+    # The pipeline's loop enters `transformer.cache_context(name)` (diffusers' cache hooks);
+    # perfguard's DiT has no such cache, so the context does nothing.
+    model.cache_context = lambda name: contextlib.nullcontext()
+    pipe.transformer = model
+    return model
+
+
+# ---- timing ----------------------------------------------------------------------------
+
+
+class _Observer:
+    """Opens and closes the ambient timer's spans from hooks; reset at every call."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.open: list[Any] = []  # stage spans, innermost last
+        self.depth: dict[str, int] = {}
+        self.denoising: Any = None
+        self.step: Any = None
+        self.steps = 0
+        self.calls: dict[str, int] = {}
+
+    def enter(self, name: str) -> None:
+        depth = self.depth.get(name, 0)
+        self.depth[name] = depth + 1
+        if depth == 0:
+            self.end_denoising()
+            span = stage(name)
+            span.__enter__()
+            self.open.append(span)
+
+    def leave(self, name: str) -> None:
+        self.depth[name] -= 1
+        if self.depth[name] == 0 and self.open:
+            self.open.pop().__exit__(None, None, None)
+
+    def denoiser_call(self) -> None:
+        self.calls["denoiser_calls"] = self.calls.get("denoiser_calls", 0) + 1
+        if self.denoising is None:
+            self.denoising = stage(DENOISING)
+            self.denoising.__enter__()
+        if self.step is None:
+            self.step = step(self.steps)
+            self.step.__enter__()
+
+    def step_end(self) -> None:
+        if self.step is not None:
+            self.step.__exit__(None, None, None)
+            self.step = None
+            self.steps += 1
+
+    def end_denoising(self) -> None:
+        self.step_end()
+        if self.denoising is not None:
+            self.denoising.__exit__(None, None, None)
+            self.denoising = None
+
+    def close(self) -> None:
+        self.end_denoising()
+        while self.open:
+            self.open.pop().__exit__(None, None, None)
+
+
+def _wrap_method(owner: Any, name: str, observer: _Observer, stage_name: str) -> None:
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        observer.enter(stage_name)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            observer.leave(stage_name)
+
+    setattr(owner, name, timed)
+
+
+def _hook_stage(module: torch.nn.Module, observer: _Observer, stage_name: str) -> None:
+    module.register_forward_pre_hook(lambda mod, args: observer.enter(stage_name))
+    module.register_forward_hook(lambda mod, args, out: observer.leave(stage_name))
+
+
+class DiffusersCase:
+    """A loaded pipeline driven with the case's arguments, its stages observed.
+
+    Calling it runs the pipeline once and returns the image tensor (`output_type="pt"`);
+    `components` maps each role to its class and parameter count, and `counters()` gives
+    what the last call did (denoiser calls, steps, component calls).
+    """
+
+    def __init__(self, case: Case, pipe: Any) -> None:
+        self.case = case
+        self.pipe = pipe
+        self.kwargs = call_arguments(case, pipe)
+        self.observer = _Observer()
+        modules = {
+            role: comp
+            for role, comp in sorted(pipe.components.items())
+            if isinstance(comp, torch.nn.Module)
+        }
+        # The runner records each module's class and parameter count; the other parts
+        # (tokenizer, scheduler, processor) by class, since they shape what runs too.
+        self.components: dict[str, Any] = {
+            role: comp
+            if isinstance(comp, torch.nn.Module)
+            else {"class": f"{type(comp).__module__}.{type(comp).__qualname__}", "parameters": None}
+            for role, comp in sorted(pipe.components.items())
+            if comp is not None
+        }
+        for role, module in modules.items():
+            if role.startswith("text_encoder"):
+                _hook_stage(module, self.observer, TEXT_ENCODING)
+            elif role in PRIOR_ROLES:
+                if callable(getattr(module, "generate", None)):
+                    _wrap_method(module, "generate", self.observer, PRIOR)
+                else:
+                    _hook_stage(module, self.observer, PRIOR)
+            elif role in DENOISER_ROLES:
+                module.register_forward_pre_hook(lambda mod, args: self.observer.denoiser_call())
+            elif role == "vae" and callable(getattr(module, "decode", None)):
+                _wrap_method(module, "decode", self.observer, DECODING)
+
+    def _on_step_end(self, pipe: Any, i: int, t: Any, callback_kwargs: dict[str, Any]) -> dict:
+        self.observer.step_end()
+        if i + 1 == getattr(pipe, "num_timesteps", None):
+            self.observer.end_denoising()  # the loop is over: what follows is not denoising
+        return {}
+
+    def __call__(self) -> torch.Tensor:
+        self.observer.reset()
+        generator = torch.Generator("cpu").manual_seed(self.case.seed)
+        try:
+            out = self.pipe(
+                **self.kwargs, generator=generator, callback_on_step_end=self._on_step_end
+            )
+        finally:
+            self.observer.close()
+        images = out.images if hasattr(out, "images") else out[0]
+        if not isinstance(images, torch.Tensor):
+            images = torch.as_tensor(images)
+        return images
+
+    def counters(self) -> dict[str, int]:
+        return {**self.observer.calls, "denoise_steps": self.observer.steps}
+
+
+def call_arguments(case: Case, pipe: Any) -> dict[str, Any]:
+    """The case's fields as the pipeline's `__call__` arguments (a `ValueError` naming
+    the arguments it does not take)."""
+    params = inspect.signature(pipe.__call__).parameters
+    name = type(pipe).__name__
+    missing = [p for p in REQUIRED_ARGUMENTS if p not in params]
+    cfg = next((p for p in ("true_cfg_scale", "guidance_scale") if p in params), None)
+    if cfg is None:
+        missing.append("guidance_scale")
+    if case.negative_prompt is not None and "negative_prompt" not in params:
+        missing.append("negative_prompt")
+    if missing:
+        raise ValueError(f"{case.id}: {name}.__call__ does not take {', '.join(missing)}")
+    kwargs: dict[str, Any] = {
+        "prompt": case.prompt,
+        "height": case.height,
+        "width": case.width,
+        "num_inference_steps": case.steps,
+        cfg: case.guidance_scale,
+        "output_type": "pt",
+    }
+    if case.negative_prompt is not None:
+        kwargs["negative_prompt"] = case.negative_prompt
+    return kwargs
+
+
+def build_diffusers_pipeline(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
+    """The runner's factory for `workload = "diffusers"` (device 0 of `platform`)."""
+    return DiffusersCase(case, load_pipeline(case, platform.device(0)))

@@ -1,0 +1,146 @@
+"""The measurement settings: one frozen value, built once by the CLI and passed down.
+
+Every figure is only as good as the settings it was measured under (warm-up, repeats,
+synchronization, threads), so they travel together and are recorded together: the
+runner, the worker processes, the gate and the relative check all take one
+`MeasureOptions` instead of a dozen keyword arguments each. Pure Python: building one
+never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfguard.errors import PerfguardError
+
+SYNC_POLICIES = ("none", "stage")
+ENV_FACTORY = "PERFGUARD_FACTORY"
+
+WORKER_FIELDS = ("repeats", "warmup", "timeout", "sync", "inject", "factory")
+"""What a worker process needs of the options (besides the platform's name): the
+request's `options` object on the wire (`perfguard.measurement.worker`), unchanged since
+worker protocol 1 so that an older base revision of a relative check reads it."""
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """How to measure: the settings of `run`, `gen-baselines`, `check` and `calibrate`.
+
+    - `repeats` measured runs after `warmup` untimed ones per build: the first calls pay
+      one-off costs (allocator growth, autotuning, lazy initialisation) that a serving
+      process pays once, not per request.
+    - `timeout`: seconds a case may take; past it the case is an error, the others run.
+    - `sync`: `"none"` resolves device events once per run; `"stage"` synchronizes at
+      every stage boundary (debugging: it serializes host and device, so it changes
+      what is measured).
+    - `threads`: torch intra-op threads for every case (None: the case's `threads`, else
+      the platform default, `perfguard.measurement.threads`).
+    - `inject`: stage -> fractional slowdown, real busy work inside the stage, to prove a
+      gate catches what it should.
+    - `factory`: `MODULE:FUNCTION` building each pipeline instead of perfguard's workloads.
+    - `devices`, `isolate`, `processes`: where the runs happen. One worker process per
+      device; a fresh process per case; K fresh processes per case, pooled, because the
+      process is the largest source of noise on a shared runner.
+    - `max_repeats`: adaptive sampling's cap (None: exactly `repeats`); a case run in
+      this process keeps measuring until its verdicts are clear or the cap is reached.
+    - `progress`: a progress bar (None: only on a terminal).
+    """
+
+    repeats: int = 5
+    warmup: int = 1
+    timeout: float | None = None
+    sync: str = "none"
+    threads: int | None = None
+    inject: Mapping[str, float] = field(default_factory=dict)
+    factory: str | None = None
+    devices: tuple[str, ...] | None = None
+    isolate: bool = False
+    processes: int = 1
+    max_repeats: int | None = None
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0:
+            raise PerfguardError("--repeats must be >= 1 and --warmup >= 0")
+        if self.processes < 1:
+            raise PerfguardError("--processes must be >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise PerfguardError("--threads must be >= 1")
+        if self.sync not in SYNC_POLICIES:
+            raise PerfguardError(f"--sync must be one of {', '.join(SYNC_POLICIES)}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise PerfguardError("--timeout must be > 0")
+        # Plain, hashable-enough values, whatever the caller passed.
+        object.__setattr__(self, "inject", dict(self.inject))
+        if self.devices is not None:
+            object.__setattr__(self, "devices", tuple(self.devices))
+
+    def replace(self, **changes: Any) -> MeasureOptions:
+        return dataclasses.replace(self, **changes)
+
+    def uses_workers(self, cases: Sequence[Any]) -> bool:
+        """Whether the cases run in worker processes rather than in this one.
+
+        Workers are used with `devices`, `isolate` or `processes` > 1, and whenever a case
+        needs more than one device (only torchrun can give it that).
+        """
+        return bool(
+            self.devices
+            or self.isolate
+            or self.processes > 1
+            or any(c.num_devices > 1 for c in cases)
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """What a results file records of how it was measured."""
+        from perfguard.measurement.inject import describe
+
+        return {
+            "repeats": self.repeats,
+            "warmup": self.warmup,
+            "timeout": self.timeout,
+            "sync": self.sync,
+            "inject": describe(dict(self.inject)),
+        }
+
+    def to_worker_json(self, platform: str) -> dict[str, Any]:
+        """The request's `options` for a worker process (`WORKER_FIELDS` + the platform)."""
+        out: dict[str, Any] = {"platform": platform}
+        for name in WORKER_FIELDS:
+            value = getattr(self, name)
+            out[name] = dict(value) if name == "inject" else value
+        return out
+
+    @classmethod
+    def from_worker_json(cls, data: Mapping[str, Any]) -> tuple[str, MeasureOptions]:
+        """The inverse of `to_worker_json`: the platform's name and the options."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return str(data["platform"]), cls(**{k: v for k, v in data.items() if k in known})
+
+
+def parse_devices(text: str | None) -> list[str] | None:
+    """`'0,1'` -> `['0', '1']`; None or '' -> None (no worker processes asked for).
+
+    Entries are what the platform's visible-devices variable accepts: indices, or GPU
+    UUIDs (`GPU-8f3...`); each may appear once.
+    """
+    if text is None or not text.strip():
+        return None
+    devices = [d.strip() for d in text.split(",")]
+    bad = [d for d in devices if not d or not all(ch.isalnum() or ch in "-_:" for ch in d)]
+    if bad:
+        raise PerfguardError(f"--devices {text!r}: expected a comma-separated list like 0,1")
+    dupes = sorted({d for d in devices if devices.count(d) > 1})
+    if dupes:
+        raise PerfguardError(f"--devices {text!r}: device {dupes[0]} is listed twice")
+    return devices
+
+
+def factory_from(option: str | None) -> str | None:
+    """The factory spec asked for by a CLI option, else by `$PERFGUARD_FACTORY`."""
+    spec = option if option is not None else os.environ.get(ENV_FACTORY)
+    return spec.strip() if spec and spec.strip() else None

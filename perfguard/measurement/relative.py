@@ -1,0 +1,684 @@
+"""The relative check (`perfguard check --against DIR`): head and base measured side by side.
+
+A stored baseline compares two moments, often on two machines; on shared or pooled
+runners that difference alone can exceed the slowdown a PR introduces. The relative
+check measures the base revision and the head on the same runner, at the same time,
+and judges the head against that base, as asv's `continuous` and Bencher's relative
+benchmarking do.
+
+How it measures (each choice with its reason):
+
+- Blocks of fresh processes. A block starts one worker process of each side, runs every
+  selected case once in each (warm-up plus `--repeats` runs), and retires both. Fresh
+  processes because the process is the unit of drift on a shared machine (memory
+  layout, frequency, neighbours: several percent between processes, more than the runs
+  of one process spread), so a verdict must average over processes, never over the runs
+  of one.
+- Randomized, interleaved order (RMIT, Laaber et al. EMSE'19). Blocks come in mirrored
+  pairs, base-head then head-base or the reverse, the first of each pair drawn at
+  random: the mirror cancels a trend within the pair (ABBA), the draw keeps the order
+  from lining up with periodic load. Inside a block the two sides alternate case by case
+  (base, head, head, base, ...), so a case's two measurements are seconds apart; both
+  workers are started together and wait idle while the other side runs.
+- Paired per-block log ratios (`perfguard.decision.paired.paired_estimate`): the drift that the
+  two sides of a block share cancels in their ratio.
+- Adaptive, Pinpoint-style. After the minimum number of blocks the verdicts are looked
+  at on a fixed schedule of block counts. A metric found clearly different or clearly
+  the same at a look keeps that verdict (a sequential test stops where it decides: the
+  blocks that follow cannot undo it, as a later contention episode otherwise would);
+  the check stops as soon as every metric is decided, when `--max-blocks` is reached,
+  or when the next block pair would overrun `--budget-s`. Metrics still open then pass
+  with a note.
+- Repeated looks cost false alarms, so each look tests at `alpha / K`, where K is the
+  number of scheduled looks plus one (the look a budget stop may add between them):
+  Bonferroni over a fixed look schedule, so the chance that noise alone fails a metric
+  at any look stays at most `alpha`, however the check stops.
+
+Where the code comes from: the base side's workers run with DIR first on `PYTHONPATH`
+and DIR as their working directory (`python -m` puts the working directory ahead of
+`PYTHONPATH`), so perfguard's workloads, a `--factory` module or a user's pipeline
+package come from DIR; the head side keeps the caller's environment. The cases come
+from the caller's registry on both sides (as asv takes its benchmarks from the current
+checkout): their definitions are sent to the base's worker, minus fields it does not
+know when they hold their default. Before anything is measured, a probe run in the
+base environment says where perfguard (and the factory) is imported from, its version,
+worker protocol and case fields, so that a base that cannot run the head's cases fails
+with one line naming both versions, and a DIR that does not provide the code under test
+fails instead of silently comparing the head with itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perfguard.decision.paired import (
+    BASE,
+    HEAD,
+    SIDES,
+    Block,
+    RelativeOutcome,
+    alpha_per_look,
+    judge_blocks,
+    look_points,
+)
+from perfguard.decision.verdict import (
+    DEFAULT_RULE,
+    ERROR,
+    MetricVerdict,
+)
+from perfguard.errors import EXIT_TERMINATED, PerfguardError
+from perfguard.measurement.inject import ENV_INJECT
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.threads import ENV_OVERRIDE as ENV_THREADS
+from perfguard.storage.cases import Case
+from perfguard.storage.results import CaseResult
+
+DEFAULT_BUDGET_S = 150.0
+"""Measurement time a relative check may spend: the smoke suite's check then ends inside
+three minutes, start-up included (136-162 s measured on the 2-core runner). Clear
+verdicts stop it sooner."""
+
+DEFAULT_MIN_BLOCKS = 4
+"""Two mirrored pairs: the fewest blocks with which the between-block spread (3 degrees
+of freedom) is worth a t-interval and a linear trend cancels twice."""
+
+DEFAULT_MAX_BLOCKS = 24
+"""The last scheduled look. Past it the interval narrows slowly (1 / sqrt(n)) while
+every block costs two process starts."""
+
+
+@dataclass(frozen=True)
+class RelativeOptions:
+    """What to compare with and how long to measure: `check --against` and friends.
+
+    `directory` (a checkout of the base revision) or `ref` (a revision of this
+    repository, checked out in a temporary worktree); `subdir` is the base's import
+    root inside it (sglang: `python`). Blocks are measured until every verdict is clear,
+    `max_blocks`, or `budget_s`; `order_seed` fixes the randomized block order.
+    `write_baseline` also stores the base side's measurement as a baseline file.
+    """
+
+    directory: str | None = None
+    ref: str | None = None
+    subdir: str | None = None
+    budget_s: float = DEFAULT_BUDGET_S
+    min_blocks: int = DEFAULT_MIN_BLOCKS
+    max_blocks: int = DEFAULT_MAX_BLOCKS
+    order_seed: int | None = None
+    write_baseline: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.directory is not None and self.ref is not None:
+            raise PerfguardError("use either --against DIR or --against-ref REF, not both")
+        if self.directory is None and self.ref is None:
+            raise PerfguardError("a relative check needs --against DIR or --against-ref REF")
+        if self.max_blocks < self.min_blocks:
+            raise PerfguardError("--max-blocks must be at least --min-blocks")
+
+
+PROBE_TIMEOUT_S = 300.0
+
+PROBE = r"""
+import dataclasses, importlib, json, sys
+out = {}
+import perfguard
+out["file"] = getattr(perfguard, "__file__", None)
+out["version"] = getattr(perfguard, "__version__", None)
+
+import os
+here = os.path.dirname(getattr(perfguard, "__file__", None) or ".")
+
+def first(*names):
+    # By the files of the base's own package: a module the base lacks could otherwise be
+    # found by an editable install's finder in another checkout.
+    for name in names:
+        rel = os.path.join(*name.split(".")[1:])
+        if os.path.exists(os.path.join(here, rel + ".py")):
+            return name, importlib.import_module(name)
+    raise ModuleNotFoundError(f"the base's perfguard has none of {', '.join(names)}")
+
+# Layouts: perfguard.measurement.* (layered), perfguard.* (flat, before).
+out["worker_module"], worker = first("perfguard.measurement.worker", "perfguard._worker")
+out["protocol"] = getattr(worker, "WORKER_PROTOCOL", 1)
+_, cases = first("perfguard.storage.cases", "perfguard.cases")
+out["case_fields"] = [f.name for f in dataclasses.fields(cases.Case)]
+_, options = first("perfguard.measurement.options", "perfguard.workers")
+if hasattr(options, "WORKER_FIELDS"):
+    out["option_fields"] = ["platform", *options.WORKER_FIELDS]
+else:
+    out["option_fields"] = [f.name for f in dataclasses.fields(options.RunOptions)]
+if len(sys.argv) > 1 and sys.argv[1]:
+    module = importlib.import_module(sys.argv[1].partition(":")[0])
+    out["factory_file"] = getattr(module, "__file__", None)
+print("PERFGUARD-PROBE " + json.dumps(out))
+"""
+
+
+# ---- the base revision --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Base:
+    """The base revision: where its code is and what its perfguard can run."""
+
+    root: Path
+    import_dir: Path
+    commit: str | None
+    dirty: bool | None
+    version: str | None
+    protocol: int
+    perfguard_file: str | None
+    case_fields: frozenset[str]
+    option_fields: frozenset[str]
+    ref: str | None = None
+    factory_file: str | None = None
+    worker_module: str = "perfguard.measurement.worker"
+
+    def describe(self) -> str:
+        """`DIR (commit abc123def456)`, as the report's first line says it."""
+        commit = f"commit {self.commit[:12]}" if self.commit else "not a git checkout"
+        dirty = ", uncommitted changes" if self.dirty else ""
+        return f"{self.root} ({commit}{dirty})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dir": str(self.root),
+            "import_dir": str(self.import_dir),
+            "commit": self.commit,
+            "dirty": self.dirty,
+            "ref": self.ref,
+            "perfguard_version": self.version,
+            "worker_protocol": self.protocol,
+        }
+
+
+def _head_version() -> str:
+    from perfguard import __version__
+
+    return __version__
+
+
+def _head_protocol() -> int:
+    from perfguard.measurement.worker import WORKER_PROTOCOL
+
+    return WORKER_PROTOCOL
+
+
+def base_environment(import_dir: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The base side's environment: `import_dir` first on `PYTHONPATH`, no fault injection.
+
+    An injection (`--inject`, `$PERFGUARD_INJECT`) is a slowdown of the head under test;
+    the base must be measured as it is.
+    """
+    out = dict(os.environ if env is None else env)
+    rest = out.get("PYTHONPATH", "")
+    out["PYTHONPATH"] = os.pathsep.join([str(import_dir), *([rest] if rest else [])])
+    out.pop(ENV_INJECT, None)
+    return out
+
+
+def _git(args: Sequence[str], cwd: Path | str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _commit_of(directory: Path) -> tuple[str | None, bool | None]:
+    """DIR's commit and whether its tracked files differ from it (None: not a checkout)."""
+    try:
+        head = _git(["rev-parse", "HEAD"], directory)
+        if head.returncode != 0:
+            return None, None
+        status = _git(["status", "--porcelain", "--untracked-files=no"], directory)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return head.stdout.strip() or None, bool(status.stdout.strip())
+
+
+def _inside(path: str | None, directory: Path) -> bool:
+    if not path:
+        return False
+    try:
+        Path(path).resolve().relative_to(directory.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def probe_base(
+    directory: str | os.PathLike[str],
+    *,
+    subdir: str | None = None,
+    factory: str | None = None,
+    ref: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Base:
+    """Check that DIR can serve as the base, and learn what its perfguard can run.
+
+    One line and exit 2 (`PerfguardError`) when DIR does not exist, when the code under
+    test (the factory module when there is one, else perfguard's workloads) would not
+    come from DIR, when the base's perfguard cannot even be imported, or when it speaks
+    another worker protocol.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise PerfguardError(f"--against {directory}: no such directory")
+    import_dir = root / subdir if subdir else root
+    if not import_dir.is_dir():
+        raise PerfguardError(f"--against-subdir {subdir}: {import_dir} is not a directory")
+    import_dir = import_dir.resolve()
+    cmd = [sys.executable, "-c", PROBE, factory or ""]
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=import_dir,
+            env=base_environment(import_dir, env),
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PerfguardError(
+            f"--against {directory}: importing the base's perfguard took over {PROBE_TIMEOUT_S:g} s"
+        ) from exc
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("PERFGUARD-PROBE ")]
+    if proc.returncode != 0 or not found:
+        last = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["?"]
+        raise PerfguardError(
+            f"--against {directory}: not importable as the base (from {import_dir}): {last[0]}"
+        )
+    info = json.loads(found[-1].split(" ", 1)[1])
+    where = "the factory module " + factory.partition(":")[0] if factory else "perfguard"
+    source = info.get("factory_file") if factory else info.get("file")
+    if not _inside(source, import_dir):
+        hint = "" if subdir else " (a package in a subdirectory: add --against-subdir, e.g. python)"
+        raise PerfguardError(
+            f"--against {directory}: not importable as the base: {where} is imported from "
+            f"{source}, not from {import_dir}{hint}"
+        )
+    version = info.get("version")
+    protocol = int(info.get("protocol", 1))
+    if protocol != _head_protocol():
+        raise PerfguardError(
+            f"--against {directory}: the base's perfguard {version} speaks worker protocol "
+            f"{protocol}, this perfguard {_head_version()} speaks {_head_protocol()}: "
+            "it cannot run this revision's cases"
+        )
+    commit, dirty = _commit_of(root)
+    return Base(
+        root=root.resolve(),
+        import_dir=import_dir,
+        commit=commit,
+        dirty=dirty,
+        version=version,
+        protocol=protocol,
+        perfguard_file=info.get("file"),
+        case_fields=frozenset(info.get("case_fields", ())),
+        option_fields=frozenset(info.get("option_fields", ())),
+        ref=ref,
+        factory_file=info.get("factory_file"),
+        worker_module=str(info.get("worker_module") or "perfguard.measurement.worker"),
+    )
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def _for_base(
+    data: dict[str, Any], known: frozenset[str], defaults: dict[str, Any], what: str, base: Base
+) -> dict[str, Any]:
+    out = dict(data)
+    for key in sorted(set(data) - known):
+        if key in defaults and data[key] == defaults[key]:
+            del out[key]  # at its default: the base, which lacks it, behaves the same
+            continue
+        raise PerfguardError(
+            f"{what} sets {key} = {data[key]!r}, which the base's perfguard {base.version} "
+            f"({base.root}) does not know; this perfguard is {_head_version()}"
+        )
+    return out
+
+
+def case_for_base(case: Case, base: Base) -> dict[str, Any]:
+    """`case` as the base's worker can read it, or a `PerfguardError` naming both versions."""
+    if not base.case_fields:
+        return case.to_json()
+    defaults = _defaults(Case)
+    defaults["prompt_lengths"] = list(defaults.get("prompt_lengths", ()))
+    defaults["tags"] = list(defaults.get("tags", ()))
+    return _for_base(case.to_json(), base.case_fields, defaults, f"case {case.id!r}", base)
+
+
+def options_for_base(options: MeasureOptions, base: Base, platform: str) -> dict[str, Any]:
+    """The run options as the base's worker can read them (see `case_for_base`)."""
+    data = options.to_worker_json(platform)
+    if not base.option_fields:
+        return data
+    defaults = _defaults(MeasureOptions)
+    return _for_base(data, base.option_fields, defaults, "the run options", base)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """While a temporary worktree exists, SIGTERM unwinds (so it is removed) instead of
+    killing the process where it stands; only in the main thread, and only where
+    nobody else handles SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        yield
+        return
+
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(EXIT_TERMINATED)
+
+    signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def temporary_worktree(ref: str, repo: str | os.PathLike[str] | None = None) -> Iterator[Path]:
+    """A detached `git worktree` of `ref` in a temporary directory, always removed.
+
+    The worktree is removed, its directory deleted and git's record of it pruned on
+    every way out: success, an error, Ctrl-C and SIGTERM. (Only SIGKILL can leave the
+    directory behind; the next run's prune then drops git's record of it.)
+    """
+    where = Path(repo) if repo is not None else Path.cwd()
+    top = _git(["rev-parse", "--show-toplevel"], where)
+    if top.returncode != 0:
+        raise PerfguardError(f"--against-ref {ref}: {where} is not inside a git repository")
+    toplevel = Path(top.stdout.strip())
+    sha = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], toplevel)
+    if sha.returncode != 0 or not sha.stdout.strip():
+        raise PerfguardError(f"--against-ref {ref}: no such commit in {toplevel}")
+    _git(["worktree", "prune"], toplevel)
+    with _terminate_as_exit():
+        tmp = Path(tempfile.mkdtemp(prefix="perfguard-base-"))
+        path = tmp / "base"
+        try:
+            added = _git(["worktree", "add", "--detach", str(path), sha.stdout.strip()], toplevel)
+            if added.returncode != 0:
+                last = [ln for ln in added.stderr.splitlines() if ln.strip()][-1:] or ["?"]
+                raise PerfguardError(f"--against-ref {ref}: git worktree add failed: {last[0]}")
+            yield path
+        finally:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                _git(["worktree", "remove", "--force", str(path)], toplevel)
+            shutil.rmtree(tmp, ignore_errors=True)
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                _git(["worktree", "prune"], toplevel)
+
+
+# ---- the schedule ---------------------------------------------------------------------------
+
+
+def block_order(index: int, previous: str | None, rng: random.Random) -> str:
+    """`BH` or `HB`: drawn for the first block of each pair, mirrored for the second."""
+    if index % 2 == 1 and previous is not None:
+        return previous[::-1]
+    return rng.choice((BASE + HEAD, HEAD + BASE))
+
+
+# ---- the check ------------------------------------------------------------------------------
+
+MeasureBlock = Callable[[int, str, Sequence[Case]], Mapping[str, Mapping[str, CaseResult]]]
+"""`measure(index, order, cases)`: one block, each side's processes started in `order`;
+for each side (`BASE`, `HEAD`) a result per case."""
+
+
+def run_relative(
+    cases: Sequence[Case],
+    measure: MeasureBlock,
+    *,
+    alpha: float = DEFAULT_RULE.alpha,
+    min_blocks: int = DEFAULT_MIN_BLOCKS,
+    max_blocks: int = DEFAULT_MAX_BLOCKS,
+    budget_s: float = DEFAULT_BUDGET_S,
+    seed: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    fail_on_missing: bool = False,
+    advisory: bool = False,
+    on_block: Callable[[int, Block, int], None] | None = None,
+) -> RelativeOutcome:
+    """Measure blocks until every verdict is clear, `max_blocks`, or the budget; judge.
+
+    `on_block(index, block, open_metrics)` is told after each block (open_metrics is -1
+    where the block was not a look). A case that fails on either side in a block is
+    reported as that case's error and not measured again; the others go on.
+    """
+    looks = look_points(min_blocks, max_blocks)
+    alpha_look = alpha_per_look(alpha, looks)
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    rng = random.Random(seed)
+    active = list(cases)
+    errors: dict[str, str] = {}
+    latched: dict[tuple[str, str], MetricVerdict] = {}
+    blocks: list[Block] = []
+    looked_at: list[int] = []
+    started = clock()
+    stopped = "max-blocks"
+    previous: str | None = None
+    while len(blocks) < max_blocks:
+        n = len(blocks)
+        if n >= min_blocks and n % 2 == 0:
+            pair_s = 2 * sum(b.seconds for b in blocks) / n
+            if clock() - started + pair_s > budget_s:
+                stopped = "budget"
+                break
+        if not active:
+            stopped = "every case failed"
+            break
+        order = block_order(n, previous, rng)
+        previous = order
+        t0 = clock()
+        measured = measure(n, order, active)
+        block = Block(order, clock() - t0, {s: dict(measured.get(s, {})) for s in (BASE, HEAD)})
+        blocks.append(block)
+        for case in list(active):
+            for side in order:
+                res = block.results[side].get(case.id)
+                if res is None or res.status != "ok":
+                    why = "no result" if res is None else (res.error or "failed")
+                    errors.setdefault(case.id, f"{SIDES[side]}: {why}")
+            if case.id in errors:
+                active.remove(case)
+        open_metrics = -1
+        if len(blocks) in looks:
+            looked_at.append(len(blocks))
+            judgement, _ = judge_blocks(
+                [c.id for c in cases],
+                blocks,
+                alpha_look=alpha_look,
+                final=False,
+                errors=errors,
+                latched=latched,
+            )
+            open_metrics = 0
+            for c in judgement.cases:
+                if c.verdict == ERROR:
+                    continue
+                for m in c.metrics:
+                    if m.clear:
+                        latched.setdefault((c.case_id, m.metric), m)
+                    else:
+                        open_metrics += 1
+            if open_metrics == 0:
+                stopped = "resolved"
+                if on_block is not None:
+                    on_block(n, block, open_metrics)
+                break
+        if on_block is not None:
+            on_block(n, block, open_metrics)
+    if blocks and len(blocks) not in looked_at:
+        looked_at.append(len(blocks))
+    judgement, pooled = judge_blocks(
+        [c.id for c in cases],
+        blocks,
+        alpha_look=alpha_look,
+        final=True,
+        errors=errors,
+        latched=latched,
+        fail_on_missing=fail_on_missing,
+        advisory=advisory,
+    )
+    return RelativeOutcome(
+        judgement=judgement,
+        blocks=blocks,
+        pooled=pooled,
+        stopped=stopped,
+        looks=looks,
+        alpha=alpha,
+        alpha_look=alpha_look,
+        seed=seed,
+        elapsed_s=clock() - started,
+        looked_at=looked_at,
+    )
+
+
+# ---- measuring a block in worker processes --------------------------------------------------
+
+
+def case_threads(case: Case, platform: str) -> int | None:
+    """The thread count a case's processes get: its `threads` field where the registry
+    has one, else 1 on CPU (two sides started together must not fight over the cores
+    with one OpenMP thread per core each), else left to the runtime."""
+    threads = getattr(case, "threads", None)
+    if threads:
+        return int(threads)
+    return 1 if platform == "cpu" else None
+
+
+@dataclass(frozen=True)
+class Side:
+    """How one side's worker processes are started and what they are sent."""
+
+    env: dict[str, str]
+    cwd: str | None
+    options: MeasureOptions
+    encode_case: Callable[[Case], dict[str, Any]]
+    options_json: dict[str, Any]
+    worker_module: str = "perfguard.measurement.worker"
+
+
+def process_blocks(
+    sides: Mapping[str, Side],
+    platform: str,
+    devices: Sequence[str] | None = None,
+) -> MeasureBlock:
+    """A `MeasureBlock` that runs each block in fresh worker processes (`Worker`).
+
+    Cases with the same thread count share a pair of processes, started together (they
+    import torch at the same time) and closed after the cases ran; the sides alternate
+    case by case in the block's order, mirrored on every other case.
+    """
+    from perfguard.measurement.workers import Worker, error_result, visible_devices_env
+
+    def env_for(side: Side, threads: int | None) -> dict[str, str]:
+        env = dict(side.env)
+        if side.options.threads is not None:  # --threads: both sides' case_threads read it
+            env[ENV_THREADS] = str(side.options.threads)
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+        var = visible_devices_env(platform)
+        if var and devices:
+            env[var] = ",".join(devices)
+        return env
+
+    def measure(index: int, order: str, cases: Sequence[Case]) -> dict[str, dict[str, CaseResult]]:
+        out: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
+        groups: dict[int | None, list[Case]] = {}
+        for case in cases:
+            groups.setdefault(case_threads(case, platform), []).append(case)
+        for threads, group in groups.items():
+            workers: dict[str, Worker] = {}
+            failed: dict[str, str] = {}
+            try:
+                for s in order:
+                    label = f"{SIDES[s]} worker (block {index + 1})"
+                    workers[s] = Worker(
+                        env_for(sides[s], threads),
+                        label,
+                        cwd=sides[s].cwd,
+                        module=sides[s].worker_module,
+                    )
+                for s in order:
+                    reason = workers[s].start()
+                    if reason is not None:
+                        failed[s] = reason
+                for i, case in enumerate(group):
+                    for s in order if i % 2 == 0 else order[::-1]:
+                        side = sides[s]
+                        if s in failed or not workers[s].alive:
+                            why = failed.get(s, f"{SIDES[s]} worker died")
+                            out[s][case.id] = error_result(case, why, side.options)
+                            continue
+                        out[s][case.id] = workers[s].run(
+                            case,
+                            side.options,
+                            platform,
+                            case_json=side.encode_case(case),
+                            options_json=side.options_json,
+                        )
+            except BaseException:
+                for worker in workers.values():
+                    worker.kill()
+                raise
+            for worker in workers.values():
+                worker.close()
+        return out
+
+    return measure
+
+
+def head_side(options: MeasureOptions, platform: str, env: Mapping[str, str] | None = None) -> Side:
+    return Side(
+        env=dict(os.environ if env is None else env),
+        cwd=None,
+        options=options,
+        encode_case=lambda c: c.to_json(),
+        options_json=options.to_worker_json(platform),
+    )
+
+
+def base_side(
+    options: MeasureOptions, base: Base, platform: str, env: Mapping[str, str] | None = None
+) -> Side:
+    base_options = options.replace(inject={})
+    return Side(
+        env=base_environment(base.import_dir, env),
+        cwd=str(base.import_dir),
+        options=base_options,
+        encode_case=lambda c: case_for_base(c, base),
+        options_json=options_for_base(base_options, base, platform),
+        worker_module=base.worker_module,
+    )

@@ -1,0 +1,352 @@
+"""Run cases: warm-up, measured repeats, every sample of every metric, errors kept per case.
+
+Why warm-up runs: the first calls of a model pay one-off costs (allocator growth, kernel
+selection and autotuning, lazy module initialisation, page faults on fresh weights) that
+a serving process pays once, not per request. They are run untimed and dropped.
+
+Why every sample: a verdict on a noisy machine needs the spread, not one number, and a
+later, better rule can only be applied to data that was kept. Results therefore hold each
+metric's list of samples (one per measured run), which `perfguard.decision.verdict` summarizes.
+
+A case that raises (out-of-memory included) or runs past its timeout is recorded as an
+error with its message and the remaining cases still run: one broken case must not hide
+the regressions of the others.
+
+Why groups: on a shared machine the median of one process (or one pipeline build)
+drifts from the next one's by more than its samples spread, so a result that pools
+several processes (`--processes`, the gate's re-runs) keeps how many runs each one
+contributed (`CaseResult.groups`); the verdict uses the spread of their medians.
+
+Why components and counters: a figure says little without what produced it. A pipeline
+may carry `components` (role -> module, or role -> `{"class", "parameters"}`), recorded
+once per case as role -> `{"class": "module.Class", "parameters": N}`, and `counters()`
+(-> `dict[str, int]`, what its last call did, e.g. modulation-cache hits), read after
+each measured run and kept per run like the samples: a report then shows whether an
+optimization engaged in the runs it judged, not only that it was switched on.
+
+Why `until`: adaptive sampling. After the minimum `repeats`, the caller's predicate
+(`perfguard.decision.gate` asks `perfguard.decision.verdict` whether every verdict is
+already clear) is consulted after each run, and measuring stops as soon as it says so, or at
+`max_repeats`: clear cases cost the minimum, unclear ones get the samples they need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import importlib
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from perfguard.errors import PerfguardError
+from perfguard.measurement import threads
+from perfguard.measurement.inject import InjectionUnmatched
+from perfguard.measurement.memory import measure_run
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.platform import Platform, fingerprint
+from perfguard.measurement.reference import Reference
+from perfguard.measurement.timer import StageTimer
+from perfguard.storage.cases import DIFFUSERS, Case
+from perfguard.storage.results import CaseResult, Results
+
+
+class CaseTimeout(Exception):
+    """Raised inside a case that ran past `--timeout`."""
+
+
+def tensor_hash(tensor: torch.Tensor) -> str:
+    """A short content hash of an output, to make a change in results visible in reports."""
+    data = tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    """Raise `CaseTimeout` in this thread after `seconds` (SIGALRM; main thread only).
+
+    This interrupts Python code between bytecodes, which covers CPU cases; a kernel that
+    hangs on a device cannot be interrupted from inside the process: `--isolate` runs each
+    case in a subprocess that is killed instead.
+    """
+    usable = (
+        seconds
+        and seconds > 0
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+    )
+    if not usable:
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise CaseTimeout(f"timed out after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, float(seconds))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+PipelineFactory = Callable[[Case, Platform], Callable[[], torch.Tensor]]
+
+
+def _default_factory(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
+    if case.workload == DIFFUSERS:
+        from perfguard.interop.diffusers import build_diffusers_pipeline
+
+        return build_diffusers_pipeline(case, platform)
+    from perfguard.workloads.pipeline import build_pipeline
+
+    return build_pipeline(case, platform)
+
+
+def describe_module(module: torch.nn.Module) -> dict[str, Any]:
+    """`{"class": "module.Class", "parameters": N}` of one pipeline component."""
+    cls = type(module)
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "parameters": int(sum(p.numel() for p in module.parameters())),
+    }
+
+
+def components_of(pipeline: Any) -> dict[str, dict[str, Any]] | None:
+    """role -> `{"class", "parameters"}` for a built pipeline.
+
+    From its `components` attribute when it has one (modules, or descriptions already);
+    else from the `torch.nn.Module` attributes it holds (role = attribute name). None when
+    it shows neither (a custom factory returning a plain function).
+    """
+    declared = getattr(pipeline, "components", None)
+    if isinstance(declared, dict):
+        items = list(declared.items())
+    else:
+        attrs = getattr(pipeline, "__dict__", {})
+        items = [
+            (k, v)
+            for k, v in attrs.items()
+            if isinstance(v, torch.nn.Module) and not k.startswith("_")
+        ]
+    out: dict[str, dict[str, Any]] = {}
+    for role, value in items:
+        if isinstance(value, torch.nn.Module):
+            out[str(role)] = describe_module(value)
+        elif isinstance(value, dict) and "class" in value:
+            out[str(role)] = {
+                "class": str(value["class"]),
+                "parameters": None if value.get("parameters") is None else int(value["parameters"]),
+            }
+    return dict(sorted(out.items())) or None
+
+
+def planned_components(case: Case, platform: Platform) -> tuple[dict[str, Any], str | None]:
+    """What `case` would build, without building it: (role -> description, a note or None).
+
+    Built-in workloads are constructed on the meta device (no memory, no weights); where a
+    component cannot be (its init needs a real device), the DiT alone is listed, from its
+    preset, and the note says the rest is known after a run. A diffusers case lists the
+    classes its `model_index.json` declares; their parameter counts are known after a run.
+    """
+    if case.workload == DIFFUSERS:
+        from perfguard.interop.diffusers import component_roles, read_model_index
+
+        try:
+            roles = component_roles(read_model_index(case))
+        except PerfguardError as exc:
+            return {}, str(exc)
+        return (
+            {r: {"class": f"{lib}.{cls}", "parameters": None} for r, (lib, cls) in roles.items()},
+            "parameter counts known after a run",
+        )
+    try:
+        from perfguard.workloads.pipeline import _PIPELINES
+
+        with torch.device("meta"):
+            pipe = _PIPELINES[case.workload](case, platform, torch.device("meta"))
+        return components_of(pipe) or {}, None
+    except Exception:
+        from perfguard.workloads.presets import MODEL_CLASSES, get_preset
+
+        with torch.device("meta"):
+            dit = MODEL_CLASSES[case.workload](**get_preset(case.workload, case.preset))
+        return {"transformer": describe_module(dit)}, "other components known after a run"
+
+
+def import_factory(spec: str) -> PipelineFactory:
+    """`'package.module:function'` -> the pipeline factory it names."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise PerfguardError(f"--factory {spec!r}: expected module:function")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PerfguardError(f"--factory {spec!r}: cannot import {module_name}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PerfguardError(f"--factory {spec!r}: {module_name} has no attribute {attr}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise PerfguardError(f"--factory {spec!r}: {attr} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def run_case(
+    case: Case,
+    platform: Platform,
+    options: MeasureOptions | None = None,
+    *,
+    factory: PipelineFactory | None = None,
+    on_run: Callable[[CaseResult], None] | None = None,
+    until: Callable[[CaseResult], bool] | None = None,
+) -> CaseResult:
+    """Build the case's pipeline once, run it `warmup` + `repeats` times, keep every sample.
+
+    With `until` and `options.max_repeats` > `options.repeats`, keep running after the
+    first `repeats` until `until(result)` is true or `max_repeats` runs are measured.
+    `factory` (a callable, already imported) overrides `options.factory` (a spec).
+
+    Where the platform has no allocator statistics (CPU, `separate_memory_run`), one
+    untimed run after the warm-up measures the tensor memory the pipeline allocates
+    (`perfguard.measurement.memory`): the `peak_memory` and `peak_memory:<Stage>` samples of this
+    build. The tracker costs too much per op to ride along in timed runs.
+    """
+    options = options or MeasureOptions()
+    repeats, warmup = options.repeats, options.warmup
+    if factory is None and options.factory:
+        factory = import_factory(options.factory)
+    limit = max(repeats, options.max_repeats or repeats) if until is not None else repeats
+    result = CaseResult(case_id=case.id, warmup=warmup, repeats=0, case=case.definition())
+    hashes: list[str] = []
+    pipeline = None
+    try:
+        with _deadline(options.timeout):
+            result.threads = threads.apply(
+                threads.case_threads(case, platform.name, options.threads)
+            ).to_json()
+            t0 = time.perf_counter()
+            pipeline = (factory or _default_factory)(case, platform)
+            platform.synchronize()
+            result.load_ms = (time.perf_counter() - t0) * 1e3
+            yardstick = Reference(platform)
+            result.components = components_of(pipeline)
+            counters = getattr(pipeline, "counters", None)
+            for _ in range(warmup):
+                pipeline()
+            separate = platform.separate_memory_run
+            if separate:
+                memory = measure_run(pipeline, platform)
+                for name, mb in memory.metrics().items():
+                    result.samples[name] = [mb]
+                result.memory = memory.to_json()
+            before = yardstick.time_ms()
+            while result.repeats < limit:
+                if result.repeats >= repeats and until is not None and until(result):
+                    break
+                with StageTimer(
+                    platform,
+                    sync=options.sync,  # type: ignore[arg-type]
+                    inject=dict(options.inject),
+                    track_memory=not separate,
+                ) as timer:
+                    output = pipeline()
+                # The yardstick right before and right after each run: a run counts as
+                # contended when either saw the machine slow (perfguard.measurement.reference).
+                after = yardstick.time_ms()
+                result.reference.append(max(before, after))
+                before = after
+                result.add_run(timer.record())
+                if callable(counters):
+                    result.add_counters(dict(counters()))
+                hashes.append(tensor_hash(output))
+                result.repeats += 1
+                if on_run is not None:
+                    on_run(result)
+    except InjectionUnmatched:
+        raise  # a mistake in the command line, not this case's failure: exit 2
+    except Exception as exc:
+        result.status = "error"
+        oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+        kind = "out of memory" if oom else type(exc).__name__
+        result.error = f"{kind}: {exc}".strip().splitlines()[0][:500]
+        result.case["traceback_tail"] = traceback.format_exc().strip().splitlines()[-1][:500]
+    finally:
+        del pipeline
+        gc.collect()
+        platform.empty_cache()
+    if hashes:
+        result.output_hash = hashes[0]
+        result.deterministic = len(set(hashes)) == 1
+    return result
+
+
+def run_cases(
+    cases: Sequence[Case],
+    platform: Platform,
+    options: MeasureOptions | None = None,
+    *,
+    factory: PipelineFactory | None = None,
+    on_case: Callable[[CaseResult], None] | None = None,
+    until_for: Callable[[Case], Callable[[CaseResult], bool] | None] | None = None,
+) -> Results:
+    """Run every case in turn in this process; `on_case` sees each result when complete.
+
+    `until_for(case)` gives the case's adaptive stop predicate (see `run_case`).
+    """
+    options = options or MeasureOptions()
+    if factory is None and options.factory:
+        factory = import_factory(options.factory)
+    settings = options.settings()
+    if until_for is not None:
+        settings["max_repeats"] = options.max_repeats
+    results = Results(environment=fingerprint(platform), settings=settings)
+    with _progress(len(cases), options.progress) as advance:
+        for case in cases:
+            advance(case.id, 0)
+            res = run_case(
+                case,
+                platform,
+                options,
+                factory=factory,
+                until=until_for(case) if until_for is not None else None,
+            )
+            results.cases[case.id] = res
+            if on_case is not None:
+                on_case(res)
+            advance(case.id, 1)
+    return results
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool | None) -> Iterator[Callable[[str, int], None]]:
+    """A rich progress bar on an interactive terminal; silent in CI logs."""
+    import sys
+
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        yield lambda _id, _n: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("cases", total=total)
+
+        def advance(case_id: str, n: int) -> None:
+            bar.update(task, description=case_id, advance=n)
+
+        yield advance

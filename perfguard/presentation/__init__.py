@@ -1,0 +1,4 @@
+"""Presentation: tables, Markdown, plots and the history archive of reports.
+
+Pure Python (rich, pandas, matplotlib): nothing here imports torch.
+"""

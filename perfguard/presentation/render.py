@@ -1,0 +1,525 @@
+"""Render reports for people: the terminal table (rich), PR Markdown, one-line summaries.
+
+Every value that came from a file or a case id is escaped before it reaches Markdown or
+rich markup (`escape_md`, `rich.markup.escape`): a hostile id renders inert.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from perfguard.decision.paired import UNKNOWN
+from perfguard.decision.verdict import (
+    CONTENDED,
+    ERROR,
+    IMPROVEMENT,
+    MISSING,
+    MISSING_BASELINE,
+    PASS,
+    REGRESSION,
+    SEVERITY,
+    CaseVerdict,
+    MetricVerdict,
+)
+from perfguard.errors import PerfguardError
+from perfguard.metrics import metric_sort_key, unit
+from perfguard.storage.baseline import BaselineDiff, DiffRow
+from perfguard.storage.jsonio import (
+    write_text_atomic,
+)
+from perfguard.storage.reports import Report
+
+
+def fmt_value(value: float | None, metric: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f} {unit(metric)}" if value < 100 else f"{value:.1f} {unit(metric)}"
+
+
+def fmt_count(n: int | None) -> str:
+    """A parameter count the way model cards give it: 88.8K, 20.4B."""
+    if n is None:
+        return "?"
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{suffix}"
+    return str(n)
+
+
+def components_line(components: Mapping[str, Any]) -> str:
+    """`role Class (params), ...`: what the case measured, in one line."""
+    return ", ".join(
+        f"{role} {str(c.get('class', '?')).rsplit('.', 1)[-1]} ({fmt_count(c.get('parameters'))})"
+        for role, c in sorted(components.items())
+    )
+
+
+def counters_line(counters: Mapping[str, Sequence[int]]) -> str:
+    """`name value` per counter; `min-max` when the runs disagree."""
+    parts = []
+    for name, values in sorted(counters.items()):
+        lo, hi = (min(values), max(values)) if values else (0, 0)
+        parts.append(f"{name} {lo}" if lo == hi else f"{name} {lo}-{hi}")
+    return ", ".join(parts)
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def fmt_evidence(m: MetricVerdict) -> str:
+    """The ratio with the rule's confidence interval, when the verdict has one.
+
+    Shown only where the band was exceeded or the verdict was borderline: that is where
+    a reader asks "is this noise?", and elsewhere the interval is clutter.
+    """
+    text = fmt_ratio(m.ratio)
+    # A median above its bound is a regression or, when noise explains it, borderline.
+    if m.low is not None and m.high is not None and (m.verdict == REGRESSION or m.borderline):
+        text += f" ({m.low:.2f}-{m.high:.2f})"
+    elif (
+        m.paired is not None
+        and m.low is not None
+        and m.high is not None
+        and (m.verdict != PASS or m.paired.decision == UNKNOWN)
+    ):
+        # A relative check: the interval is what decided, whichever way it went.
+        text += f" ({m.low:.2f}-{m.high:.2f})"
+    return text
+
+
+def against_text(report: Report) -> str:
+    """`relative to DIR (commit abc123def456)`: what a relative report compared with."""
+    against = report.against or {}
+    commit = against.get("commit")
+    where = against.get("ref") or against.get("dir") or "?"
+    return f"relative to {where} ({'commit ' + str(commit)[:12] if commit else 'no commit'})"
+
+
+def unresolved(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:
+    """A relative check's metrics that were neither clearly different nor clearly the same
+    when it stopped: they passed, with a note."""
+    return [
+        (c, m)
+        for c in report.cases
+        for m in c.metrics
+        if m.paired is not None and m.paired.decision == UNKNOWN and m.verdict == PASS
+    ]
+
+
+def _rows(report: Report, all_metrics: bool) -> list[tuple[CaseVerdict, MetricVerdict | None]]:
+    """(case, metric) rows, worst verdict first; a failed case is one row without a metric."""
+    rows: list[tuple[CaseVerdict, MetricVerdict | None]] = []
+    for case in report.cases:
+        if case.verdict == ERROR:
+            rows.append((case, None))
+        for m in case.metrics:
+            quiet = m.verdict == PASS and m.metric.startswith("step:")
+            if all_metrics or not quiet:
+                rows.append((case, m))
+
+    def key(row: tuple[CaseVerdict, MetricVerdict | None]) -> tuple[Any, ...]:
+        case, m = row
+        verdict = ERROR if m is None else m.verdict
+        return (SEVERITY.index(verdict), case.case_id, metric_sort_key(m.metric if m else "e2e"))
+
+    return sorted(rows, key=key)
+
+
+def summary_line(report: Report) -> str:
+    """One line: the verdict and what made it (plain text; escape before Markdown)."""
+    counts = report.judgement.counts
+    n_cases = len(report.cases)
+    parts = [f"{counts[REGRESSION]} regression(s)"]
+    errors = sum(1 for c in report.cases if c.verdict == ERROR)
+    if errors:
+        parts.append(f"{errors} case(s) failed to run")
+    busy = sum(1 for c in report.cases if c.verdict == CONTENDED)
+    if busy:
+        parts.append(f"{busy} case(s) measured on a contended runner (no verdict)")
+    missing = sum(counts[v] for v in MISSING)
+    if missing:
+        parts.append(f"{missing} missing or new metric(s)")
+    if counts[IMPROVEMENT]:
+        parts.append(f"{counts[IMPROVEMENT]} improvement(s)")
+    advisory = " (advisory: not enforced)" if report.judgement.advisory else ""
+    if report.relative:
+        open_ = len(unresolved(report))
+        if open_:
+            parts.append(f"{open_} unresolved metric(s) passed with a note")
+        against = against_text(report)
+    else:
+        against = f"profile {report.judgement.profile}"
+    return (
+        f"perfguard {report.verdict.upper()}{advisory}: {', '.join(parts)} "
+        f"in {n_cases} case(s), {against}, "
+        f"exit {report.exit_code}"
+    )
+
+
+_STYLE = {
+    REGRESSION: "bold red",
+    ERROR: "bold red",
+    CONTENDED: "yellow",
+    IMPROVEMENT: "green",
+    PASS: "",
+}
+
+
+def render_table(report: Report, console: Console, all_metrics: bool = False) -> None:
+    """A rich table, regressions first: measured, baseline, bound and ratio per metric.
+
+    Passing per-step rows are left out unless `all_metrics` (a 50-step case would bury
+    the rows that matter); the footer says how many. Every cell is a `Text`, so a case id
+    holding rich markup (`[bold]`) prints as written.
+    """
+    table = Table(title=Text(summary_line(report)), title_justify="left")
+    for col, justify in (
+        ("case", "left"),
+        ("metric", "left"),
+        ("verdict", "left"),
+        ("measured", "right"),
+        ("baseline", "right"),
+        ("bound", "right"),
+        ("ratio", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    rows = _rows(report, all_metrics)
+    for case, m in rows:
+        if m is None:
+            table.add_row(
+                Text(case.case_id),
+                Text("-"),
+                Text(ERROR, style=_STYLE[ERROR]),
+                Text(case.error or ""),
+                Text(""),
+                Text(""),
+                Text(""),
+            )
+            continue
+        table.add_row(
+            Text(case.case_id),
+            Text(m.metric),
+            Text(m.verdict, style=_STYLE.get(m.verdict, "yellow")),
+            Text(fmt_value(m.measured.median if m.measured else None, m.metric)),
+            Text(fmt_value(m.baseline.median if m.baseline else None, m.metric)),
+            Text(fmt_value(m.bound, m.metric)),
+            Text(fmt_evidence(m)),
+        )
+    console.print(table)
+    hidden = sum(len(c.metrics) for c in report.cases) - sum(1 for _, m in rows if m is not None)
+    if hidden:
+        console.print(Text(f"{hidden} passing step metric(s) not shown (see the JSON report)"))
+    note = evidence_note(report)
+    if note:
+        console.print(Text(note))
+
+
+def evidence_note(report: Report) -> str:
+    """What the intervals in the ratio column mean, and which cases were re-run."""
+    parts = []
+    if report.relative and any(
+        m.low is not None and "(" in fmt_evidence(m) for c in report.cases for m in c.metrics
+    ):
+        parts.append(
+            "ratio (low-high): head/base, the geometric mean of per-block ratios with its "
+            "one-sided bounds; a regression needs ratio > 1 + the metric's minimum effect "
+            "and low > 1 (docs/verdicts.md)"
+        )
+    elif any(m.low is not None and "(" in fmt_evidence(m) for c in report.cases for m in c.metrics):
+        parts.append(
+            "ratio (low-high): the rule's confidence bounds on measured/baseline; a median "
+            "above its bound is a regression only when low > 1 (docs/verdicts.md)"
+        )
+    rerun = [c.case_id for c in report.cases if c.sampling and c.sampling.get("reruns")]
+    if rerun:
+        parts.append(f"over a bound at first, confirmed in fresh processes: {', '.join(rerun)}")
+    waited = [c.case_id for c in report.cases if c.sampling and c.sampling.get("contention_waits")]
+    if waited:
+        parts.append(f"measured again after the runner was contended: {', '.join(waited)}")
+    dropped = sum(int((c.runner or {}).get("dropped_runs", 0)) for c in report.cases)
+    if dropped:
+        parts.append(f"{dropped} run(s) left out: the reference workload beside them was slow")
+    return ". ".join(parts)
+
+
+_MD_PUNCT = re.compile(r"([\\`*_\[\]|~])")
+
+
+_MD_ENTITIES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "@": "&#64;", "#": "&#35;"}
+)
+
+
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9_.:/+=-]+$")
+
+
+def escape_md(text: object) -> str:
+    """`text` safe in a Markdown table cell or line: no markup, no HTML, no mentions.
+
+    Newlines collapse to spaces (no new block can start); `& < > "` become entities (no
+    HTML, so no `</details>` or `<script>`); `@` and `#` become entities (no mentions or
+    issue links); the inline-markup characters `` \\ ` * _ [ ] | ~ `` get a backslash (no
+    code spans, emphasis, links or images, and no extra table cells). Characters that
+    only matter at the start of a line (`-`, `+`, `=`) never start one here.
+    """
+    s = " ".join(str(text).split())
+    return _MD_PUNCT.sub(r"\\\1", s.translate(_MD_ENTITIES))
+
+
+def tighten_command(report: Report) -> str | None:
+    """The `gen-baselines --tighten` command that takes this report's improvements.
+
+    Only ids and paths made of shell- and Markdown-safe characters are put in it; a case
+    id that is not is left out (its rows in the table still show it, escaped).
+    """
+    ids = sorted({c.case_id for c in report.cases for m in c.metrics if m.verdict == IMPROVEMENT})
+    ids = [i for i in ids if _SAFE_ARG.match(i)]
+    if not ids:
+        return None
+    cmd = ["perfguard", "gen-baselines", "--tighten"]
+    platform = report.environment.get("platform")
+    if isinstance(platform, str) and _SAFE_ARG.match(platform):
+        cmd += ["--platform", platform]
+    path = report.baseline.get("path")
+    if isinstance(path, str) and _SAFE_ARG.match(path):
+        cmd += ["--baseline", path]
+    for cid in ids:
+        cmd += ["--case", cid]
+    return shlex.join(cmd)
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    numeric = {"measured", "baseline", "bound", "ratio"}
+    aligns = ["---:" if h in numeric else "---" for h in header]
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(aligns) + " |"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _metric_row(case: CaseVerdict, m: MetricVerdict, with_verdict: bool) -> list[str]:
+    row = [escape_md(case.case_id), escape_md(m.metric)]
+    if with_verdict:
+        row.append(escape_md(m.verdict))
+    row += [
+        escape_md(fmt_value(m.measured.median if m.measured else None, m.metric)),
+        escape_md(fmt_value(m.baseline.median if m.baseline else None, m.metric)),
+        escape_md(fmt_value(m.bound, m.metric)),
+        escape_md(fmt_evidence(m)),
+    ]
+    return row
+
+
+def render_markdown(report: Report) -> str:
+    """A PR comment: one summary line, regressions, failures, improvements, details."""
+    icon = {"pass": "✅", "fail": "❌", "error": "⚠️", "contended": "⏳"}.get(report.verdict, "")
+    env = report.environment
+    lines = [f"### {icon} {escape_md(summary_line(report))}", ""]
+    context = [
+        f"platform {escape_md(env.get('platform', '?'))} / {escape_md(env.get('hardware', '?'))}",
+        escape_md(against_text(report))
+        if report.relative
+        else f"baseline {escape_md(report.baseline.get('path', '?'))} "
+        f"(sha256 {escape_md(str(report.baseline.get('sha256', '?'))[:12])})",
+    ]
+    if report.relative:
+        against = report.against or {}
+        context.append(
+            f"{escape_md(against.get('blocks', '?'))} blocks, stopped: "
+            f"{escape_md(against.get('stopped', '?'))}"
+        )
+    inject = report.settings.get("inject")
+    if inject:
+        context.append(f"**injected slowdown: {escape_md(inject)}**")
+    if report.merged_from:
+        context.append(f"merged from {len(report.merged_from)} shard(s)")
+    lines += [" · ".join(context), ""]
+
+    header = ["case", "metric", "measured", "baseline", "bound", "ratio"]
+    by_verdict: dict[str, list[tuple[CaseVerdict, MetricVerdict]]] = {}
+    for case, m in _rows(report, all_metrics=True):
+        if m is not None:
+            by_verdict.setdefault(m.verdict, []).append((case, m))
+
+    regressions = by_verdict.get(REGRESSION, [])
+    if regressions:
+        lines += [f"#### Regressions ({len(regressions)})", ""]
+        lines += _md_table(header, [_metric_row(c, m, False) for c, m in regressions])
+        lines.append("")
+    note = evidence_note(report)
+    if note:
+        lines += [escape_md(note), ""]
+
+    failed = [c for c in report.cases if c.verdict == ERROR]
+    if failed:
+        lines += [f"#### Cases that failed to run ({len(failed)})", ""]
+        lines += [f"- {escape_md(c.case_id)}: {escape_md(c.error or 'failed')}" for c in failed]
+        lines.append("")
+
+    missing = [(c, m) for v in MISSING for c, m in by_verdict.get(v, [])]
+    no_scenario = sorted({c.case_id for c in report.cases if c.verdict == MISSING_BASELINE})
+    if missing:
+        enforced = " (failing: --fail-on-missing)" if report.judgement.fail_on_missing else ""
+        lines += [f"#### Missing or new metrics ({len(missing)}){enforced}", ""]
+        if no_scenario:
+            ids = ", ".join(escape_md(i) for i in no_scenario)
+            lines += [f"No baseline scenario for: {ids}.", ""]
+        rows = [[*_metric_row(c, m, True)] for c, m in missing if c.verdict != MISSING_BASELINE]
+        if rows:
+            lines += _md_table(["case", "metric", "verdict", *header[2:]], rows)
+        lines.append("")
+
+    open_ = unresolved(report) if report.relative else []
+    if open_:
+        lines += [
+            f"#### Unresolved ({len(open_)}): passed with a note",
+            "",
+            "Neither clearly slower by the minimum effect nor clearly within it when the "
+            "check stopped; a longer `--budget-s` would resolve them.",
+            "",
+        ]
+        lines += _md_table(header, [_metric_row(c, m, False) for c, m in open_])
+        lines.append("")
+
+    improvements = by_verdict.get(IMPROVEMENT, [])
+    if improvements:
+        title = (
+            "faster than the base" if report.relative else "the baseline is stale, not a failure"
+        )
+        lines += [f"#### Improvements ({len(improvements)}): {title}", ""]
+        lines += _md_table(header, [_metric_row(c, m, False) for c, m in improvements])
+        lines.append("")
+        cmd = None if report.relative else tighten_command(report)
+        if cmd:
+            lines += [
+                f"To lower the baseline, run on {escape_md(env.get('hardware', '?'))} "
+                "and commit the file:",
+                "",
+                "```sh",
+                cmd,
+                "```",
+                "",
+            ]
+
+    lines += ["<details><summary>All metrics</summary>", ""]
+    for case in report.cases:
+        extra = []
+        if case.output_hash:
+            same = ""
+            if case.baseline_output_hash:
+                same = (
+                    " (same as baseline)"
+                    if case.baseline_output_hash == case.output_hash
+                    else (f" (baseline {escape_md(case.baseline_output_hash)})")
+                )
+            extra.append(f"output {escape_md(case.output_hash)}{same}")
+        if case.notes:
+            extra.append(f"notes: {escape_md(case.notes)}")
+        if case.components:
+            extra.append(f"components: {escape_md(components_line(case.components))}")
+        if case.counters:
+            extra.append(f"counters per run: {escape_md(counters_line(case.counters))}")
+        lines.append(
+            f"**{escape_md(case.case_id)}**: {escape_md(case.verdict)}"
+            + (f" · {' · '.join(extra)}" if extra else "")
+        )
+        lines.append("")
+        if case.metrics:
+            rows = [_metric_row(case, m, True)[1:] for m in case.metrics]
+            lines += _md_table(["metric", "verdict", *header[2:]], rows)
+            lines.append("")
+    lines += ["</details>", ""]
+    return "\n".join(lines)
+
+
+def write_markdown(path: str | os.PathLike[str], markdown: str) -> None:
+    """Write a Markdown report atomically (temporary file, fsync, `os.replace`)."""
+    write_text_atomic(path, markdown)
+
+
+def append_step_summary(markdown: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """Append to `$GITHUB_STEP_SUMMARY` when set (GitHub Actions' job summary file)."""
+    target = (env if env is not None else os.environ).get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    path = Path(target)
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    except OSError as exc:
+        raise PerfguardError(f"GITHUB_STEP_SUMMARY={target}: cannot append: {exc}") from exc
+    return path
+
+
+def render_baseline_diff_markdown(d: BaselineDiff, old_label: str, new_label: str) -> str:
+    """What a baseline refresh moved, for the pull request that proposes it.
+
+    Credible slowdowns first (they loosen the gate: the reviewer must agree that the code
+    really got slower), then credible speed-ups (they tighten it), then a collapsed table
+    of every changed figure with its interval and verdict, so that figures that moved
+    within noise are visible without drowning the ones that matter.
+    """
+    from perfguard.storage.baseline import ADDED, FASTER, REMOVED, SLOWER
+
+    counts = d.counts()
+    conf = f"{d.confidence:.0%}"
+    lines = [
+        f"### Baseline changes: {escape_md(old_label)} → {escape_md(new_label)}",
+        "",
+    ]
+    if d.empty:
+        return "\n".join([*lines, "No scenario, figure or tolerance changed.", ""])
+    cases = {r.case_id for r in d.changed if r.credible}
+    lines += [
+        f"**{counts[SLOWER]} slower, {counts[FASTER]} faster** (credible at {conf} and at "
+        f"least the metric's minimum effect, in {len(cases)} case(s)); {counts['small']} "
+        f"credible but small, {counts['noise']} within noise, {counts['unknown']} without a "
+        f"known spread; {counts[ADDED]} metric(s) added, {counts[REMOVED]} removed.",
+        "",
+    ]
+    for label, ids in (("Scenarios added", d.added), ("Scenarios removed", d.removed)):
+        if ids:
+            lines += [f"{label} ({len(ids)}): {', '.join(escape_md(i) for i in ids)}.", ""]
+    if d.tolerance_changes:
+        changed = ", ".join(escape_md(t) for t in d.tolerance_changes)
+        lines += [f"**Tolerances changed:** {changed}.", ""]
+
+    def row(r: DiffRow, with_change: bool) -> list[str]:
+        interval = "-" if r.low is None or r.high is None else f"{r.low:.3f}–{r.high:.3f}"
+        cells = [
+            escape_md(r.case_id),
+            escape_md(r.metric),
+            escape_md(fmt_value(r.old, r.metric)),
+            escape_md(fmt_value(r.new, r.metric)),
+            escape_md(fmt_ratio(r.ratio)),
+            interval,
+        ]
+        return [*cells, escape_md(r.change or "-")] if with_change else cells
+
+    header = ["case", "metric", "old", "new", "ratio", f"{conf} interval"]
+    for change, title in ((SLOWER, "Slower"), (FASTER, "Faster")):
+        rows = [row(r, False) for r in d.changed if r.change == change]
+        if rows:
+            lines += [f"#### {title} ({len(rows)})", ""]
+            lines += _md_table(header, rows)
+            lines.append("")
+    if d.changed:
+        lines += [f"<details><summary>All {len(d.changed)} changed figures</summary>", ""]
+        lines += _md_table([*header, "change"], [row(r, True) for r in d.changed])
+        lines += ["", "</details>", ""]
+    lines += [
+        f"_slower / faster: the {conf} interval of new / old (from both files' noise, "
+        "as the gate computes it) excludes 1 and the ratio is at least the metric's "
+        "minimum effect; small: credible but below it; noise: the interval contains 1._",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,145 @@
+"""Terminal tables (rich) of what the commands return: results, calibrations, A/B runs.
+
+Every value that came from a file or a case id is escaped before it reaches rich markup.
+Reports have their own renderings, table and Markdown, in `perfguard.presentation.render`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from perfguard.metrics import unit
+from perfguard.storage.cases import Case
+
+if TYPE_CHECKING:
+    from perfguard.decision.calibrate import CaseCalibration
+    from perfguard.measurement.ab import ABResult
+    from perfguard.storage.results import Results
+
+
+def results_table(results: Results) -> Table:
+    """`perfguard run`: one row per case, the medians that matter most."""
+    table = Table(title=escape(f"results ({results.platform} / {results.hardware})"))
+    for col in ("case", "status", "e2e", "DenoisingStage", "peak memory", "n", "output"):
+        table.add_column(col, justify="left" if col in ("case", "status", "output") else "right")
+    for cid, res in sorted(results.cases.items()):
+
+        def med(metric: str, samples: dict[str, list[float]] = res.samples) -> str:
+            values = sorted(samples.get(metric, []))
+            return f"{values[len(values) // 2]:.3f} {unit(metric)}" if values else "-"
+
+        status = res.status if res.status == "ok" else f"error: {res.error}"
+        table.add_row(
+            escape(cid),
+            escape(status),
+            med("e2e"),
+            med("stage:DenoisingStage"),
+            med("peak_memory"),
+            str(res.repeats),
+            escape(res.output_hash or "-"),
+        )
+    return table
+
+
+def calibration_table(cal: CaseCalibration, runs: int) -> Table:
+    """`perfguard calibrate`: one case's noise and detection figures, per metric."""
+
+    def pct(x: float | None) -> str:
+        return "not caught" if x is None else f"+{x:.0%}"
+
+    s = cal.setup
+    table = Table(
+        title=escape(
+            f"{cal.case_id}: {runs} processes x {s.repeats} runs; checks of {s.check_processes} "
+            f"process(es) x {s.repeats} runs vs a baseline of {s.baseline_processes}, "
+            f"<= {s.max_reruns} re-runs {'in fresh processes' if s.fresh_reruns else 'in process'}"
+            f", alpha {s.rule.alpha:g}"
+        )
+    )
+    for col in (
+        "metric",
+        "median",
+        "within",
+        "between",
+        "band (rel/abs)",
+        "false alarms",
+        "catches (95 %)",
+        "suggested band",
+        "false alarms ",
+        "catches (95 %) ",
+    ):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for d in cal.detections:
+        n = d.noise
+        table.add_row(
+            escape(n.metric),
+            f"{n.median:.3f} ms",
+            f"{n.within:.1%}",
+            f"{n.between:.1%}",
+            f"{d.band.rel:g} / {d.band.abs:g}",
+            f"{d.false_alarm:.1%}",
+            pct(d.catches) if d.false_alarm <= 0.01 else "(too many alarms)",
+            f"{d.suggested.rel:g} / {d.suggested.abs:g}",
+            f"{d.suggested_false_alarm:.1%}",
+            pct(d.suggested_catches),
+        )
+    return table
+
+
+def environment_table(fingerprint: Mapping[str, Any]) -> Table:
+    """`perfguard env`: the fingerprint stored with baselines and reports."""
+    table = Table(title="perfguard environment", show_header=False)
+    for key, value in fingerprint.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        elif isinstance(value, list):
+            value = "; ".join(map(str, value)) or "-"
+        table.add_row(escape(key), escape(str(value)))
+    return table
+
+
+def cases_table(cases: list[Case], platform: str) -> Table:
+    """`perfguard list-cases`: the selected cases and the file each came from."""
+    table = Table(title=f"cases for {platform} ({len(cases)})")
+    for col in ("id", "workload", "preset", "size", "steps", "batch", "devices", "tags", "file"):
+        table.add_column(col)
+    for c in cases:
+        table.add_row(
+            escape(c.id),
+            escape(c.workload),
+            escape(c.preset or c.model or ""),
+            f"{c.width}x{c.height}",
+            str(c.steps),
+            str(c.batch),
+            str(c.num_devices),
+            escape(",".join(c.tags)),
+            escape(c.source),
+        )
+    return table
+
+
+def ab_table(result: ABResult, pairs: int) -> Table:
+    """`perfguard ab`: per metric the two medians, B/A with its interval, the p-value."""
+
+    def fmt(v: Mapping[str, Any]) -> str:
+        return ",".join(f"{k}={x}" for k, x in v.items()) or "(case as is)"
+
+    a, b = fmt(result.variant_a), fmt(result.variant_b)
+    table = Table(title=escape(f"A/B {result.case_id}: A[{a}] vs B[{b}], {pairs} pairs ABBA"))
+    for col in ("metric", "A median", "B median", "B/A", "95% CI", "p"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for comp in result.comparisons():
+        u = unit(comp.metric)
+        table.add_row(
+            escape(comp.metric),
+            f"{comp.median_a:.3f} {u}",
+            f"{comp.median_b:.3f} {u}",
+            f"{comp.estimate.ratio:.3f}",
+            f"[{comp.estimate.low:.3f}, {comp.estimate.high:.3f}]",
+            f"{comp.p_value:.3g}",
+        )
+    return table

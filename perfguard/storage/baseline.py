@@ -1,0 +1,714 @@
+"""Baseline files: the reference figures of one platform and hardware, and their store.
+
+One file per platform and hardware, `baselines/<platform>/<hardware-slug>.json`, because a
+figure means nothing away from the machine it was measured on. A file holds:
+
+- `metadata`: platform, hardware, created / updated, perfguard version, git commit and
+  the environment fingerprint of the last generation; `advisory: true` marks the
+  platform advisory (checks report but never fail);
+- `tolerances`: the `pr_test` and `long_term` profiles (`perfguard.decision.tolerances.Profile`),
+  stored in the file so a CPU baseline can carry smaller pads than a GPU one and a
+  reviewer sees the band next to the figures;
+- `improvement_threshold` and optional `sampling.step_fractions` (sglang's);
+- `scenarios` by case id: `e2e`, `stages`, `steps` (a list, in step order), `step_avg`,
+  `step_median`, `peak_memory`, `stage_peak_memory` (the device allocator's peak per
+  stage, by stage name; CUDA/ROCm/NPU only), each a summary (median, n, spread, samples, and with
+  `gen-baselines --processes K` the median of each process), plus
+  `tolerance_overrides` and `notes`, which regeneration keeps.
+
+Every load and every write is checked against `schemas/baseline.schema.json`; a file
+that fails is never written over. Writes are atomic (`jsonio.write_json_atomic`) and
+each read-modify-write holds `<path>.lock` (filelock), so shards that generate different
+cases into one file do not lose each other's work. Figures are rounded to 3 decimals
+(µs for ms, kB for MB) and keys sorted, so a regenerated file diffs only where it changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from perfguard import __version__
+from perfguard.decision.stats import (
+    Summary,
+    log_ratio_noise,
+    log_spread,
+    summarize,
+    t_quantile,
+    z_quantile,
+)
+from perfguard.decision.tolerances import (
+    DEFAULT_IMPROVEMENT_THRESHOLD,
+    Profile,
+    default_profiles,
+    min_effect,
+)
+from perfguard.errors import PerfguardError
+from perfguard.metrics import STAGE_PEAK_PREFIX, is_metric_name, metric_sort_key
+from perfguard.storage.jsonio import json_path, read_json, validate, write_json_atomic
+from perfguard.storage.results import CaseResult, utc_now
+
+BASELINE_KIND = "perfguard.baseline"
+BASELINE_SCHEMA_VERSION = 1
+DIGITS = 3
+DEFAULT_ROOT = "baselines"
+LOCK_TIMEOUT_S = 600.0
+_SCALARS = ("e2e", "step_avg", "step_median", "peak_memory")
+
+
+def default_path(platform: str, hardware: str, root: str | os.PathLike[str] = DEFAULT_ROOT) -> Path:
+    """`baselines/<platform>/<hardware-slug>.json`."""
+    return Path(root) / platform / f"{hardware}.json"
+
+
+# ---- model ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The baseline of one case: a summary per metric and what regeneration must keep."""
+
+    metrics: Mapping[str, Summary] = field(default_factory=dict)
+    load_ms: float | None = None
+    output_hash: str | None = None
+    deterministic: bool | None = None
+    repeats: int | None = None
+    warmup: int | None = None
+    updated: str | None = None
+    case: Mapping[str, Any] | None = None
+    notes: str | None = None
+    tolerance_overrides: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    threads: Mapping[str, int] | None = None
+    reference: Summary | None = None
+    reference_version: str | None = None
+    dropped_runs: int | None = None
+    source: str | None = None
+    """The input file `baselines merge` took this scenario from (`baseline_merge`)."""
+
+    @property
+    def step_count(self) -> int:
+        steps = [int(m[5:]) for m in self.metrics if m.startswith("step:")]
+        return max(steps) + 1 if steps else 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in _SCALARS:
+            if name in self.metrics:
+                out[name] = self.metrics[name].to_json(DIGITS)
+        out["stages"] = {
+            m[6:]: s.to_json(DIGITS) for m, s in self.metrics.items() if m.startswith("stage:")
+        }
+        peaks = {
+            m[len(STAGE_PEAK_PREFIX) :]: s.to_json(DIGITS)
+            for m, s in self.metrics.items()
+            if m.startswith(STAGE_PEAK_PREFIX)
+        }
+        if peaks:  # absent on CPU, so CPU baselines keep their layout
+            out["stage_peak_memory"] = peaks
+        steps: list[Any] = [None] * self.step_count
+        for m, s in self.metrics.items():
+            if m.startswith("step:"):
+                steps[int(m[5:])] = s.to_json(DIGITS)
+        out["steps"] = steps
+        optional = {
+            "load_ms": None if self.load_ms is None else round(self.load_ms, DIGITS),
+            "output_hash": self.output_hash,
+            "deterministic": self.deterministic,
+            "repeats": self.repeats,
+            "warmup": self.warmup,
+            "updated": self.updated,
+            "case": None if self.case is None else dict(self.case),
+            "notes": self.notes,
+            "threads": None if self.threads is None else dict(self.threads),
+            "reference": None if self.reference is None else self.reference.to_json(DIGITS),
+            "reference_version": self.reference_version,
+            "dropped_runs": self.dropped_runs,
+            "source": self.source,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        if self.tolerance_overrides:
+            out["tolerance_overrides"] = {k: dict(v) for k, v in self.tolerance_overrides.items()}
+        if self.extra:
+            out["sglang_extra"] = dict(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Scenario:
+        metrics: dict[str, Summary] = {}
+        for name in _SCALARS:
+            if data.get(name) is not None:
+                metrics[name] = Summary.from_json(data[name])
+        for stage, s in data.get("stages", {}).items():
+            metrics[f"stage:{stage}"] = Summary.from_json(s)
+        for stage, s in data.get("stage_peak_memory", {}).items():
+            metrics[STAGE_PEAK_PREFIX + stage] = Summary.from_json(s)
+        for i, s in enumerate(data.get("steps", [])):
+            if s is not None:
+                metrics[f"step:{i}"] = Summary.from_json(s)
+        return cls(
+            metrics=dict(sorted(metrics.items(), key=lambda kv: metric_sort_key(kv[0]))),
+            load_ms=data.get("load_ms"),
+            output_hash=data.get("output_hash"),
+            deterministic=data.get("deterministic"),
+            repeats=data.get("repeats"),
+            warmup=data.get("warmup"),
+            updated=data.get("updated"),
+            case=data.get("case"),
+            notes=data.get("notes"),
+            tolerance_overrides={
+                k: dict(v) for k, v in data.get("tolerance_overrides", {}).items()
+            },
+            extra=dict(data.get("sglang_extra", {})),
+            threads=None if data.get("threads") is None else dict(data["threads"]),
+            reference=None
+            if data.get("reference") is None
+            else Summary.from_json(data["reference"]),
+            reference_version=data.get("reference_version"),
+            dropped_runs=data.get("dropped_runs"),
+            source=data.get("source"),
+        )
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A whole baseline file."""
+
+    metadata: Mapping[str, Any]
+    profiles: Mapping[str, Profile]
+    scenarios: Mapping[str, Scenario] = field(default_factory=dict)
+    improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD
+    step_fractions: tuple[float, ...] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def platform(self) -> str:
+        return str(self.metadata["platform"])
+
+    @property
+    def hardware(self) -> str:
+        return str(self.metadata["hardware"])
+
+    def profile(self, name: str) -> Profile:
+        try:
+            return self.profiles[name]
+        except KeyError:
+            known = ", ".join(sorted(self.profiles))
+            raise PerfguardError(
+                f"baseline has no tolerance profile {name!r} (it has: {known})"
+            ) from None
+
+    def with_scenario(self, case_id: str, scenario: Scenario) -> Baseline:
+        return dataclasses.replace(self, scenarios={**self.scenarios, case_id: scenario})
+
+    def without(self, case_ids: Iterable[str]) -> Baseline:
+        drop = set(case_ids)
+        kept = {k: v for k, v in self.scenarios.items() if k not in drop}
+        return dataclasses.replace(self, scenarios=kept)
+
+    def touched(self, environment: Mapping[str, Any] | None = None) -> Baseline:
+        """A copy stamped `updated` now (and with `environment`, when given)."""
+        meta = {**self.metadata, "updated": utc_now(), "perfguard": __version__}
+        if environment is not None:
+            meta["environment"] = dict(environment)
+            meta["git_commit"] = environment.get("git_commit")
+        return dataclasses.replace(self, metadata=meta)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": BASELINE_KIND,
+            "schema_version": BASELINE_SCHEMA_VERSION,
+            "metadata": {k: v for k, v in self.metadata.items() if v is not None},
+            "tolerances": {name: p.to_json() for name, p in self.profiles.items()},
+            "improvement_threshold": self.improvement_threshold,
+            "scenarios": {cid: s.to_json() for cid, s in self.scenarios.items()},
+        }
+        if self.step_fractions is not None:
+            out["sampling"] = {"step_fractions": list(self.step_fractions)}
+        if self.extra:
+            out["sglang_extra"] = dict(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Baseline:
+        fractions = data.get("sampling", {}).get("step_fractions")
+        return cls(
+            metadata=dict(data["metadata"]),
+            profiles={n: Profile.from_json(n, p) for n, p in data["tolerances"].items()},
+            scenarios={cid: Scenario.from_json(s) for cid, s in data["scenarios"].items()},
+            improvement_threshold=float(
+                data.get("improvement_threshold", DEFAULT_IMPROVEMENT_THRESHOLD)
+            ),
+            step_fractions=None if fractions is None else tuple(float(f) for f in fractions),
+            extra=dict(data.get("sglang_extra", {})),
+        )
+
+
+def new_baseline(environment: Mapping[str, Any]) -> Baseline:
+    """An empty baseline for the platform and hardware of `environment` (a fingerprint)."""
+    now = utc_now()
+    platform = str(environment["platform"])
+    return Baseline(
+        metadata={
+            "platform": platform,
+            "hardware": str(environment["hardware"]),
+            "created": now,
+            "updated": now,
+            "perfguard": __version__,
+            "git_commit": environment.get("git_commit"),
+            "environment": dict(environment),
+        },
+        profiles=default_profiles(platform),
+    )
+
+
+# ---- reading and writing -------------------------------------------------------------------
+
+
+def non_finite(data: Any, path: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    """The JSON path of the first infinite number in `data`, or None.
+
+    `json` refuses the `NaN` / `Infinity` literals only when asked (jsonio does), but it
+    parses an overflowing literal such as `1e400` to `inf` silently, and JSON Schema's
+    `number` accepts it. An infinite timing is as wrong as a NaN one.
+    """
+    if isinstance(data, float):
+        return None if math.isfinite(data) else path
+    if isinstance(data, Mapping):
+        items: Iterable[tuple[Any, Any]] = data.items()
+    elif isinstance(data, list):
+        items = enumerate(data)
+    else:
+        return None
+    for key, value in items:
+        found = non_finite(value, (*path, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]:
+    """What the schema cannot say: finite figures, sample counts, min <= median <= max."""
+    where = non_finite(data)
+    if where is not None:
+        yield list(where), "is not a finite number"
+    for cid, scen in data["scenarios"].items():
+        entries: list[tuple[list[Any], Any]] = [([n], scen.get(n)) for n in _SCALARS]
+        entries += [(["stages", k], v) for k, v in scen.get("stages", {}).items()]
+        entries += [
+            (["stage_peak_memory", k], v) for k, v in scen.get("stage_peak_memory", {}).items()
+        ]
+        entries += [(["steps", i], v) for i, v in enumerate(scen.get("steps", []))]
+        for where, s in entries:
+            if s is None:
+                continue
+            path = ["scenarios", cid, *where]
+            samples = s.get("samples")
+            if samples is not None and len(samples) != s["n"]:
+                yield path, f"n is {s['n']} but there are {len(samples)} samples"
+            if where != ["peak_memory"] and s["median"] == 0:
+                # A stage that took no time at all was not measured (a clock that did not
+                # move, a figure lost in a conversion); as a baseline it would flag any
+                # real time as an infinite slowdown.
+                yield [*path, "median"], "a time of 0 ms is not a measurement"
+            lo, hi = s.get("min"), s.get("max")
+            if lo is not None and hi is not None and not lo <= s["median"] <= hi:
+                yield path, f"median {s['median']} is outside [min {lo}, max {hi}]"
+        for key in ("stages", "stage_peak_memory"):
+            for stage in scen.get(key, {}):
+                if not is_metric_name(f"stage:{stage}"):
+                    yield ["scenarios", cid, key, stage], "not a valid stage name"
+
+
+def parse(data: Any, source: str) -> Baseline:
+    """Validate `data` (a parsed baseline file) and build the `Baseline`."""
+    if isinstance(data, dict) and "kind" not in data and "scenarios" in data:
+        raise PerfguardError(
+            f"{source}: this looks like an sglang perf_baselines.json, not a perfguard "
+            "baseline: convert it with `perfguard baselines import-sglang`"
+        )
+    if isinstance(data, dict) and data.get("kind") not in (None, BASELINE_KIND):
+        raise PerfguardError(f"{source}: $.kind: {data['kind']!r} is not a perfguard baseline")
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if isinstance(version, int) and version > BASELINE_SCHEMA_VERSION:
+        raise PerfguardError(
+            f"{source}: $.schema_version: {version} is newer than this perfguard reads "
+            f"({BASELINE_SCHEMA_VERSION}): upgrade perfguard"
+        )
+    validate(data, "baseline", source)
+    for path, message in _semantic_errors(data):
+        raise PerfguardError(f"{source}: {json_path(path)}: {message}")
+    return Baseline.from_json(data)
+
+
+def load(path: str | os.PathLike[str]) -> Baseline:
+    """Read and validate a baseline file; any defect is a `PerfguardError` naming it."""
+    return parse(read_json(path), str(path))
+
+
+def save(path: str | os.PathLike[str], baseline: Baseline) -> None:
+    """Validate, then write atomically. Callers doing read-modify-write hold `lock(path)`."""
+    data = baseline.to_json()
+    validate(data, "baseline", f"{path} (about to be written)")
+    write_json_atomic(path, data)
+
+
+@contextlib.contextmanager
+def lock(path: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold `<path>.lock` for a read-modify-write of `path`."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held = filelock.FileLock(f"{path}.lock", timeout=timeout)
+        held.acquire()
+    except filelock.Timeout as exc:
+        raise PerfguardError(
+            f"{path}: another perfguard process holds {path}.lock (waited {timeout:g} s)"
+        ) from exc
+    except OSError as exc:  # a read-only directory, no permission, a full disk
+        raise PerfguardError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+    try:
+        yield
+    finally:
+        held.release()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ---- generation ----------------------------------------------------------------------------
+
+
+def scenario_from_result(
+    result: CaseResult,
+    keep_samples: bool = True,
+    *,
+    reference_version: str | None = None,
+    dropped_runs: int | None = None,
+) -> Scenario:
+    """The scenario a successful run gives: each metric summarized, samples kept.
+
+    The thread counts and the reference workload's figure travel with the metrics:
+    a later check compares like with like (`check_comparable`) and sees whether the
+    runner is as fast as it was (`perfguard.decision.gate`).
+    """
+    if result.status != "ok" or not result.samples:
+        raise ValueError(f"{result.case_id}: only a successful run makes a baseline")
+    metrics: dict[str, Summary] = {}
+    for name in sorted(result.samples, key=metric_sort_key):
+        values = result.samples[name]
+        bad = [v for v in values if not math.isfinite(v) or v < 0]
+        if bad:
+            raise PerfguardError(f"{result.case_id}: {name}: invalid sample {bad[0]!r}")
+        metrics[name] = summarize(values, keep_samples, result.groups).rounded(DIGITS)
+    case = {k: v for k, v in result.case.items() if k != "traceback_tail"}
+    return Scenario(
+        metrics=metrics,
+        load_ms=result.load_ms,
+        output_hash=result.output_hash,
+        deterministic=result.deterministic,
+        repeats=result.repeats,
+        warmup=result.warmup,
+        updated=utc_now(),
+        case=case or None,
+        threads=dict(result.threads) if result.threads else None,
+        reference=summarize(result.reference, keep_samples).rounded(DIGITS)
+        if result.reference
+        else None,
+        reference_version=reference_version if result.reference else None,
+        dropped_runs=dropped_runs,
+    )
+
+
+TIGHTEN_ALPHA = 0.01
+"""`--tighten` lowers a figure only when the improvement is credible at this level."""
+
+
+def credibly_lower(before: Summary, after: Summary, alpha: float = TIGHTEN_ALPHA) -> bool:
+    """Whether `after` is faster than `before` beyond noise (one-sided, at `alpha`).
+
+    The upper confidence bound of after/before must be below 1, with the same noise
+    model and t-quantile as the gate's credibility test. Without any spread to go on
+    (single samples, or none left at the stored 3 decimals) the figures alone decide,
+    as the band alone decides a verdict in that case.
+    """
+    if before.median <= 0 or after.median <= 0:
+        return False
+    noise = log_ratio_noise(before, after)
+    if noise.se <= 0:  # no spread at the stored precision (or one sample): figures decide
+        return after.median < before.median
+    high = math.log(after.median / before.median) + t_quantile(alpha, noise.dof) * noise.se
+    return high < 0
+
+
+def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -> Scenario:
+    """The scenario to store when `new` was just measured for a case that had `old`.
+
+    Without `tighten` the new figures replace the old ones. With it a metric takes the
+    new summary only when the new measurement is credibly faster (`credibly_lower`), and
+    keeps the old one otherwise; metrics the new run lacks are kept. Keeping the lower of
+    two medians instead would walk a baseline into the lucky tail of the noise, one
+    refresh at a time, until unchanged code fails; a credible improvement moves it to
+    the new measurement's median, a robust figure, not to its luckiest sample. Either
+    way `notes`, `tolerance_overrides` and imported extras are carried over: they are
+    human input.
+    """
+    if old is None:
+        return new
+    metrics = dict(new.metrics)
+    load_ms = new.load_ms
+    if tighten:
+        for name, before in old.metrics.items():
+            after = metrics.get(name)
+            if after is None or not credibly_lower(before, after):
+                metrics[name] = before
+        if old.load_ms is not None and (load_ms is None or old.load_ms < load_ms):
+            load_ms = old.load_ms
+    return dataclasses.replace(
+        new,
+        metrics=dict(sorted(metrics.items(), key=lambda kv: metric_sort_key(kv[0]))),
+        load_ms=load_ms,
+        notes=old.notes,
+        tolerance_overrides=old.tolerance_overrides,
+        extra=old.extra,
+    )
+
+
+def check_platform(baseline: Baseline, platform: str, source: str) -> None:
+    if baseline.platform != platform:
+        raise PerfguardError(
+            f"{source}: baseline is for platform {baseline.platform!r}, not {platform!r}"
+        )
+
+
+def open_for_update(path: str | os.PathLike[str], environment: Mapping[str, Any]) -> Baseline:
+    """The baseline at `path` (validated), or a new one when there is no file yet.
+
+    Called before any case runs, so a file that cannot be read stops `gen-baselines`
+    before it measures anything, and the file is left exactly as it was.
+    """
+    path = Path(path)
+    if not path.exists():
+        return new_baseline(environment)
+    baseline = load(path)
+    check_platform(baseline, str(environment["platform"]), str(path))
+    return baseline
+
+
+def record_case(
+    path: str | os.PathLike[str],
+    result: CaseResult,
+    environment: Mapping[str, Any],
+    *,
+    tighten: bool = False,
+    keep_samples: bool = True,
+    dropped_runs: int | None = None,
+) -> Baseline:
+    """Store one case's fresh measurement in the baseline at `path` (locked, atomic).
+
+    The reference workload's version comes from `environment` (the fingerprint records
+    it as `reference_workload`): a later check compares like with like.
+    """
+    version = environment.get("reference_workload")
+    scenario = scenario_from_result(
+        result,
+        keep_samples,
+        reference_version=str(version) if version else None,
+        dropped_runs=dropped_runs,
+    )
+    with lock(path):
+        current = open_for_update(path, environment)
+        merged = merge_scenario(current.scenarios.get(result.case_id), scenario, tighten)
+        updated = current.with_scenario(result.case_id, merged).touched(environment)
+        save(path, updated)
+    return updated
+
+
+def prune(path: str | os.PathLike[str], keep: Iterable[str]) -> list[str]:
+    """Drop the scenarios whose case id is not in `keep`; returns the dropped ids."""
+    keep = set(keep)
+    with lock(path):
+        if not Path(path).exists():
+            return []
+        current = load(path)
+        dropped = sorted(set(current.scenarios) - keep)
+        if dropped:
+            save(path, current.without(dropped).touched())
+    return dropped
+
+
+# ---- comparing two files -------------------------------------------------------------------
+
+DIFF_CONFIDENCE = 0.99
+"""The two-sided confidence of the interval `baselines diff` puts on each new / old ratio.
+
+99 %, the gate's own confidence (`Rule.alpha` is 1 % one-sided), split over both tails:
+a baseline refresh can move a figure either way, and a reviewer should hear about a
+faster figure (it tightens the gate) as readily as about a slower one (it loosens it).
+"""
+
+SLOWER, FASTER, SMALL, NOISE, UNKNOWN = "slower", "faster", "small", "noise", "unknown"
+ADDED, REMOVED = "added", "removed"
+CREDIBLE_CHANGES = (SLOWER, FASTER)
+
+
+def judge_change(
+    metric: str, old: Summary, new: Summary
+) -> tuple[float | None, float | None, str] | None:
+    """The DIFF_CONFIDENCE interval of new / old and what it says, or None without a ratio.
+
+    The interval is the gate's (`stats.log_ratio_noise`: both sides' within-process
+    spread, and the spread of per-process medians where either side has them), two-sided.
+    The change is `slower` / `faster` when the interval excludes 1 and the point
+    estimate is at least the metric's minimum effect (`tolerances.min_effect`) away from
+    it, the same two conditions a regression needs; `small` when credible but below the
+    minimum effect; `noise` when the interval contains 1; `unknown` when neither side
+    has a spread (an imported single figure): then only the ratio can be read. A spread
+    that is known to be zero (a peak memory that every run repeats) is no noise at all:
+    the interval is the ratio itself.
+    """
+    if old.median <= 0 or new.median <= 0:
+        return None
+    ratio = new.median / old.median
+    se = log_ratio_noise(old, new).se
+    if se <= 0 and log_spread(old) is None and log_spread(new) is None:
+        return None, None, UNKNOWN
+    spread = math.exp(z_quantile((1.0 - DIFF_CONFIDENCE) / 2) * se)
+    low, high = ratio / spread, ratio * spread
+    if low <= 1.0 <= high:
+        change = NOISE
+    elif abs(math.log(ratio)) < math.log1p(min_effect(metric)):
+        change = SMALL
+    else:
+        change = SLOWER if ratio > 1 else FASTER
+    return low, high, change
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    """One difference between two baselines: a metric's median before and after.
+
+    `low` / `high` bound the ratio at `DIFF_CONFIDENCE`; `change` says whether it is
+    credible (`judge_change`), or that the metric was `added` or `removed`.
+    """
+
+    case_id: str
+    metric: str
+    old: float | None
+    new: float | None
+    low: float | None = None
+    high: float | None = None
+    change: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.old is None or self.new is None or self.old == 0:
+            return None
+        return self.new / self.old
+
+    @property
+    def credible(self) -> bool:
+        return self.change in CREDIBLE_CHANGES
+
+    def to_json(self) -> dict[str, Any]:
+        ratio = self.ratio
+
+        def r4(v: float | None) -> float | None:
+            return None if v is None else round(v, 4)
+
+        return {
+            "case": self.case_id,
+            "metric": self.metric,
+            "old": self.old,
+            "new": self.new,
+            "ratio": r4(ratio),
+            "ratio_low": r4(self.low),
+            "ratio_high": r4(self.high),
+            "change": self.change,
+            "credible": self.credible,
+        }
+
+
+@dataclass(frozen=True)
+class BaselineDiff:
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[DiffRow, ...]
+    tolerance_changes: tuple[str, ...]
+    confidence: float = DIFF_CONFIDENCE
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.changed or self.tolerance_changes)
+
+    def counts(self) -> dict[str, int]:
+        """How many changed rows say each `change` (every key present, zero or not)."""
+        keys = (SLOWER, FASTER, SMALL, NOISE, UNKNOWN, ADDED, REMOVED)
+        out = dict.fromkeys(keys, 0)
+        for row in self.changed:
+            if row.change in out:
+                out[row.change] += 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "added": list(self.added),
+            "removed": list(self.removed),
+            "changed": [r.to_json() for r in self.changed],
+            "tolerance_changes": list(self.tolerance_changes),
+            "confidence": self.confidence,
+            "counts": self.counts(),
+        }
+
+
+def diff(a: Baseline, b: Baseline) -> BaselineDiff:
+    """Scenarios added and removed, medians that changed (and how credibly), tolerances."""
+    added = tuple(sorted(set(b.scenarios) - set(a.scenarios)))
+    removed = tuple(sorted(set(a.scenarios) - set(b.scenarios)))
+    rows: list[DiffRow] = []
+    for cid in sorted(set(a.scenarios) & set(b.scenarios)):
+        ma, mb = a.scenarios[cid].metrics, b.scenarios[cid].metrics
+        for metric in sorted(set(ma) | set(mb), key=metric_sort_key):
+            sa, sb = ma.get(metric), mb.get(metric)
+            old = None if sa is None else sa.median
+            new = None if sb is None else sb.median
+            if old == new:
+                continue
+            if sa is None or sb is None:
+                rows.append(DiffRow(cid, metric, old, new, change=ADDED if sa is None else REMOVED))
+                continue
+            judged = judge_change(metric, sa, sb)
+            if judged is None:
+                rows.append(DiffRow(cid, metric, old, new, change=UNKNOWN))
+            else:
+                rows.append(DiffRow(cid, metric, old, new, *judged))
+    tol: list[str] = []
+    for name in sorted(set(a.profiles) | set(b.profiles)):
+        pa = a.profiles[name].to_json() if name in a.profiles else None
+        pb = b.profiles[name].to_json() if name in b.profiles else None
+        if pa != pb:
+            tol.append(name)
+    if a.improvement_threshold != b.improvement_threshold:
+        tol.append("improvement_threshold")
+    for cid in sorted(set(a.scenarios) & set(b.scenarios)):
+        if a.scenarios[cid].tolerance_overrides != b.scenarios[cid].tolerance_overrides:
+            tol.append(f"scenarios.{cid}.tolerance_overrides")
+    return BaselineDiff(added, removed, tuple(rows), tuple(tol))
+
+
+def slugify(text: str) -> str:
+    """`NVIDIA H200` -> `nvidia-h200`; `Ascend910B3` -> `ascend910b3`; safe in file names."""
+    text = re.sub(r"\((r|tm|c)\)", "", text.lower())
+    text = re.sub(r"\b(cpu|processor|with radeon graphics)\b", "", text)
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown"

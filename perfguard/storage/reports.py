@@ -1,0 +1,332 @@
+"""Reports: the verdicts of one check as a versioned JSON file, and their renderings.
+
+A report is everything a reviewer needs without re-running anything: where the figures
+came from (environment), what they were compared with (the baseline file and its
+sha256), under which profile, and per case and metric the sample summary, the baseline,
+the bound, the ratio and the verdict; the output hashes; the overall verdict and exit
+code. `perfguard report render` turns it into Markdown (a PR comment), a console table
+or JSON; `perfguard merge` joins the reports of shards that ran disjoint case sets.
+
+This module renders and combines; it decides nothing. The overall verdict of a merged
+report is recomputed by `perfguard.decision.verdict.overall`, from the same rules as a single one.
+
+Markdown is written for untrusted text: case ids, notes and error messages come from
+files anyone can edit in a PR, so every such string is escaped (HTML special characters
+as entities, Markdown punctuation with backslashes, `@` and `#` as entities so that a
+note cannot ping people or link issues) before it reaches a PR comment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from perfguard.decision.verdict import (
+    CaseVerdict,
+    Judgement,
+)
+from perfguard.errors import PerfguardError
+from perfguard.storage.jsonio import (
+    json_path,
+    read_json,
+    validate,
+    write_json_atomic,
+)
+from perfguard.storage.results import Results, utc_now
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass
+
+REPORT_KIND = "perfguard.report"
+REPORT_SCHEMA_VERSION = 1
+
+
+# ---- results files -------------------------------------------------------------------------
+
+
+def read_results(path: str | os.PathLike[str]) -> Results:
+    """Read and validate a results file written by `perfguard run --out` (or `check --out`)."""
+    return Results.from_json(_read_checked(path, "results"))
+
+
+def _read_checked(path: str | os.PathLike[str], schema_name: str) -> dict[str, Any]:
+    """Read `path`, refuse infinite numbers (`1e400`), validate against `schema_name`."""
+    from perfguard.storage.baseline import non_finite
+
+    data = read_json(path)
+    where = non_finite(data)
+    if where is not None:
+        raise PerfguardError(f"{path}: {json_path(where)}: is not a finite number")
+    validate(data, schema_name, str(path))
+    return data
+
+
+def write_results(path: str | os.PathLike[str], results: Results) -> None:
+    data = results.to_json()
+    validate(data, "results", f"{path} (about to be written)")
+    write_json_atomic(path, data)
+
+
+# ---- model ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    """A check's verdicts with the context needed to trust them."""
+
+    judgement: Judgement
+    environment: Mapping[str, Any]
+    baseline: Mapping[str, Any]
+    profile: Mapping[str, Any]
+    settings: Mapping[str, Any]
+    improvement_threshold: float
+    created: str = field(default_factory=utc_now)
+    merged_from: tuple[Mapping[str, Any], ...] = ()
+    against: Mapping[str, Any] | None = None
+    """A relative check's base revision and schedule (`perfguard.measurement.relative`); None for a
+    check against a stored baseline."""
+
+    @property
+    def relative(self) -> bool:
+        return self.against is not None
+
+    @property
+    def verdict(self) -> str:
+        return self.judgement.verdict
+
+    @property
+    def exit_code(self) -> int:
+        return self.judgement.exit_code
+
+    @property
+    def cases(self) -> tuple[CaseVerdict, ...]:
+        return self.judgement.cases
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": REPORT_KIND,
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "created": self.created,
+            "environment": dict(self.environment),
+            "baseline": dict(self.baseline),
+            "profile": {**self.profile, "name": self.judgement.profile},
+            "improvement_threshold": self.improvement_threshold,
+            "settings": {
+                **self.settings,
+                "fail_on_missing": self.judgement.fail_on_missing,
+                "advisory": self.judgement.advisory,
+            },
+            "cases": {c.case_id: c.to_json() for c in self.judgement.cases},
+            "counts": self.judgement.counts,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+        }
+        if self.merged_from:
+            out["merged_from"] = [dict(m) for m in self.merged_from]
+        if self.against is not None:
+            out["against"] = dict(self.against)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Report:
+        settings = dict(data["settings"])
+        judgement = Judgement(
+            profile=str(data["profile"]["name"]),
+            cases=tuple(CaseVerdict.from_json(k, v) for k, v in sorted(data["cases"].items())),
+            fail_on_missing=bool(settings.pop("fail_on_missing", False)),
+            advisory=bool(settings.pop("advisory", False)),
+        )
+        profile = {k: v for k, v in data["profile"].items() if k != "name"}
+        return cls(
+            judgement=judgement,
+            environment=dict(data["environment"]),
+            baseline=dict(data["baseline"]),
+            profile=profile,
+            settings=settings,
+            improvement_threshold=float(data["improvement_threshold"]),
+            created=str(data["created"]),
+            merged_from=tuple(data.get("merged_from", ())),
+            against=dict(data["against"]) if data.get("against") is not None else None,
+        )
+
+
+def read_report(path: str | os.PathLike[str]) -> Report:
+    data = _read_checked(path, "report")
+    report = Report.from_json(data)
+    if (report.verdict, report.exit_code) != (data["verdict"], data["exit_code"]):
+        raise PerfguardError(
+            f"{path}: $.verdict: says {data['verdict']!r} (exit {data['exit_code']}) but its "
+            f"cases give {report.verdict!r} (exit {report.exit_code})"
+        )
+    return report
+
+
+def write_report(path: str | os.PathLike[str], report: Report) -> None:
+    data = report.to_json()
+    validate(data, "report", f"{path} (about to be written)")
+    write_json_atomic(path, data)
+
+
+def merge(reports: Sequence[Report], sources: Sequence[str] | None = None) -> Report:
+    """One report from the reports of shards that checked disjoint case sets.
+
+    The shards must have used the same baseline file (same sha256), profile and
+    failure settings; a case in two shards is an error rather than a silent pick.
+    """
+    if not reports:
+        raise PerfguardError("merge: no report given")
+    names = list(sources or [f"report {i + 1}" for i in range(len(reports))])
+    first = reports[0]
+    seen: dict[str, str] = {}
+    for name, rep in zip(names, reports, strict=True):
+        for attr, label in (
+            (lambda r: r.baseline.get("sha256"), "baseline file (sha256)"),
+            (lambda r: r.judgement.profile, "profile"),
+            (lambda r: r.judgement.fail_on_missing, "--fail-on-missing"),
+            (lambda r: r.judgement.advisory, "advisory"),
+            (lambda r: r.environment.get("platform"), "platform"),
+            (lambda r: r.relative, "kind (relative check or stored baseline)"),
+            (lambda r: (r.against or {}).get("commit"), "base commit"),
+        ):
+            if attr(rep) != attr(first):
+                raise PerfguardError(
+                    f"merge: {name} differs from {names[0]} in its {label}: "
+                    f"{attr(rep)!r} vs {attr(first)!r}"
+                )
+        for case in rep.cases:
+            if case.case_id in seen:
+                raise PerfguardError(
+                    f"merge: case {case.case_id!r} is in both {seen[case.case_id]} and {name}: "
+                    "shards must check disjoint case sets"
+                )
+            seen[case.case_id] = name
+    cases = tuple(sorted((c for r in reports for c in r.cases), key=lambda c: c.case_id))
+    judgement = dataclasses.replace(first.judgement, cases=cases)
+    parts: list[Mapping[str, Any]] = []
+    for name, rep in zip(names, reports, strict=True):
+        if rep.merged_from:
+            parts.extend(rep.merged_from)
+            continue
+        parts.append(
+            {
+                "source": name,
+                "created": rep.created,
+                "hostname": rep.environment.get("hostname"),
+                "git_commit": rep.environment.get("git_commit"),
+                "cases": [c.case_id for c in rep.cases],
+                "verdict": rep.verdict,
+                "exit_code": rep.exit_code,
+                "settings": dict(rep.settings),
+            }
+        )
+    return dataclasses.replace(
+        first, judgement=judgement, created=utc_now(), merged_from=tuple(parts)
+    )
+
+
+# ---- plain-text helpers --------------------------------------------------------------------
+
+
+# ---- console -------------------------------------------------------------------------------
+
+
+# ---- JSON ----------------------------------------------------------------------------------
+
+
+def render_json(report: Report) -> str:
+    from perfguard.storage.jsonio import dumps
+
+    return dumps(report.to_json())
+
+
+# ---- Markdown ------------------------------------------------------------------------------
+
+
+# ---- building ------------------------------------------------------------------------------
+
+
+def build(
+    judgement: Judgement,
+    *,
+    environment: Mapping[str, Any],
+    baseline_info: Mapping[str, Any],
+    profile: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    improvement_threshold: float,
+) -> Report:
+    """Assemble a report (the CLI passes what it knows about the run and the baseline)."""
+    return Report(
+        judgement=judgement,
+        environment=dict(environment),
+        baseline=dict(baseline_info),
+        profile=dict(profile),
+        settings=dict(settings),
+        improvement_threshold=improvement_threshold,
+    )
+
+
+def build_against(
+    judgement: Judgement,
+    results: Results,
+    baseline: Any,
+    baseline_path: str | os.PathLike[str],
+    *,
+    settings: Mapping[str, Any],
+) -> Report:
+    """The report of `judgement` against the baseline file it was judged with: records the
+    file's path and hash, and the profile the judgement used (`check` and the pytest
+    plugin both report this way)."""
+    from perfguard.storage.baseline import file_sha256
+
+    return build(
+        judgement,
+        environment=results.environment,
+        baseline_info={
+            "path": str(baseline_path),
+            "sha256": file_sha256(baseline_path),
+            "platform": baseline.platform,
+            "hardware": baseline.hardware,
+            "updated": baseline.metadata.get("updated"),
+        },
+        profile=baseline.profile(judgement.profile).to_json(),
+        settings=settings,
+        improvement_threshold=baseline.improvement_threshold,
+    )
+
+
+def build_relative(
+    judgement: Judgement,
+    *,
+    environment: Mapping[str, Any],
+    against: Mapping[str, Any],
+    settings: Mapping[str, Any],
+) -> Report:
+    """The report of a relative check (`perfguard.measurement.relative`): `baseline` names the base
+    checkout instead of a file, and `profile.rel` holds the minimum effect per metric
+    class, which is the threshold both for a regression and for an improvement."""
+    from perfguard.decision.tolerances import MIN_EFFECT
+
+    report = build(
+        judgement,
+        environment=environment,
+        baseline_info={
+            "path": str(against.get("dir")),
+            "kind": "relative",
+            "commit": against.get("commit"),
+        },
+        profile={
+            "rel": dict(MIN_EFFECT),
+            "abs": {},
+            "description": "relative check: rel is each class's minimum effect "
+            "(perfguard.decision.tolerances.MIN_EFFECT); no bands, no pads",
+        },
+        settings=settings,
+        improvement_threshold=MIN_EFFECT["e2e"],
+    )
+    return dataclasses.replace(report, against=dict(against))
+
+
+# ---- baseline diff (the description of a baseline pull request) -----------------------------

@@ -1,0 +1,292 @@
+"""The layout's rules (docs/architecture.md): layers, no import cycles, no torch below
+measurement, small modules, and a README CLI reference that is the click definitions'."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import click
+import pytest
+
+from perfguard.cli import cli, reference
+from perfguard.storage import baseline as store
+from perfguard.storage.reports import write_results
+from perfguard.storage.results import CaseResult, Results
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "perfguard"
+MAX_LINES = 800
+
+# A module may import modules of its own rank or below, never above.
+RANKS = {
+    "perfguard": 0,
+    "perfguard.errors": 0,
+    "perfguard.metrics": 0,
+    "perfguard.decision": 1,
+    "perfguard.storage": 1,
+    "perfguard.presentation": 2,
+    "perfguard.interop.sglang": 2,
+    "perfguard.measurement": 3,
+    "perfguard.workloads": 3,
+    "perfguard.interop.diffusers": 3,
+    "perfguard.api": 4,
+    "perfguard.cli": 5,
+    "perfguard.pytest_plugin": 5,
+    "perfguard.__main__": 5,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def rank(module: str) -> int:
+    best = max((k for k in RANKS if module == k or module.startswith(k + ".")), key=len)
+    return RANKS[best]
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """The perfguard modules `path` imports at run time (anywhere, not under TYPE_CHECKING)."""
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking(node):
+            return
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("perfguard"))
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").startswith("perfguard")
+        ):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in known else str(node.module))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {m for m in out if m in known}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(path, known) - {name} for name, path in mods.items()}
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    wrong = [
+        f"{m} (rank {rank(m)}) imports {d} (rank {rank(d)})"
+        for m, deps in sorted(graph().items())
+        for d in sorted(deps)
+        if rank(d) > rank(m)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_there_is_no_import_cycle() -> None:
+    g = graph()
+    # Package __init__ modules are importers of their package, not a layer of their own.
+    g = {m: {d for d in deps if not g.get(d) or not d.startswith(m)} for m, deps in g.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(g.get(m, ())):
+            if state.get(d) == 1:
+                return [*stack[stack.index(d) :], d]
+            if d not in state and (cycle := visit(d)):
+                return cycle
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(g):
+        if m not in state:
+            cycle = visit(m)
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_the_baseline_and_verdict_modules_share_their_bands_through_one_module() -> None:
+    g = graph()
+    for user in ("perfguard.storage.baseline", "perfguard.decision.verdict"):
+        assert "perfguard.decision.tolerances" in g[user]
+    assert "perfguard.storage.baseline" not in g["perfguard.decision.verdict"]
+    assert "perfguard.decision.verdict" not in g["perfguard.storage.baseline"]
+
+
+# ---- the file commands without torch ----------------------------------------------------------
+
+BLOCKER = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    class NoTorch(importlib.abc.MetaPathFinder):
+        BLOCKED = ("torch", "torch_npu", "diffusers", "transformers", "accelerate")
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in self.BLOCKED:
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, NoTorch())
+    from perfguard.cli import main
+    main(sys.argv[1:])
+    """
+)
+
+
+def _result(case_id: str, ms: float) -> CaseResult:
+    res = CaseResult(case_id=case_id, repeats=5, warmup=1, case={"id": case_id, "tags": ["x"]})
+    for i in range(5):
+        value = ms * (1 + 0.002 * i)
+        res.samples.setdefault("e2e", []).append(value)
+        res.samples.setdefault("stage:DenoisingStage", []).append(0.6 * value)
+    return res
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    env = {"platform": "cpu", "hardware": "test-cpu", "torch": "n/a"}
+    results = Results(environment=env, settings={"repeats": 5, "warmup": 1})
+    results.cases = {"a": _result("a", 10.0), "b": _result("b", 20.0)}
+    out = {"results": tmp_path / "results.json", "baseline": tmp_path / "base.json"}
+    write_results(out["results"], results)
+    base = store.new_baseline(env)
+    for res in results.cases.values():
+        base = base.with_scenario(res.case_id, store.scenario_from_result(res))
+    store.save(out["baseline"], base)
+    other = tmp_path / "other.json"
+    store.save(other, base.with_scenario("b", store.scenario_from_result(_result("b", 30.0))))
+    out["other"] = other
+    return out
+
+
+def blocked(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKER, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_file_commands_run_where_torch_cannot_be_imported(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    proof = blocked("env", cwd=tmp_path)  # measuring commands do need torch
+    assert proof.returncode != 0 and "blocked in this test" in proof.stderr + proof.stdout
+
+    report = tmp_path / "report.json"
+    b, r, o = str(files["baseline"]), str(files["results"]), str(files["other"])
+    steps = [
+        (["check", "--results", r, "--baseline", b, "--report", str(report)], 0),
+        (["report", "render", str(report), "--format", "md"], 0),
+        (["report", "render", str(report), "--format", "table"], 0),
+        (["report", "render", str(report), "--format", "json"], 0),
+        (["merge", str(report), "--out", str(tmp_path / "merged.json")], 0),
+        (["baselines", "validate", b, o], 0),
+        (["baselines", "show", b], 0),
+        (["baselines", "diff", b, o, "--format", "md"], 0),
+        (["baselines", "merge", b, "--out", str(tmp_path / "m.json")], 0),
+        (["history", "add", str(report), "--db", str(tmp_path / "h.db"), "--commit", "c1"], 0),
+        (["history", "show", "--db", str(tmp_path / "h.db"), "--json"], 0),
+        (["history", "changes", "--db", str(tmp_path / "h.db")], 0),
+    ]
+    for args, code in steps:
+        proc = blocked(*args, cwd=tmp_path)
+        assert proc.returncode == code, (args, proc.stdout, proc.stderr)
+    assert json.loads(report.read_text())["kind"] == "perfguard.report"
+
+
+def test_check_of_an_sglang_performance_log_runs_without_torch(tmp_path: Path) -> None:
+    from tests.test_sglang import H100, record, write_log
+
+    if not H100.is_file():
+        pytest.skip("the sglang fixtures are not beside the project")
+    base = tmp_path / "h100.json"
+    proc = blocked("baselines", "import-sglang", str(H100), "--out", str(base), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = write_log(tmp_path / "performance.log", [record("qwen_image_t2i", s) for s in (1, 1.01)])
+    proc = blocked("check", "--sglang-perf-log", str(log), "--baseline", str(base), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- the README's CLI reference ------------------------------------------------------------------
+
+
+def test_the_readme_cli_reference_is_the_click_definitions() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start, end = readme.find(reference.BEGIN), readme.find(reference.END)
+    assert 0 <= start < end, "README.md has no generated CLI reference block"
+    block = readme[start : end + len(reference.END) + 1]
+    assert block == reference.markdown(cli), (
+        "README.md's CLI reference is out of date: run "
+        "`python -m perfguard.cli.reference --write README.md`"
+    )
+
+
+def test_every_command_and_option_appears_in_the_reference() -> None:
+    text = reference.markdown(cli)
+    for path, command in reference._commands(cli, "perfguard"):
+        assert f"`{path}`" in text
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.opts[0] in text, (path, param.opts[0])
+
+
+def test_the_report_job_installs_the_file_commands_dependencies_without_torch() -> None:
+    import re
+
+    import tomllib
+    import yaml
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    measuring = {"torch", "diffusers", "transformers", "accelerate"}
+
+    def name(requirement: str) -> str:
+        return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower()
+
+    wanted = {name(r) for r in project["dependencies"] if "python_version" not in r} - measuring
+    wanted |= {name(r) for r in project["optional-dependencies"]["history"]}
+    steps = yaml.safe_load((ROOT / ".github/workflows/perf.yml").read_text())["jobs"]["report"]
+    script = next(s["run"] for s in steps["steps"] if "Install perfguard" in s.get("name", ""))
+    installed = {
+        w.lower()
+        for line in script.splitlines()
+        if "pip install" in line and "-e" not in line.split()
+        for w in line.split()[line.split().index("install") + 1 :]
+        if not w.startswith("-")
+    }
+    assert "--no-deps -e ." in script and installed == wanted, (installed, wanted)
+    assert not installed & measuring
