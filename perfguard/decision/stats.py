@@ -33,7 +33,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats as _st
+
+
+def _scipy_stats() -> Any:
+    """`scipy.stats`, imported on first use: it costs ~0.5 s, which the commands that
+    only read or render files (`report render`, `baselines show`, `history`) never need."""
+    from scipy import stats
+
+    return stats
 
 MAD_TO_SD = 1.4826
 """MAD x 1.4826 estimates the standard deviation of normal data, ignoring outliers."""
@@ -306,7 +313,9 @@ def t_quantile(alpha: float, dof: int) -> float:
     """
     if dof <= 0 or dof > 10_000:
         return z_quantile(alpha)
-    return float(_st.t.ppf(1.0 - alpha, dof))
+    from scipy.special import stdtrit  # = scipy.stats.t.ppf, at a third of the import
+
+    return float(stdtrit(dof, 1.0 - alpha))
 
 
 @functools.lru_cache(maxsize=64)
@@ -315,7 +324,9 @@ def z_quantile(alpha: float) -> float:
 
     Cached: the gate asks for it after every run and calibration thousands of times.
     """
-    return float(_st.norm.ppf(1.0 - alpha))
+    from scipy.special import ndtri  # = scipy.stats.norm.ppf
+
+    return float(ndtri(1.0 - alpha))
 
 
 # ---- A/B: bootstrap interval and rank tests ------------------------------------------------
@@ -357,7 +368,7 @@ def ratio_of_medians(
     point = float(np.median(b) / np.median(a)) if np.median(a) else math.inf
     if len(a) < 2 or len(b) < 2 or not math.isfinite(point):
         return RatioEstimate(point, point, point, confidence)
-    res = _st.bootstrap(
+    res = _scipy_stats().bootstrap(
         (a, b),
         _median_ratio,
         n_resamples=n_resamples,
@@ -380,7 +391,7 @@ def slower_p_value(old: Sequence[float], new: Sequence[float]) -> float:
     if len(old) == 0 or len(new) == 0:
         return 1.0
     with np.errstate(all="ignore"):
-        p = _st.mannwhitneyu(new, old, alternative="greater", method="auto").pvalue
+        p = _scipy_stats().mannwhitneyu(new, old, alternative="greater", method="auto").pvalue
     return 1.0 if not math.isfinite(p) else float(p)
 
 
@@ -388,5 +399,5 @@ def two_sided_p_value(a: Sequence[float], b: Sequence[float]) -> float:
     if len(a) == 0 or len(b) == 0:
         return 1.0
     with np.errstate(all="ignore"):
-        p = _st.mannwhitneyu(a, b, alternative="two-sided", method="auto").pvalue
+        p = _scipy_stats().mannwhitneyu(a, b, alternative="two-sided", method="auto").pvalue
     return 1.0 if not math.isfinite(p) else float(p)
