@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 from rich.markup import escape
-from rich.table import Table
 
 from perfguard.cli.common import CONTEXT_SETTINGS, console
 from perfguard.errors import (
@@ -14,6 +11,7 @@ from perfguard.errors import (
     EXIT_OK,
     PerfguardError,
 )
+from perfguard.presentation.tables import baseline_diff_table, baseline_tables
 from perfguard.storage.cases import PLATFORM_NAMES
 
 
@@ -70,41 +68,7 @@ def baselines_show(path: str, case_id: str | None, as_json: bool) -> int:
             + (" [advisory]" if meta.get("advisory") else "")
         )
     )
-    prof = Table(title="tolerance profiles (rel / abs)")
-    prof.add_column("class")
-    for name in sorted(b.profiles):
-        prof.add_column(escape(name + (" (advisory)" if b.profiles[name].advisory else "")))
-    from perfguard.metrics import METRIC_CLASSES
-
-    for cls in METRIC_CLASSES:
-        prof.add_row(
-            cls,
-            *(
-                f"{b.profiles[n].rel[cls]:g} / {b.profiles[n].abs[cls]:g}"
-                for n in sorted(b.profiles)
-            ),
-        )
-    out.print(prof)
-    for cid in ids:
-        s = b.scenarios[cid]
-        table = Table(title=escape(cid + (f" — {s.notes}" if s.notes else "")))
-        for col in ("metric", "median", "n", "iqr", "min", "max", "override"):
-            table.add_column(col, justify="left" if col in ("metric", "override") else "right")
-        for metric, summ in s.metrics.items():
-            ov = s.tolerance_overrides.get(metric)
-
-            def f(v: float | None) -> str:
-                return "-" if v is None else f"{v:.3f}"
-
-            table.add_row(
-                escape(metric),
-                f(summ.median),
-                str(summ.n),
-                f(summ.iqr),
-                f(summ.min),
-                f(summ.max),
-                escape(json.dumps(ov)) if ov else "",
-            )
+    for table in baseline_tables(b, ids):
         out.print(table)
     return EXIT_OK
 
@@ -152,27 +116,7 @@ def baselines_diff(a: str, b: str, as_json: bool, fmt: str) -> int:
     if d.tolerance_changes:
         out.print(escape(f"tolerances changed: {', '.join(d.tolerance_changes)}"))
     if d.changed:
-        table = Table(title=escape(f"{a} -> {b}"))
-        for col in ("case", "metric", "old", "new", "new/old", f"{d.confidence:.0%} interval"):
-            table.add_column(col, justify="left" if col in ("case", "metric") else "right")
-        table.add_column("change")
-        styles = {"slower": "red", "faster": "green"}
-        for row in d.changed:
-            ratio = row.ratio
-            interval = (
-                "-" if row.low is None or row.high is None else f"{row.low:.3f}-{row.high:.3f}"
-            )
-            change = row.change or "-"
-            table.add_row(
-                escape(row.case_id),
-                escape(row.metric),
-                "-" if row.old is None else f"{row.old:.3f}",
-                "-" if row.new is None else f"{row.new:.3f}",
-                "-" if ratio is None else f"{ratio:.3f}",
-                interval,
-                f"[{styles[change]}]{change}[/]" if change in styles else change,
-            )
-        out.print(table)
+        out.print(baseline_diff_table(d, a, b))
         counts = d.counts()
         out.print(
             f"{counts['slower']} slower, {counts['faster']} faster (credible, at least the "

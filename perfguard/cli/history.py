@@ -7,14 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.markup import escape
-from rich.table import Table
 
 from perfguard.cli.common import CONTEXT_SETTINGS, console
 from perfguard.errors import (
     EXIT_OK,
     PerfguardError,
 )
+from perfguard.presentation.tables import changes_table, history_table
 
 
 def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -89,40 +88,7 @@ def history_show(
     if as_csv:
         click.echo(frame.to_csv(index=False), nl=False)
         return EXIT_OK
-    table = Table(title=escape(f"{db}: {len(frame)} row(s)"))
-    cols = (
-        "date",
-        "commit",
-        "case",
-        "metric",
-        "n",
-        "median",
-        "iqr",
-        "baseline",
-        "ratio",
-        "verdict",
-    )
-    for col in cols:
-        table.add_column(col, justify="right" if col in ("n", "median", "iqr", "ratio") else "left")
-
-    def cell(value: Any, digits: int = 3) -> str:
-        if value is None or (isinstance(value, float) and value != value):
-            return "-"
-        return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-    for r in frame.itertuples(index=False):
-        table.add_row(
-            escape(str(r.date)[:19]),
-            escape(str(r.commit_sha or "-")[:10]),
-            escape(str(r.case)),
-            escape(str(r.metric)),
-            cell(r.n),
-            cell(r.median),
-            cell(r.iqr),
-            cell(r.baseline),
-            cell(r.ratio, 4),
-            escape(cell(r.verdict)),
-        )
+    table = history_table(frame, f"{db}: {len(frame)} row(s)")
     console().print(table)
     return EXIT_OK
 
@@ -148,19 +114,7 @@ def history_changes(
     if as_json:
         click.echo(json.dumps(found, indent=2, sort_keys=True))
         return EXIT_OK
-    table = Table(title=f"{len(found)} change point(s)")
-    for col in ("case", "metric", "commit", "date", "before", "after", "change"):
-        table.add_column(col)
-    for c in found:
-        table.add_row(
-            escape(c["case"]),
-            escape(c["metric"]),
-            escape(str(c["commit"] or "-")[:10]),
-            escape(str(c["date"])[:19]),
-            f"{c['before']:.3f}",
-            f"{c['after']:.3f}",
-            f"{(c['ratio'] - 1) * 100:+.1f}% {c['direction']}",
-        )
+    table = changes_table(found)
     console().print(table)
     return EXIT_OK
 

@@ -42,6 +42,7 @@ def _scipy_stats() -> Any:
 
     return stats
 
+
 MAD_TO_SD = 1.4826
 """MAD x 1.4826 estimates the standard deviation of normal data, ignoring outliers."""
 

@@ -6,6 +6,7 @@ Reports have their own renderings, table and Markdown, in `perfguard.presentatio
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from perfguard.storage.cases import Case
 if TYPE_CHECKING:
     from perfguard.decision.calibrate import CaseCalibration
     from perfguard.measurement.ab import ABResult
+    from perfguard.storage.baseline import Baseline, BaselineDiff
     from perfguard.storage.results import Results
 
 
@@ -141,5 +143,113 @@ def ab_table(result: ABResult, pairs: int) -> Table:
             f"{comp.estimate.ratio:.3f}",
             f"[{comp.estimate.low:.3f}, {comp.estimate.high:.3f}]",
             f"{comp.p_value:.3g}",
+        )
+    return table
+
+
+def baseline_tables(baseline: Baseline, case_ids: list[str]) -> list[Table]:
+    """`perfguard baselines show`: the tolerance profiles, then one table per scenario."""
+    from perfguard.metrics import METRIC_CLASSES
+
+    b = baseline
+    prof = Table(title="tolerance profiles (rel / abs)")
+    prof.add_column("class")
+    names = sorted(b.profiles)
+    for name in names:
+        prof.add_column(escape(name + (" (advisory)" if b.profiles[name].advisory else "")))
+    for cls in METRIC_CLASSES:
+        prof.add_row(
+            cls, *(f"{b.profiles[n].rel[cls]:g} / {b.profiles[n].abs[cls]:g}" for n in names)
+        )
+    tables = [prof]
+
+    def f(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    for cid in case_ids:
+        s = b.scenarios[cid]
+        table = Table(title=escape(cid + (f" — {s.notes}" if s.notes else "")))
+        for col in ("metric", "median", "n", "iqr", "min", "max", "override"):
+            table.add_column(col, justify="left" if col in ("metric", "override") else "right")
+        for metric, summ in s.metrics.items():
+            ov = s.tolerance_overrides.get(metric)
+            table.add_row(
+                escape(metric),
+                f(summ.median),
+                str(summ.n),
+                f(summ.iqr),
+                f(summ.min),
+                f(summ.max),
+                escape(json.dumps(ov)) if ov else "",
+            )
+        tables.append(table)
+    return tables
+
+
+def baseline_diff_table(d: BaselineDiff, old_label: str, new_label: str) -> Table:
+    """`perfguard baselines diff`: each changed figure with its interval and verdict."""
+    table = Table(title=escape(f"{old_label} -> {new_label}"))
+    for col in ("case", "metric", "old", "new", "new/old", f"{d.confidence:.0%} interval"):
+        table.add_column(col, justify="left" if col in ("case", "metric") else "right")
+    table.add_column("change")
+    styles = {"slower": "red", "faster": "green"}
+    for row in d.changed:
+        ratio = row.ratio
+        interval = "-" if row.low is None or row.high is None else f"{row.low:.3f}-{row.high:.3f}"
+        change = row.change or "-"
+        table.add_row(
+            escape(row.case_id),
+            escape(row.metric),
+            "-" if row.old is None else f"{row.old:.3f}",
+            "-" if row.new is None else f"{row.new:.3f}",
+            "-" if ratio is None else f"{ratio:.3f}",
+            interval,
+            f"[{styles[change]}]{change}[/]" if change in styles else change,
+        )
+    return table
+
+
+def history_table(frame: Any, title: str) -> Table:
+    """`perfguard history show`: one row per report of a case and metric (a DataFrame)."""
+    table = Table(title=escape(title))
+    cols = ("date", "commit", "case", "metric", "n", "median", "iqr", "baseline", "ratio")
+    for col in (*cols, "verdict"):
+        table.add_column(col, justify="right" if col in ("n", "median", "iqr", "ratio") else "left")
+
+    def cell(value: Any, digits: int = 3) -> str:
+        if value is None or (isinstance(value, float) and value != value):
+            return "-"
+        return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+    for r in frame.itertuples(index=False):
+        table.add_row(
+            escape(str(r.date)[:19]),
+            escape(str(r.commit_sha or "-")[:10]),
+            escape(str(r.case)),
+            escape(str(r.metric)),
+            cell(r.n),
+            cell(r.median),
+            cell(r.iqr),
+            cell(r.baseline),
+            cell(r.ratio, 4),
+            escape(cell(r.verdict)),
+        )
+    return table
+
+
+def changes_table(found: list[dict[str, Any]]) -> Table:
+    """`perfguard history changes`: each change point, its commit, size and direction."""
+    table = Table(title=f"{len(found)} change point(s)")
+    for col in ("case", "metric", "commit", "date", "before", "after", "change"):
+        table.add_column(col)
+    for c in found:
+        table.add_row(
+            escape(c["case"]),
+            escape(c["metric"]),
+            escape(str(c["commit"] or "-")[:10]),
+            escape(str(c["date"])[:19]),
+            f"{c['before']:.3f}",
+            f"{c['after']:.3f}",
+            f"{(c['ratio'] - 1) * 100:+.1f}% {c['direction']}",
         )
     return table
