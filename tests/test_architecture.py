@@ -265,10 +265,15 @@ def test_every_command_and_option_appears_in_the_reference() -> None:
                 assert param.opts[0] in text, (path, param.opts[0])
 
 
-def test_the_report_job_installs_the_file_commands_dependencies_without_torch() -> None:
+@pytest.mark.parametrize(
+    ("workflow", "job"), [("perf.yml", "report"), ("refresh-baselines.yml", "merge")]
+)
+def test_the_file_jobs_install_the_file_commands_dependencies_without_torch(
+    workflow: str, job: str
+) -> None:
     import re
-
     import tomllib
+
     import yaml
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -279,7 +284,7 @@ def test_the_report_job_installs_the_file_commands_dependencies_without_torch() 
 
     wanted = {name(r) for r in project["dependencies"] if "python_version" not in r} - measuring
     wanted |= {name(r) for r in project["optional-dependencies"]["history"]}
-    steps = yaml.safe_load((ROOT / ".github/workflows/perf.yml").read_text())["jobs"]["report"]
+    steps = yaml.safe_load((ROOT / ".github/workflows" / workflow).read_text())["jobs"][job]
     script = next(s["run"] for s in steps["steps"] if "Install perfguard" in s.get("name", ""))
     installed = {
         w.lower()
