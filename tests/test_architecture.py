@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -271,10 +272,12 @@ def test_every_command_and_option_appears_in_the_reference() -> None:
 def test_the_file_jobs_install_the_file_commands_dependencies_without_torch(
     workflow: str, job: str
 ) -> None:
-    import re
-    import tomllib
-
     import yaml
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     measuring = {"torch", "diffusers", "transformers", "accelerate"}
