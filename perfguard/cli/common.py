@@ -81,6 +81,7 @@ def cases_dir_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--cases",
         "cases_dir",
         type=click.Path(file_okay=False),
+        metavar="DIR",
         default=None,
         envvar="PERFGUARD_CASES",
         help="Case registry directory (default: ./cases; env: PERFGUARD_CASES).",
@@ -107,11 +108,19 @@ def selection_options(*, shard: bool = True) -> Decorator:
 
         options: list[Decorator] = [
             cases_dir_option,
-            _shared("selection", "--case", "case_ids", multiple=True, help="Case id (repeatable)."),
+            _shared(
+                "selection",
+                "--case",
+                "case_ids",
+                multiple=True,
+                metavar="ID",
+                help="Case id (repeatable).",
+            ),
             _shared(
                 "selection",
                 "--match",
                 default=None,
+                metavar="REGEX",
                 help="Regular expression searched in case ids.",
             ),
             _shared(
@@ -119,6 +128,7 @@ def selection_options(*, shard: bool = True) -> Decorator:
                 "--tag",
                 "tags",
                 multiple=True,
+                metavar="TAG",
                 help="Only cases with this tag (repeatable).",
             ),
         ]
