@@ -149,7 +149,7 @@ class Replay:
         return self.now
 
     def __call__(self, index: int, order: str, todo: Sequence[Any]) -> dict[str, dict[str, Any]]:
-        from perfguard.storage.results import CaseResult
+        from perfguard.results import CaseResult
 
         seconds, blk = self.pool.pop()
         self.now += seconds

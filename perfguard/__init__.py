@@ -33,8 +33,8 @@ _EXPORTS = {
     "RelativeOptions": "perfguard.measurement.relative",
     "Case": "perfguard.storage.cases",
     # and return
-    "Results": "perfguard.storage.results",
-    "CaseResult": "perfguard.storage.results",
+    "Results": "perfguard.results",
+    "CaseResult": "perfguard.results",
     "Baseline": "perfguard.storage.baseline",
     "Report": "perfguard.storage.reports",
     "BaselineUpdate": "perfguard.api",

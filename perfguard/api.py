@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.errors import PerfguardError
 from perfguard.measurement.options import MeasureOptions
+from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import Baseline
 from perfguard.storage.cases import Case, Selection, load_registry
 from perfguard.storage.reports import Report
-from perfguard.storage.results import CaseResult, Results
 
 if TYPE_CHECKING:
     from perfguard.decision.calibrate import CaseCalibration, CheckSetup

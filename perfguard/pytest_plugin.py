@@ -44,7 +44,7 @@ from perfguard.errors import EXIT_REGRESSION, PerfguardError
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.measurement.platform import Platform
     from perfguard.measurement.timer import StageTimer
-    from perfguard.storage.results import CaseResult, Results
+    from perfguard.results import CaseResult, Results
 
 # perfguard's timer, runner and platform import torch; they are imported when a test first
 # asks for the fixture, so that merely having perfguard installed (this plugin loads in
@@ -234,7 +234,7 @@ class _Session:
         definition: dict[str, Any] = {"id": case_id, "source": item.nodeid}
         if kwargs.get("tolerance_overrides"):
             definition["tolerance_overrides"] = dict(kwargs["tolerance_overrides"])
-        from perfguard.storage.results import CaseResult
+        from perfguard.results import CaseResult
 
         result = CaseResult(case_id=case_id, case=definition)
         self.results[case_id] = result
@@ -251,7 +251,7 @@ class _Session:
 
     def to_results(self) -> Results:
         from perfguard.measurement.platform import fingerprint
-        from perfguard.storage.results import Results
+        from perfguard.results import Results
 
         return Results(
             environment=fingerprint(self.platform),

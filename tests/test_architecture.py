@@ -15,9 +15,9 @@ import click
 import pytest
 
 from perfguard.cli import cli, reference
+from perfguard.results import CaseResult, Results
 from perfguard.storage import baseline as store
 from perfguard.storage.reports import write_results
-from perfguard.storage.results import CaseResult, Results
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "perfguard"
@@ -28,17 +28,18 @@ RANKS = {
     "perfguard": 0,
     "perfguard.errors": 0,
     "perfguard.metrics": 0,
+    "perfguard.results": 0,
     "perfguard.decision": 1,
-    "perfguard.storage": 1,
-    "perfguard.presentation": 2,
-    "perfguard.interop.sglang": 2,
-    "perfguard.measurement": 3,
-    "perfguard.workloads": 3,
-    "perfguard.interop.diffusers": 3,
-    "perfguard.api": 4,
-    "perfguard.cli": 5,
-    "perfguard.pytest_plugin": 5,
-    "perfguard.__main__": 5,
+    "perfguard.storage": 2,
+    "perfguard.presentation": 3,
+    "perfguard.interop.sglang": 3,
+    "perfguard.measurement": 4,
+    "perfguard.workloads": 4,
+    "perfguard.interop.diffusers": 4,
+    "perfguard.api": 5,
+    "perfguard.cli": 6,
+    "perfguard.pytest_plugin": 6,
+    "perfguard.__main__": 6,
 }
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from perfguard.errors import PerfguardError
+from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
-from perfguard.storage.results import CaseResult
 
 ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": "a" * 40, "hostname": "h"}
 

@@ -26,9 +26,9 @@ from perfguard.errors import EXIT_USAGE, PerfguardError
 from perfguard.measurement.platform import Platform
 from perfguard.measurement.timer import stage, step
 from perfguard.presentation.render import render_baseline_diff_markdown
+from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
 from perfguard.storage import baseline_merge as bm
-from perfguard.storage.results import CaseResult
 
 PG = Callable[..., tuple[int, str, str]]
 ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": "a" * 40, "hostname": "h"}

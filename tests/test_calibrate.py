@@ -23,7 +23,7 @@ from perfguard.decision.calibrate import (
     suggested_overrides,
 )
 from perfguard.decision.tolerances import Band, default_profiles
-from perfguard.storage.results import CaseResult, pool
+from perfguard.results import CaseResult, pool
 
 REPO = Path(__file__).resolve().parents[1]
 M = "stage:DenoisingStage"

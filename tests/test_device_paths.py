@@ -25,10 +25,10 @@ from perfguard.measurement import ab
 from perfguard.measurement import platform as pf
 from perfguard.measurement.runner import tensor_hash
 from perfguard.metrics import is_metric_name, metric_class, metrics_of_run, unit
+from perfguard.results import CaseResult
 from perfguard.storage.baseline import Scenario, parse
 from perfguard.storage.cases import load_registry, select
 from perfguard.storage.jsonio import validate
-from perfguard.storage.results import CaseResult
 from perfguard.workloads import graphs, qwen_image
 from perfguard.workloads.pipeline import build_pipeline
 from perfguard.workloads.presets import build_model
@@ -314,7 +314,7 @@ def test_stage_peaks_are_stored_in_the_baseline_and_read_back() -> None:
 
 
 def test_results_with_stage_peaks_pass_the_results_schema() -> None:
-    from perfguard.storage.results import Results
+    from perfguard.results import Results
 
     res = Results(environment={"platform": "cuda", "hardware": "x"}, settings={})
     res.cases["c"] = _result()

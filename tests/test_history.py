@@ -16,9 +16,9 @@ from perfguard.decision.verdict import judge
 from perfguard.errors import PerfguardError
 from perfguard.presentation.changepoints import detect
 from perfguard.presentation.history import add_reports, changes, load
+from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import new_baseline, scenario_from_result
 from perfguard.storage.reports import build, write_report
-from perfguard.storage.results import CaseResult, Results
 
 ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": None}
 

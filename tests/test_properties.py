@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from perfguard.errors import PerfguardError
 from perfguard.interop import sglang
 from perfguard.presentation import history
+from perfguard.results import Results
 from perfguard.storage import baseline as store
 from perfguard.storage.cases import load_registry
 from perfguard.storage.reports import read_report, read_results, write_results
-from perfguard.storage.results import Results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_history import _report  # a real report made by the library
@@ -140,7 +140,7 @@ def real_files() -> dict[str, bytes]:
     rep = _report(tmp / "report.json", 22.0, seed=1)
     res_path = tmp / "results.json"
     report = json.loads(rep.read_text())
-    from perfguard.storage.results import CaseResult
+    from perfguard.results import CaseResult
 
     case = CaseResult(case_id="qwen_image_t2i_smoke", repeats=3)
     case.samples = {"e2e": [5.0, 5.1, 5.2], "stage:DenoisingStage": [3.0, 3.1, 3.0]}

@@ -34,9 +34,9 @@ from perfguard.decision.verdict import IMPROVEMENT, PASS, REGRESSION
 from perfguard.errors import PerfguardError
 from perfguard.measurement import relative
 from perfguard.presentation.render import escape_md, render_markdown, summary_line
+from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 from perfguard.storage.reports import Report, build_relative, merge, read_report, write_report
-from perfguard.storage.results import CaseResult
 
 PG = Callable[..., tuple[int, str, str]]
 

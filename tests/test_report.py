@@ -15,10 +15,10 @@ from perfguard.decision.tolerances import default_profiles
 from perfguard.decision.verdict import Summary, judge
 from perfguard.errors import PerfguardError
 from perfguard.presentation import render
+from perfguard.results import CaseResult, Results
 from perfguard.storage import reports as rep
 from perfguard.storage.baseline import Baseline, Scenario
 from perfguard.storage.jsonio import validate
-from perfguard.storage.results import CaseResult, Results
 
 EVIL = "x|y</details><script>alert(1)</script>`[a](b)` @team #1"
 

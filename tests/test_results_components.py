@@ -11,9 +11,9 @@ from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.platform import probe
 from perfguard.measurement.runner import components_of, run_case
 from perfguard.presentation.render import components_line, counters_line
+from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.cases import Case
 from perfguard.storage.reports import read_results, write_results
-from perfguard.storage.results import CaseResult, Results, pool
 
 CASE = Case(id="fake", workload="qwen_image", preset="tiny")
 

@@ -7,8 +7,8 @@ import pytest
 from perfguard.decision.tolerances import Band, Profile, sglang_profiles
 from perfguard.decision.verdict import Summary, gated_steps, judge, judge_metric, summarize
 from perfguard.errors import EXIT_CASE_FAILED, EXIT_OK, EXIT_REGRESSION
+from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import Baseline, Scenario
-from perfguard.storage.results import CaseResult, Results
 
 CUDA = sglang_profiles("cuda")["pr_test"]
 

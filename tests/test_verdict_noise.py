@@ -27,10 +27,10 @@ from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.platform import Platform
 from perfguard.measurement.runner import run_case, run_cases
 from perfguard.measurement.timer import stage
+from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.baseline import Baseline, Scenario, new_baseline, scenario_from_result
 from perfguard.storage.cases import Case
 from perfguard.storage.jsonio import validate
-from perfguard.storage.results import CaseResult, Results, pool
 
 M = "stage:DenoisingStage"
 BAND = Band(0.10, 0.0)

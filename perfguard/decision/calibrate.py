@@ -36,7 +36,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,8 +44,10 @@ from perfguard.decision.stats import MAD_TO_SD, MEDIAN_SE_FACTOR, split_groups, 
 from perfguard.decision.tolerances import Band, Profile
 from perfguard.decision.verdict import DEFAULT_RULE, REGRESSION, Rule, judge_metric
 from perfguard.metrics import metric_class, metric_sort_key
-from perfguard.storage.baseline import Scenario
-from perfguard.storage.results import CaseResult
+from perfguard.results import CaseResult
+
+if TYPE_CHECKING:
+    from perfguard.storage.baseline import Scenario
 
 FALSE_ALARM_TARGET = 0.01
 CATCH_TARGET = 0.95

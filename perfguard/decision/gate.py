@@ -37,13 +37,15 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
 from perfguard.decision.verdict import DEFAULT_RULE, CaseVerdict, Judgement, Rule, judge, judge_case
-from perfguard.storage.baseline import Baseline
-from perfguard.storage.cases import Case
-from perfguard.storage.results import CaseResult, Results, pool
+from perfguard.results import CaseResult, Results, pool
+
+if TYPE_CHECKING:
+    from perfguard.storage.baseline import Baseline
+    from perfguard.storage.cases import Case
 
 DEFAULT_MAX_REPEATS = 20
 """Adaptive sampling's cap on runs per measurement: 4x the default minimum of 5, enough
@@ -55,7 +57,7 @@ three processes, the fewest whose medians give a spread (2 degrees of freedom of
 check's own; the baseline's processes add theirs)."""
 
 Until = Callable[[CaseResult], bool]
-Measure = Callable[[Sequence[Case], Callable[[Case], Until | None]], Results]
+Measure = Callable[[Sequence["Case"], Callable[["Case"], Until | None]], Results]
 """`measure(cases, until_for)`: run `cases`, consulting `until_for(case)` (None: no
 adaptive stop) after each run beyond the minimum; a `Results` with one result per case."""
 

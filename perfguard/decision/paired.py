@@ -35,7 +35,7 @@ from perfguard.decision.verdict import (
 )
 from perfguard.errors import PerfguardError
 from perfguard.metrics import metric_sort_key
-from perfguard.storage.results import CaseResult, pool
+from perfguard.results import CaseResult, pool
 
 PAIRED_TRIM = 0.2
 """The share of blocks trimmed from each end before averaging the per-block log ratios.

@@ -146,7 +146,7 @@ def summarize(
     """Median, spread, (optionally) the samples, and per-group medians for 2+ groups.
 
     `groups` gives the number of consecutive samples from each process (see
-    `perfguard.storage.results.CaseResult.groups`); a metric that some runs did not produce
+    `perfguard.results.CaseResult.groups`); a metric that some runs did not produce
     cannot be split by them and gets no per-process medians (its verdict then rests on
     the samples' spread alone). `ValueError` when there are no samples.
     """

@@ -69,11 +69,11 @@ from perfguard.errors import (
     EXIT_REGRESSION,
 )
 from perfguard.metrics import metric_class, metric_sort_key, unit
-from perfguard.storage.results import CaseResult
+from perfguard.results import CaseResult
 
 if TYPE_CHECKING:  # pragma: no cover
+    from perfguard.results import CaseResult, Results
     from perfguard.storage.baseline import Baseline, Scenario
-    from perfguard.storage.results import CaseResult, Results
 
 # ---- verdict names -------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from typing import Any
 from perfguard.decision.tolerances import DEFAULT_IMPROVEMENT_THRESHOLD, sglang_profiles
 from perfguard.errors import PerfguardError
 from perfguard.metrics import METRIC_CLASSES, metrics_of_run
+from perfguard.results import CaseResult, Results, RunRecord, utc_now
 from perfguard.storage.baseline import (
     BASELINE_KIND,
     BASELINE_SCHEMA_VERSION,
@@ -45,7 +46,6 @@ from perfguard.storage.baseline import (
 )
 from perfguard.storage.cases import PLATFORM_NAMES
 from perfguard.storage.jsonio import loads, read_json, read_text
-from perfguard.storage.results import CaseResult, Results, RunRecord, utc_now
 
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9_./-]+$")
 _SGLANG_CLASSES = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")

@@ -85,8 +85,8 @@ from perfguard.errors import EXIT_TERMINATED, PerfguardError
 from perfguard.measurement.inject import ENV_INJECT
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.threads import ENV_OVERRIDE as ENV_THREADS
+from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
-from perfguard.storage.results import CaseResult
 
 DEFAULT_BUDGET_S = 150.0
 """Measurement time a relative check may spend: the smoke suite's check then ends inside

@@ -53,8 +53,8 @@ from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.platform import Platform, fingerprint
 from perfguard.measurement.reference import Reference
 from perfguard.measurement.timer import StageTimer
+from perfguard.results import CaseResult, Results
 from perfguard.storage.cases import DIFFUSERS, Case
-from perfguard.storage.results import CaseResult, Results
 
 
 class CaseTimeout(Exception):

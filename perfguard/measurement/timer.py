@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from perfguard.measurement.inject import check_matched
 from perfguard.measurement.platform import Platform
-from perfguard.storage.results import RunRecord
+from perfguard.results import RunRecord
 
 SyncPolicy = Literal["none", "stage"]
 MB = 1024 * 1024

@@ -68,9 +68,9 @@ from perfguard.measurement.platform import cpu_list as _cpu_list
 from perfguard.measurement.runner import import_factory
 from perfguard.measurement.shard import expected_time_s
 from perfguard.measurement.threads import ENV_OVERRIDE as ENV_THREADS
+from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.cases import Case
 from perfguard.storage.jsonio import read_json, write_json_atomic
-from perfguard.storage.results import CaseResult, Results, pool
 
 WORKER_MODULE = "perfguard.measurement.worker"
 """The worker entry point, `python -m WORKER_MODULE serve|rank` (a base revision of the

@@ -19,8 +19,8 @@ from perfguard.storage.cases import Case
 if TYPE_CHECKING:
     from perfguard.decision.calibrate import CaseCalibration
     from perfguard.measurement.ab import ABResult
+    from perfguard.results import Results
     from perfguard.storage.baseline import Baseline, BaselineDiff
-    from perfguard.storage.results import Results
 
 
 def results_table(results: Results) -> Table:

@@ -55,8 +55,8 @@ from perfguard.decision.tolerances import (
 )
 from perfguard.errors import PerfguardError
 from perfguard.metrics import STAGE_PEAK_PREFIX, is_metric_name, metric_sort_key
+from perfguard.results import CaseResult, utc_now
 from perfguard.storage.jsonio import json_path, read_json, validate, write_json_atomic
-from perfguard.storage.results import CaseResult, utc_now
 
 BASELINE_KIND = "perfguard.baseline"
 BASELINE_SCHEMA_VERSION = 1

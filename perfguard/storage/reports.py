@@ -29,13 +29,13 @@ from perfguard.decision.verdict import (
     Judgement,
 )
 from perfguard.errors import PerfguardError
+from perfguard.results import Results, utc_now
 from perfguard.storage.jsonio import (
     json_path,
     read_json,
     validate,
     write_json_atomic,
 )
-from perfguard.storage.results import Results, utc_now
 
 if TYPE_CHECKING:  # pragma: no cover
     pass

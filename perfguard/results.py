@@ -2,7 +2,8 @@
 
 What the runner measured, as plain data: `perfguard.measurement.runner` fills it,
 `perfguard.storage.reports` reads and writes it as a results file, and the decision layer
-judges it. Pure Python, so that reading a results file never needs torch.
+judges it. It sits below every layer (docs/architecture.md) and is pure Python, so that
+reading a results file never needs torch.
 """
 
 from __future__ import annotations
