@@ -264,7 +264,6 @@ def check(
     """
     from perfguard.decision.gate import DEFAULT_MAX_REPEATS, DEFAULT_MAX_RERUNS, run_gate
     from perfguard.measurement.comparable import check_comparable, check_threads
-    from perfguard.measurement.inject import describe
     from perfguard.storage import baseline as store
     from perfguard.storage.reports import build_against, write_results
 
@@ -313,16 +312,10 @@ def check(
     check_comparable(results, base, path)
     _warn_hardware(results, base, echo)
     settings = {
-        "source": "run",
-        "repeats": options.repeats,
+        **_run_settings("run", selection, options),
         "max_repeats": cap if adaptive else options.repeats,
         "max_reruns": reruns,
         "processes": options.processes,
-        "warmup": options.warmup,
-        "sync": options.sync,
-        "inject": describe(dict(options.inject)),
-        "shard": selection.shard,
-        "devices": ",".join(options.devices) if options.devices else None,
         "isolate": options.isolate,
     }
     return build_against(outcome.judgement, results, base, path, settings=settings)
@@ -450,7 +443,6 @@ def check_relative(
     """
     from perfguard.decision.paired import BASE, HEAD
     from perfguard.measurement import relative
-    from perfguard.measurement.inject import describe
     from perfguard.measurement.platform import fingerprint
     from perfguard.measurement.runner import import_factory
     from perfguard.storage import baseline as store
@@ -512,13 +504,7 @@ def check_relative(
     if against.ref is not None:
         against_info["dir"] = f"{against.ref} (temporary worktree)"
     settings = {
-        "source": "relative",
-        "repeats": options.repeats,
-        "warmup": options.warmup,
-        "sync": options.sync,
-        "inject": describe(dict(options.inject)),
-        "shard": selection.shard,
-        "devices": ",".join(options.devices) if options.devices else None,
+        **_run_settings("relative", selection, options),
         "factory": options.factory,
         "budget_s": against.budget_s,
         "min_blocks": against.min_blocks,
@@ -564,6 +550,21 @@ def filter_results(results: Results, selection: Selection) -> Results:
     return results
 
 
+def _run_settings(source: str, selection: Selection, options: MeasureOptions) -> dict[str, Any]:
+    """What a report of cases run here records of how they ran (`settings`)."""
+    from perfguard.measurement.inject import describe
+
+    return {
+        "source": source,
+        "repeats": options.repeats,
+        "warmup": options.warmup,
+        "sync": options.sync,
+        "inject": describe(dict(options.inject)),
+        "shard": selection.shard,
+        "devices": ",".join(options.devices) if options.devices else None,
+    }
+
+
 def _warn_hardware(results: Results, baseline: Baseline, echo: Echo) -> None:
     if results.hardware != baseline.hardware:
         echo(
@@ -589,9 +590,8 @@ def write_report(
     from perfguard.presentation.render import append_step_summary, render_markdown, write_markdown
     from perfguard.storage import reports
 
-    if json_path:
-        reports.write_report(json_path, report)
-    report = Report.from_json(report.to_json())
+    data = reports.write_report(json_path, report) if json_path else report.to_json()
+    report = Report.from_json(data)
     markdown = render_markdown(report)
     if markdown_path:
         write_markdown(markdown_path, markdown)
@@ -666,7 +666,7 @@ def calibrate(
     if base is not None:
         store.check_platform(base, platform.name, path)
     prof = base.profile(profile) if base else default_profiles(platform.name)[profile]
-    if write and base is not None:
+    if write and base is not None:  # base is None only without --write
         missing = [c.id for c in cases if c.id not in base.scenarios]
         if missing:
             raise PerfguardError(

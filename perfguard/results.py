@@ -149,9 +149,10 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
     Samples are concatenated in order and `groups` records how many runs each part
     contributed (a part that was itself pooled keeps its own groups). With `new_groups`
     False the parts after the first were measured in the same process as the first (an
-    in-process re-run) and extend its last group instead: on the 2-core CPU runner two
-    pipeline builds in one process differ by ~3 % (median) where two processes differ by
-    ~10 %, so counting them as independent processes would understate the noise. A part
+    in-process re-run) and extend its last group instead: two pipeline builds in one
+    process share that process's slow or fast mode, which is the largest source of noise
+    on a shared runner (docs/verdicts.md), so counting them as independent processes
+    would understate the noise. A part
     that failed makes the pooled result fail with its error: a baseline or a verdict
     must not rest silently on a subset of what was asked for.
     """

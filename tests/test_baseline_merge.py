@@ -543,9 +543,18 @@ def test_a_refresh_from_copies_of_the_old_file_takes_each_shards_fresh_figures(
     run = ("--repeats", "3", "--warmup", "0", "--processes", "1")
     assert pg("gen-baselines", *run, "--baseline", "old.json")[0] == 0
 
+    fresh = {cid: s.metrics["stage:DenoisingStage"].median for cid, s in
+             store.load("old.json").scenarios.items()}  # fmt: skip
+
     def age(data: dict[str, Any]) -> None:
         for s in data["scenarios"].values():
             s.update(updated="2026-01-01T00:00:00+00:00", notes="kept")
+            summary = s["stages"]["DenoisingStage"]  # older figures than a shard measures
+            for key in ("median", "min", "max", "iqr", "mad"):
+                summary[key] *= 2
+            for key in ("samples", "processes"):
+                if summary.get(key):
+                    summary[key] = [2 * x for x in summary[key]]
 
     edit(Path("old.json"), age)
     for k in (1, 2):
@@ -559,3 +568,6 @@ def test_a_refresh_from_copies_of_the_old_file_takes_each_shards_fresh_figures(
     assert all(s.updated != "2026-01-01T00:00:00+00:00" for s in new.scenarios.values())
     assert {s.notes for s in new.scenarios.values()} == {"kept"}
     assert {s.source for s in new.scenarios.values()} == {"s1.json", "s2.json"}
+    assert {cid: s.metrics["stage:DenoisingStage"].median for cid, s in new.scenarios.items()} == (
+        fresh
+    )

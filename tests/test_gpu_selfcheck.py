@@ -200,7 +200,7 @@ def _cpu_env(**kw: Any) -> Any:
 
 def test_quick_run_on_cpu_writes_one_row_per_check(tmp_path: Path) -> None:
     out = tmp_path / "sc.json"
-    assert sc.main(["--quick", "--out", str(out), "--no-install"]) == 0
+    assert sc.main(["--quick", "--platform", "cpu", "--out", str(out), "--no-install"]) == 0
     doc = json.loads(out.read_text())
     assert doc["kind"] == sc.KIND and doc["quick"] is True
     assert [r["id"] for r in doc["rows"]] == [i for i, _, _ in sc.CHECKS]

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,8 +34,6 @@ from perfguard.storage.reports import read_report, read_results, write_results
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_history import _report  # a real report made by the library
 from test_sglang import H100, NPU, record, write_log
-
-pytestmark = pytest.mark.skipif(not H100.is_file(), reason="sglang fixtures not present")
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("PERFGUARD_HYPOTHESIS_EXAMPLES", "30")),  # 400 to search harder

@@ -29,11 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_history import _report  # a real report made by the library
 
 PG = Any
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sglang"
-if not FIXTURES.is_dir():  # pragma: no cover - a checkout elsewhere
-    FIXTURES = Path("/work/shared/fixtures/sglang")
-H100 = FIXTURES / "h100_excerpt.json"
-needs_fixtures = pytest.mark.skipif(not H100.is_file(), reason="sglang fixtures not present")
+from tests.test_sglang import H100  # noqa: E402
 
 FAST_PIPES = """
 import torch
@@ -83,8 +79,6 @@ def listing(folder: Path) -> list[str]:
 @pytest.fixture
 def baseline_file(tmp_path: Path, pg: PG) -> Path:
     """A real perfguard baseline: sglang's h100 excerpt imported."""
-    if not H100.is_file():
-        pytest.skip("sglang fixtures not present")
     dst = tmp_path / "baseline.json"
     code, _, err = pg("baselines", "import-sglang", str(H100), "--out", str(dst))
     assert code == 0, err
@@ -247,7 +241,6 @@ def _first(data: dict[str, Any]) -> dict[str, Any]:
 FIELD = r"$.scenarios.flux_image_t2i.stages.DenoisingStage.median"
 
 
-@needs_fixtures
 @pytest.mark.parametrize(
     ("name", "edit", "message"),
     [
@@ -333,7 +326,6 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_read(
     one_error_line(err, str(big), "bytes is over the 0 MiB limit")
 
 
-@needs_fixtures
 def test_a_perf_log_refuses_bad_bytes_and_hostile_stage_names(tmp_path: Path) -> None:
     from perfguard.errors import PerfguardError
     from perfguard.interop.sglang import read_perf_log
@@ -584,7 +576,6 @@ FAULTS = [
 ]
 
 
-@needs_fixtures
 @pytest.mark.parametrize(("call", "err", "message"), FAULTS)
 def test_a_baseline_write_that_fails_leaves_the_old_file_byte_identical(
     baseline_file: Path,

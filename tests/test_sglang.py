@@ -14,15 +14,11 @@ from perfguard.errors import PerfguardError
 from perfguard.interop.sglang import import_data, import_file, perf_log_results, read_perf_log
 from perfguard.storage import baseline as store
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sglang"
-if not FIXTURES.is_dir():  # pragma: no cover - a checkout elsewhere
-    FIXTURES = Path("/work/shared/fixtures/sglang")
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"  # sglang's own files
 H100 = FIXTURES / "h100_excerpt.json"
 NPU = FIXTURES / "perf_baselines_npu.json"
 PG = Callable[..., tuple[int, str, str]]  # the `pg` fixture (conftest): perfguard in process
 SGLANG_CLASSES = {"e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg"}
-
-pytestmark = pytest.mark.skipif(not H100.is_file(), reason="sglang fixtures not present")
 
 
 def leaves(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:

@@ -16,9 +16,9 @@ import pytest
 from perfguard.errors import PerfguardError
 from perfguard.measurement import workers
 from perfguard.measurement.options import MeasureOptions, parse_devices
+from perfguard.measurement.pinning import narrow_visible_devices as _narrow_visible_devices
 from perfguard.measurement.platform import CudaPlatform, NpuPlatform, Platform, RocmPlatform, probe
 from perfguard.measurement.runner import import_factory, run_case
-from perfguard.measurement.worker import _narrow_visible_devices
 from perfguard.storage.cases import Case
 
 FAKE_PIPES = """

@@ -53,7 +53,8 @@ from perfguard.storage.jsonio import write_json_atomic
 @click.option(
     "--check-isolate",
     is_flag=True,
-    help="The checks calibrated for run with --isolate (re-runs in fresh processes).",
+    help="Accepted for older command lines; no effect: a check's confirmations always run "
+    "in fresh processes, and calibrate simulates them so.",
 )
 @click.option(
     "--baseline-processes",
@@ -108,7 +109,6 @@ def calibrate_command(
         baseline_processes=baseline_processes,
         check_processes=check_processes,
         max_reruns=max_reruns,
-        isolate=check_isolate,
         trials=trials,
     )
     result = api.calibrate(

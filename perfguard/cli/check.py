@@ -10,6 +10,7 @@ import click
 from perfguard import api
 from perfguard.cli.common import (
     CONTEXT_SETTINGS,
+    _apply,
     baseline_option,
     console,
     echo_err,
@@ -96,9 +97,7 @@ def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Relative check: also store the base side's measurement as a baseline file.",
         ),
     ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+    return _apply(fn, options)
 
 
 NOT_RELATIVE = {

@@ -88,9 +88,6 @@ def cases_dir_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-SELECTION_PARAMS = ("cases_dir", "case_ids", "match", "tags", "shard_spec")
-
-
 def selection_options(*, shard: bool = True) -> Decorator:
     """--cases / --case / --match / --tag [/ --shard]; the command gets `selection`."""
 

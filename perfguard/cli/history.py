@@ -27,10 +27,20 @@ def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-def series_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option("--since", default=None, help="Only reports dated on or after (ISO).")(fn)
-    fn = click.option("--metric", default=None, help="Metric name, e.g. stage:DenoisingStage.")(fn)
-    return click.option("--case", "case_id", default=None, help="Case id.")(fn)
+def series_options(required: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--case / --metric / --since, the series a history command looks at (`required`:
+    --case and --metric must be given)."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        since = "Only reports dated on or after (ISO)."
+        fn = click.option("--since", default=None, help=since)(fn)
+        metric = "Metric name, e.g. stage:DenoisingStage."
+        fn = click.option("--metric", default=None, required=required, help=metric)(fn)
+        return click.option("--case", "case_id", default=None, required=required, help="Case id.")(
+            fn
+        )
+
+    return decorate
 
 
 def _iso_date(value: str | None, option: str) -> str | None:
@@ -67,7 +77,7 @@ def history_add(paths: tuple[str, ...], db: str, commit: str | None, date: str |
 
 @history_group.command("show", context_settings=CONTEXT_SETTINGS)
 @db_option
-@series_options
+@series_options()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON records.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
 def history_show(
@@ -95,7 +105,7 @@ def history_show(
 
 @history_group.command("changes", context_settings=CONTEXT_SETTINGS)
 @db_option
-@series_options
+@series_options()
 @click.option("--min-ratio", default=0.02, show_default=True, help="Smallest change reported.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def history_changes(
@@ -121,9 +131,7 @@ def history_changes(
 
 @history_group.command("plot", context_settings=CONTEXT_SETTINGS)
 @db_option
-@click.option("--case", "case_id", required=True, help="Case id.")
-@click.option("--metric", required=True, help="Metric name, e.g. stage:DenoisingStage.")
-@click.option("--since", default=None, help="Only reports dated on or after (ISO).")
+@series_options(required=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="PNG to write.")
 def history_plot(db: str, case_id: str, metric: str, since: str | None, out: str) -> int:
     """Draw a metric's series with its change points marked (extra `plots`)."""

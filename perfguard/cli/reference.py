@@ -22,8 +22,6 @@ END = "<!-- cli-reference: end -->"
 
 VALUE_NAMES = {
     "--case": "ID",
-    "--match": "REGEX",
-    "--tag": "TAG",
     "--toggle": "NAME",
     "--a": "SPEC",
     "--b": "SPEC",

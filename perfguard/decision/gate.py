@@ -40,7 +40,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
-from perfguard.decision.verdict import DEFAULT_RULE, CaseVerdict, Judgement, Rule, judge, judge_case
+from perfguard.decision.verdict import (
+    CONTENDED,
+    DEFAULT_RULE,
+    CaseVerdict,
+    Judgement,
+    Rule,
+    judge,
+    judge_against,
+)
 from perfguard.results import CaseResult, Results, pool
 
 if TYPE_CHECKING:
@@ -106,16 +114,7 @@ def run_gate(
     profile = baseline.profile(profile_name)
 
     def verdict_of(cid: str, result: CaseResult) -> CaseVerdict:
-        return judge_case(
-            cid,
-            result,
-            baseline.scenarios.get(cid),
-            profile,
-            improvement_threshold=baseline.improvement_threshold,
-            step_fractions=baseline.step_fractions,
-            rule=rule,
-            policy=policy,
-        )
+        return judge_against(baseline, profile, cid, result, rule=rule, policy=policy)
 
     def until_for(case: Case) -> Until | None:
         if not adaptive or case.id not in baseline.scenarios:
@@ -159,7 +158,7 @@ def run_gate(
             if res.status != "ok" or cid in notes or cid not in by_id:
                 continue
             verdict = verdict_of(cid, res)
-            if verdict.verdict != "contended" and verdict.over:
+            if verdict.verdict != CONTENDED and verdict.over:
                 tell(
                     cid,
                     f"over its bound ({', '.join(verdict.over[:3])}): confirming in a fresh "
@@ -198,6 +197,7 @@ def run_gate(
         sampling: dict[str, Any] = {
             "runs": res.repeats,
             "groups": len(res.groups) if res.groups else 1,
+            # `reruns` is the older name of `confirmations`, kept for readers of reports.
             "reruns": confirmations.get(cv.case_id, 0),
             "confirmations": confirmations.get(cv.case_id, 0),
             "contention_waits": waits.get(cv.case_id, 0),

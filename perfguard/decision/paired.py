@@ -9,13 +9,12 @@ of looks with a Bonferroni-split alpha.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfguard.decision.stats import (
-    summarize,
-)
+from perfguard.decision.stats import summarize, t_quantile
 from perfguard.decision.tolerances import Band, min_effect
 from perfguard.decision.verdict import (
     DIFFERENT,
@@ -75,13 +74,11 @@ def paired_estimate(
     ratio = math.exp(mean)
     if h < 2:
         return PairedEstimate(n, ratio, 0.0, math.inf, effect, alpha, UNKNOWN)
-    from scipy import stats as _st
-
     winsorized = [min(max(x, kept[0]), kept[-1]) for x in ordered]
     wmean = math.fsum(winsorized) / n
     ss = math.fsum((x - wmean) ** 2 for x in winsorized)
     se = math.sqrt(ss / (h * (h - 1)))  # = s_w / ((1 - 2 trim) sqrt(n)), Yuen 1974
-    half = float(_st.t.ppf(1.0 - alpha, h - 1)) * se
+    half = t_quantile(alpha, h - 1) * se
     low, high = math.exp(mean - half), math.exp(mean + half)
     slower = ratio > 1.0 + effect and low > 1.0
     faster = ratio < 1.0 / (1.0 + effect) and high < 1.0
@@ -142,7 +139,7 @@ def judge_relative_metric(
         )  # fmt: skip
     est = paired_estimate(log_ratios, effect, alpha)
     interval = f"{1 - alpha:.2%} bounds {est.low:.3f}-{est.high:.3f}x over {est.blocks} blocks"
-    if est.decision == DIFFERENT and est.ratio > 1.0:
+    if est.slower:
         verdict = REGRESSION
         reason = f"{est.ratio:.3f}x the base, above 1 + {effect:g} and credibly > 1 ({interval})"
     elif est.decision == DIFFERENT:
@@ -235,12 +232,6 @@ class RelativeOutcome:
         }
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
-
-
 def log_ratios(blocks: Sequence[Block], case_id: str, metric: str) -> list[float]:
     """`log(median head / median base)` of each block that has the metric on both sides."""
     out = []
@@ -252,7 +243,7 @@ def log_ratios(blocks: Sequence[Block], case_id: str, metric: str) -> list[float
         h, b = head.samples.get(metric), base.samples.get(metric)
         if not h or not b:
             continue
-        mh, mb = _median(h), _median(b)
+        mh, mb = statistics.median(h), statistics.median(b)
         if mh > 0 and mb > 0:
             out.append(math.log(mh / mb))
     return out

@@ -177,10 +177,6 @@ def summarize(
     )
 
 
-def median(samples: Sequence[float]) -> float:
-    return float(statistics.median(samples))
-
-
 # ---- the gate's noise model ----------------------------------------------------------------
 
 

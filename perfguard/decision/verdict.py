@@ -1,14 +1,13 @@
 """The decision: is a measured metric a regression, an improvement, or within its band?
 
 Everything that decides lives here, so that "how a regression is decided" is one file:
-the tolerance profiles and their defaults, how a metric's band is resolved from the
-profile and the overrides, the evidence a regression needs (`Rule`), the per-metric
-verdict, which verdicts are borderline (re-run the case) or already clear (stop
-sampling), the per-case verdict and the overall verdict with its exit code. Baselines
-(`perfguard.storage.baseline`) store figures and profiles (`perfguard.decision.tolerances`);
-reports (`perfguard.presentation.render`) render verdicts; `perfguard.decision.gate` runs,
-re-runs and stops sampling as these functions say;
-`perfguard.decision.stats` computes the statistics; none of them decides anything.
+the evidence a regression needs (`Rule`), the per-metric verdict, which verdicts are over
+their bound (the gate confirms the case) or already clear (it stops sampling), the
+per-case verdict and the overall verdict with its exit code. The bands come from
+`perfguard.decision.tolerances`, the statistics from `perfguard.decision.stats`;
+baselines (`perfguard.storage.baseline`) store figures and profiles, reports
+(`perfguard.presentation.render`) render verdicts, and `perfguard.decision.gate` measures
+again or stops as these functions say; none of them decides anything.
 
 The band, in sglang's words: a metric whose baseline is `b` may not exceed
 `max(b * (1 + rel), b + abs)`. It is one-sided (only slowdowns fail). The relative part
@@ -29,9 +28,11 @@ source of variation that the samples of one process cannot show. Without that
 information the bands themselves must cover the drift between processes; `perfguard
 calibrate` measures it and suggests bands that do.
 
-Borderline verdicts (band exceeded but not credible; credible but within 1.2x of the
-band; credible and just inside it; a regression seen in one process only) are re-run by
-the gate with fresh measurements pooled in. The last one is there because on the shared
+A case with a metric over its bound is confirmed by the gate in fresh processes pooled
+in before it can be a regression (`perfguard.decision.gate`). A metric's `borderline`
+flag (band exceeded but not credible; credible but within 1.2x of the band; credible and
+just inside it; a regression seen in one process only) is reported, not acted on. One
+process is never enough because on the shared
 CPU runner we measured episodes of ~1 s in which the same stage runs 70 % slower, with
 no other process visible in the guest: a check whose samples all fall into one looks
 exactly like a regression, and only a second measurement at another time tells them
@@ -98,7 +99,6 @@ SEVERITY = (
     PASS,
 )
 """Verdicts from worst to best: a case's verdict is its worst metric's; tables sort by it."""
-VERDICTS = SEVERITY
 MISSING = (MISSING_BASELINE, MISSING_STAGE, NEW_STAGE)
 """Verdicts about coverage, not speed: reported, and failures only with `--fail-on-missing`."""
 
@@ -118,7 +118,7 @@ OVERALL_CONTENDED = "contended"
 
 @dataclass(frozen=True)
 class Rule:
-    """How much evidence a verdict needs, and which verdicts are worth a second look.
+    """How much evidence a verdict needs, and which verdicts are flagged as borderline.
 
     `alpha` is the one-sided false-alarm rate of the credibility test: a median above
     its band is a regression only when the (1 - alpha) lower confidence bound of
@@ -128,7 +128,7 @@ class Rule:
     `borderline` (1.2) is how close to the band a credible slowdown counts as
     borderline: its excess over the baseline is within 1.2x of the band's allowance, or
     above 1/1.2 of it while still inside. Such a verdict could flip with the next
-    process's drift, so the gate re-runs the case (`--max-reruns`) before reporting it.
+    process's drift: the report flags it and shows its interval.
     """
 
     alpha: float = 0.01
@@ -144,9 +144,6 @@ class Rule:
         """Student's t at `alpha` with the degrees of freedom that estimated `noise`."""
         return t_quantile(self.alpha, noise.dof)
 
-    def to_json(self) -> dict[str, float]:
-        return {"alpha": self.alpha, "borderline": self.borderline}
-
 
 DEFAULT_RULE = Rule()
 
@@ -159,10 +156,11 @@ class MetricVerdict:
     """The verdict on one metric of one case, with everything a reader needs to check it.
 
     `low` / `high` bound median/baseline at the rule's confidence (one-sided each);
-    `significant` says whether `low` > 1 (slower beyond noise); `borderline` asks the
-    gate for a re-run; `clear` says more runs of the same process would not change the
-    verdict (the bound lies outside [low, high] x baseline, or the between-process
-    spread dominates the interval); `noise` is where the interval came from.
+    `significant` says whether `low` > 1 (slower beyond noise); `borderline` flags a
+    verdict the next process could flip (reported); `clear` says more runs of the same
+    process would not change the verdict (the bound lies outside [low, high] x
+    baseline, or the between-process spread dominates the interval); `noise` is where
+    the interval came from.
     """
 
     metric: str
@@ -188,6 +186,15 @@ class MetricVerdict:
     @property
     def unit(self) -> str:
         return unit(self.metric)
+
+    @property
+    def over(self) -> bool:
+        """Whether the median is over its bound, credibly or not: what the gate confirms."""
+        return self.verdict == REGRESSION or (
+            self.measured is not None
+            and self.bound is not None
+            and self.measured.median > self.bound
+        )
 
     def to_json(self) -> dict[str, Any]:
         baseline = None
@@ -409,20 +416,10 @@ class CaseVerdict:
     @property
     def over(self) -> list[str]:
         """The metrics whose median is over their bound (credible or not)."""
-        return [
-            m.metric
-            for m in self.metrics
-            if m.verdict == REGRESSION
-            or (m.measured is not None and m.bound is not None and m.measured.median > m.bound)
-        ]
+        return [m.metric for m in self.metrics if m.over]
 
     components: Mapping[str, Any] | None = None
     counters: Mapping[str, Any] | None = None
-
-    @property
-    def borderline(self) -> list[str]:
-        """The metrics whose verdict asks for a re-run of the case."""
-        return [m.metric for m in self.metrics if m.borderline]
 
     @property
     def clear(self) -> bool:
@@ -601,11 +598,6 @@ class Judgement:
     def exit_code(self) -> int:
         return overall(self.cases, self.fail_on_missing, self.advisory)[1]
 
-    def failing(self) -> list[tuple[CaseVerdict, MetricVerdict]]:
-        """The metric verdicts that count as failures (before advisory is applied)."""
-        bad = {REGRESSION, *MISSING} if self.fail_on_missing else {REGRESSION}
-        return [(c, m) for c in self.cases for m in c.metrics if m.verdict in bad]
-
 
 def overall(
     cases: Iterable[CaseVerdict], fail_on_missing: bool = False, advisory: bool = False
@@ -645,8 +637,32 @@ def contended(case: CaseVerdict, why: str) -> CaseVerdict:
         else m
         for m in case.metrics
     )
-    note = case.notes
-    return dataclasses.replace(case, verdict=CONTENDED, metrics=metrics, error=why, notes=note)
+    return dataclasses.replace(case, verdict=CONTENDED, metrics=metrics, error=why)
+
+
+def judge_against(
+    baseline: Baseline,
+    profile: Profile,
+    case_id: str,
+    result: CaseResult,
+    *,
+    ignore_missing: Iterable[str] = (),
+    rule: Rule = DEFAULT_RULE,
+    policy: ContentionPolicy = DEFAULT_POLICY,
+) -> CaseVerdict:
+    """`judge_case` with the case's scenario, improvement threshold and step fractions
+    taken from `baseline`: what `judge` does per case, and the gate after each look."""
+    return judge_case(
+        case_id,
+        result,
+        baseline.scenarios.get(case_id),
+        profile,
+        improvement_threshold=baseline.improvement_threshold,
+        step_fractions=baseline.step_fractions,
+        ignore_missing=ignore_missing,
+        rule=rule,
+        policy=policy,
+    )
 
 
 def judge(
@@ -668,31 +684,17 @@ def judge(
     profile = baseline.profile(profile_name)
     ignored = tuple(ignore_missing)
     cases = tuple(
-        judge_case(
-            cid,
-            res,
-            baseline.scenarios.get(cid),
-            profile,
-            improvement_threshold=baseline.improvement_threshold,
-            step_fractions=baseline.step_fractions,
-            ignore_missing=ignored,
-            rule=rule,
-            policy=policy,
-        )
+        judge_against(baseline, profile, cid, res, ignore_missing=ignored, rule=rule, policy=policy)
         for cid, res in sorted(results.cases.items())
     )
     advisory = advisory or profile.advisory or bool(baseline.metadata.get("advisory", False))
     return Judgement(profile_name, cases, fail_on_missing, advisory)
 
 
-# ---- the relative check: paired blocks against a base revision ---------------------------
-
-
 __all__ = [
     "CONTENDED",
     "DEFAULT_RULE",
     "SEVERITY",
-    "VERDICTS",
     "CaseVerdict",
     "Judgement",
     "MetricVerdict",

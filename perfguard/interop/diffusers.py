@@ -51,8 +51,7 @@ from perfguard.errors import PerfguardError
 from perfguard.measurement.platform import Platform
 from perfguard.measurement.timer import stage, step
 from perfguard.storage.cases import DIFFUSERS, Case
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from perfguard.workloads.pipeline import DTYPES
 
 # Pipeline class (model_index.json `_class_name`) -> perfguard workload whose DiT can
 # replace its transformer.

@@ -84,7 +84,7 @@ from perfguard.decision.verdict import (
 from perfguard.errors import EXIT_TERMINATED, PerfguardError
 from perfguard.measurement.inject import ENV_INJECT
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.threads import ENV_OVERRIDE as ENV_THREADS
+from perfguard.measurement.threads import case_threads
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 
@@ -568,16 +568,6 @@ def run_relative(
 # ---- measuring a block in worker processes --------------------------------------------------
 
 
-def case_threads(case: Case, platform: str) -> int | None:
-    """The thread count a case's processes get: its `threads` field where the registry
-    has one, else 1 on CPU (two sides started together must not fight over the cores
-    with one OpenMP thread per core each), else left to the runtime."""
-    threads = getattr(case, "threads", None)
-    if threads:
-        return int(threads)
-    return 1 if platform == "cpu" else None
-
-
 @dataclass(frozen=True)
 class Side:
     """How one side's worker processes are started and what they are sent."""
@@ -601,24 +591,20 @@ def process_blocks(
     import torch at the same time) and closed after the cases ran; the sides alternate
     case by case in the block's order, mirrored on every other case.
     """
-    from perfguard.measurement.workers import Worker, error_result, visible_devices_env
+    from perfguard.measurement.workers import Worker, error_result, worker_environment
 
-    def env_for(side: Side, threads: int | None) -> dict[str, str]:
-        env = dict(side.env)
-        if side.options.threads is not None:  # --threads: both sides' case_threads read it
-            env[ENV_THREADS] = str(side.options.threads)
-        if threads is not None:
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-        var = visible_devices_env(platform)
-        if var and devices:
-            env[var] = ",".join(devices)
+    def env_for(side: Side, threads: int) -> dict[str, str]:
+        env = worker_environment(side.env, platform, devices, side.options.threads)
+        # Two sides start together: one OpenMP thread per core each would make them fight.
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         return env
 
     def measure(index: int, order: str, cases: Sequence[Case]) -> dict[str, dict[str, CaseResult]]:
         out: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
-        groups: dict[int | None, list[Case]] = {}
+        groups: dict[int, list[Case]] = {}
         for case in cases:
-            groups.setdefault(case_threads(case, platform), []).append(case)
+            threads = case_threads(case, platform, sides[HEAD].options.threads)
+            groups.setdefault(threads, []).append(case)
         for threads, group in groups.items():
             workers: dict[str, Worker] = {}
             failed: dict[str, str] = {}

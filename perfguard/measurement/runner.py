@@ -55,6 +55,7 @@ from perfguard.measurement.reference import Reference
 from perfguard.measurement.timer import StageTimer
 from perfguard.results import CaseResult, Results
 from perfguard.storage.cases import DIFFUSERS, Case
+from perfguard.workloads.components import component_info
 
 
 class CaseTimeout(Exception):
@@ -110,15 +111,6 @@ def _default_factory(case: Case, platform: Platform) -> Callable[[], torch.Tenso
     return build_pipeline(case, platform)
 
 
-def describe_module(module: torch.nn.Module) -> dict[str, Any]:
-    """`{"class": "module.Class", "parameters": N}` of one pipeline component."""
-    cls = type(module)
-    return {
-        "class": f"{cls.__module__}.{cls.__qualname__}",
-        "parameters": int(sum(p.numel() for p in module.parameters())),
-    }
-
-
 def components_of(pipeline: Any) -> dict[str, dict[str, Any]] | None:
     """role -> `{"class", "parameters"}` for a built pipeline.
 
@@ -139,7 +131,7 @@ def components_of(pipeline: Any) -> dict[str, dict[str, Any]] | None:
     out: dict[str, dict[str, Any]] = {}
     for role, value in items:
         if isinstance(value, torch.nn.Module):
-            out[str(role)] = describe_module(value)
+            out[str(role)] = component_info(value)
         elif isinstance(value, dict) and "class" in value:
             out[str(role)] = {
                 "class": str(value["class"]),
@@ -178,7 +170,7 @@ def planned_components(case: Case, platform: Platform) -> tuple[dict[str, Any], 
 
         with torch.device("meta"):
             dit = MODEL_CLASSES[case.workload](**get_preset(case.workload, case.preset))
-        return {"transformer": describe_module(dit)}, "other components known after a run"
+        return {"transformer": component_info(dit)}, "other components known after a run"
 
 
 def import_factory(spec: str) -> PipelineFactory:
@@ -254,7 +246,7 @@ def run_case(
                 with StageTimer(
                     platform,
                     sync=options.sync,  # type: ignore[arg-type]
-                    inject=dict(options.inject),
+                    inject=options.inject,
                     track_memory=not separate,
                 ) as timer:
                     output = pipeline()

@@ -31,7 +31,6 @@ INTEROP = 1
 ENV_OVERRIDE = "PERFGUARD_THREADS"
 """Overrides every case's `threads` (what `--threads` sets): to measure another count."""
 
-ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 """Set for worker processes so that the pools are sized before torch starts them."""
 
 
@@ -93,11 +92,3 @@ def current() -> ThreadState:
     import torch
 
     return ThreadState(torch.get_num_threads(), torch.get_num_interop_threads())
-
-
-def worker_env(threads: int, env: dict[str, str] | None = None) -> dict[str, str]:
-    """`env` (default: this process's) with the thread variables set to `threads`."""
-    out = dict(os.environ if env is None else env)
-    for name in ENV_VARS:
-        out[name] = str(threads)
-    return out

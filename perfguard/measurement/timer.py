@@ -70,7 +70,10 @@ class _Span:
 
     def __enter__(self) -> _Span:
         timer = self._timer
-        if timer._memory:
+        # Steps are not spans of their own peak and do not change the open spans, so the
+        # next stage boundary folds their peak into the same spans: no allocator read
+        # and reset twice per denoising step.
+        if timer._memory and not self._step:
             timer._fold_peak()
         if not self._step:
             stack = timer._stack
@@ -89,7 +92,7 @@ class _Span:
         if timer._sync:
             timer.platform.synchronize()
         end = timer.platform.mark()
-        if timer._memory:
+        if timer._memory and not self._step:
             timer._fold_peak()  # while this span is still open, so it gets its own peak
         if self._step:
             timer._steps.append((self.start, end))

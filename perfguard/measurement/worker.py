@@ -23,8 +23,6 @@ from typing import Any
 
 from perfguard.measurement.pinning import die_with_parent, narrow_visible_devices, pin_cores
 
-_narrow_visible_devices = narrow_visible_devices  # the name tests and older callers use
-
 WORKER_PROTOCOL = 1
 """The version of the request / result messages above. A relative check
 (`perfguard check --against`) runs the base revision's worker with the head's cases and
@@ -91,9 +89,11 @@ def _serve(result_fd: int) -> int:
 def _rank(request_path: str, result_path: str) -> int:
     # Nothing that imports torch before the visible devices are narrowed
     # (perfguard.measurement.pinning).
+    from perfguard.storage.jsonio import read_json, write_json_atomic  # no torch
+
     die_with_parent()
-    with open(request_path, encoding="utf-8") as fh:  # validated by perfguard.storage.jsonio below
-        platform_name = json.load(fh)["options"]["platform"]
+    request = read_json(request_path)
+    platform_name = request["options"]["platform"]
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -106,9 +106,7 @@ def _rank(request_path: str, result_path: str) -> int:
     from perfguard.measurement.options import MeasureOptions
     from perfguard.measurement.platform import probe
     from perfguard.measurement.workers import case_from_json
-    from perfguard.storage.jsonio import read_json, write_json_atomic
 
-    request = read_json(request_path)
     options_data = request["options"]
     case = case_from_json(request["case"])
     name, options = MeasureOptions.from_worker_json(options_data)

@@ -56,7 +56,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +215,6 @@ class Worker:
         module: str = WORKER_MODULE,
     ) -> None:
         self.label = label
-        self.ready: dict[str, Any] = {}
         read_fd, write_fd = os.pipe()
         try:
             self.proc = subprocess.Popen(
@@ -231,7 +230,6 @@ class Worker:
             os.close(write_fd)
         self.reader = _LineReader(read_fd)
         self.alive = True
-        self.cores: list[int] | None = None  # the CPU cores it reported being pinned to
 
     def start(self) -> str | None:
         """Wait for the worker to report ready; the reason it did not, else None."""
@@ -243,8 +241,6 @@ class Worker:
         if msg is None or not msg.get("ready"):
             self.kill()
             return f"{self.label} died while starting ({describe_exit(self.proc.poll())})"
-        self.cores = msg.get("cores")
-        self.ready = msg
         return None
 
     def run(
@@ -441,6 +437,24 @@ def threads_per_worker(cases: Sequence[Case], override: int | None = None) -> in
     return max([case_threads(c, "cpu", override) for c in cases] or [1])
 
 
+def worker_environment(
+    base: Mapping[str, str],
+    platform: str,
+    devices: Sequence[str] | None,
+    threads: int | None,
+) -> dict[str, str]:
+    """A worker process's environment: `base` with the visible devices narrowed to
+    `devices` and `MeasureOptions.threads` as `$PERFGUARD_THREADS` (the worker's
+    `case_threads` reads it: the options on the wire leave threads out)."""
+    env = dict(base)
+    if threads is not None:
+        env[ENV_THREADS] = str(threads)
+    var = visible_devices_env(platform)
+    if var and devices:
+        env[var] = ",".join(devices)
+    return env
+
+
 def _env_for(
     platform: Platform,
     devices: Sequence[str] | None,
@@ -448,12 +462,7 @@ def _env_for(
     cores: Sequence[int] | None = None,
     threads: int | None = None,
 ) -> dict[str, str]:
-    env = dict(os.environ)
-    if threads is not None:  # `MeasureOptions.threads`: the worker's case_threads reads it
-        env[ENV_THREADS] = str(threads)
-    var = visible_devices_env(platform.name)
-    if var and devices is not None:
-        env[var] = ",".join(devices)
+    env = worker_environment(os.environ, platform.name, devices, threads)
     if cores:
         env[ENV_CPU_AFFINITY] = _cpu_list(list(cores))
         env.setdefault("OMP_NUM_THREADS", str(len(cores)))

@@ -8,10 +8,11 @@ robust in three ways:
   one noisy neighbour) while keeping the edge of a real step where it is;
 - a noise-aware penalty, `beta * sigma^2 * log(n)`, with sigma estimated from the median
   absolute first difference (robust to the steps themselves): the louder the machine, the
-  bigger a shift must be to count. `beta = 8` was chosen on synthetic series of 40 points
-  at 3 % noise (200 trials each): a +10 % step found at the right commit 97.5 % of the
-  time, no change point on flat series or on series with one +80 % spike (beta 4: 3 % and
-  1 % false changes; beta 12: 91 % found);
+  bigger a shift must be to count. `beta = 8` was chosen in a one-off study on synthetic
+  series of 40 points at 3 % noise (200 trials each; not kept as a script, so redo it
+  before changing beta): a +10 % step found at the right commit 97.5 % of the time, no
+  change point on flat series or on series with one +80 % spike (beta 4: 3 % and 1 %
+  false changes; beta 12: 91 % found);
 - a minimum segment length, so a new level must hold for several commits.
 
 A change is reported only when its two neighbouring segments differ by at least

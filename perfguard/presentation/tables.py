@@ -58,7 +58,7 @@ def calibration_table(cal: CaseCalibration, runs: int) -> Table:
         title=escape(
             f"{cal.case_id}: {runs} processes x {s.repeats} runs; checks of {s.check_processes} "
             f"process(es) x {s.repeats} runs vs a baseline of {s.baseline_processes}, "
-            f"<= {s.max_reruns} re-runs {'in fresh processes' if s.fresh_reruns else 'in process'}"
+            f"<= {s.max_reruns} re-runs in fresh processes"
             f", alpha {s.rule.alpha:g}"
         )
     )

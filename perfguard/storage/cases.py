@@ -23,7 +23,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -40,9 +40,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ENV_CASES = "PERFGUARD_CASES"
-REGISTRY_PLATFORMS = ("cuda", "rocm", "npu", "cpu")
-"""The platforms a registry file can name (`perfguard.storage.cases.PLATFORM_NAMES`; kept here
-so that reading cases does not import torch)."""
+PLATFORM_NAMES = ("cuda", "rocm", "npu", "cpu")
+"""The platforms perfguard knows (`--platform`), and those a registry file can name."""
+REGISTRY_PLATFORMS = PLATFORM_NAMES
 TOGGLES = ("glm_prior_drop_inplace", "qwen_modulation_cache", "qwen_varlen_host_meta")
 DIFFUSERS = "diffusers"
 """The workload that runs a user's diffusers pipeline (`perfguard.interop.diffusers`)."""
@@ -259,9 +259,10 @@ def file_platforms(path: Path, doc: dict[str, Any]) -> tuple[str, ...]:
     return tuple(declared)
 
 
-def load_file(path: Path) -> list[Case]:
-    """Parse one registry file; a malformed file is one `PerfguardError` naming it."""
-    doc = read_file(path)
+def load_file(path: Path, doc: dict[str, Any] | None = None) -> list[Case]:
+    """Parse one registry file (`doc`: its TOML, when already read); a malformed file is
+    one `PerfguardError` naming it."""
+    doc = read_file(path) if doc is None else doc
     file_platforms(path, doc)
     source = display_path(path)
     return [parse_case(t, source) for t in doc["case"]]
@@ -292,6 +293,8 @@ class RegistryFiles:
 
     read: tuple[Path, ...]
     other_platforms: tuple[Path, ...]
+    docs: Mapping[Path, dict[str, Any]] = field(default_factory=dict, compare=False, repr=False)
+    """The parsed TOML of the files that were opened (`read` and declared others)."""
 
 
 def scan_registry(directory: Path, platform: str) -> RegistryFiles:
@@ -299,21 +302,18 @@ def scan_registry(directory: Path, platform: str) -> RegistryFiles:
     is one for another platform (an undeclared one is an error, see the module doc)."""
     read: list[Path] = []
     other: list[Path] = []
+    docs: dict[Path, dict[str, Any]] = {}
     for path in sorted(directory.glob("*.toml")):
         if not path.is_file():
             continue
         if path.stem in REGISTRY_PLATFORMS and path.stem != platform:
             other.append(path)  # its name says it is not for us: no need to open it
             continue
-        applies = platform in file_platforms(path, read_file(path))
+        docs[path] = read_file(path)
+        applies = platform in file_platforms(path, docs[path])
         (read if applies else other).append(path)
     read.sort(key=lambda p: (p.stem != "common", p.stem != platform, p.name))
-    return RegistryFiles(tuple(read), tuple(other))
-
-
-def registry_files(directory: Path, platform: str) -> list[Path]:
-    """The files of `directory` whose cases are for `platform` (common.toml first)."""
-    return list(scan_registry(directory, platform).read)
+    return RegistryFiles(tuple(read), tuple(other), docs)
 
 
 def registry_root(directory: str | os.PathLike[str] | None = None) -> Path:
@@ -326,7 +326,8 @@ def registry_root(directory: str | os.PathLike[str] | None = None) -> Path:
 def load_registry(platform: str, directory: str | os.PathLike[str] | None = None) -> list[Case]:
     """All cases for `platform` from the registry `directory`, deduplicated by id."""
     root = registry_root(directory)
-    files = registry_files(root, platform)
+    scan = scan_registry(root, platform)
+    files = scan.read
     if not files:
         raise PerfguardError(
             f"{root}: no case registry for platform {platform!r} "
@@ -334,7 +335,7 @@ def load_registry(platform: str, directory: str | os.PathLike[str] | None = None
         )
     by_id: dict[str, Case] = {}
     for path in files:
-        for case in load_file(path):
+        for case in load_file(path, scan.docs[path]):
             seen = by_id.get(case.id)
             if seen is None:
                 by_id[case.id] = case
@@ -398,6 +399,3 @@ def select(
             continue
         out.append(case)
     return out
-
-
-PLATFORM_NAMES = ("cuda", "rocm", "npu", "cpu")

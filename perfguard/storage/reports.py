@@ -1,19 +1,16 @@
-"""Reports: the verdicts of one check as a versioned JSON file, and their renderings.
+"""Reports: the verdicts of one check as a versioned JSON file.
 
 A report is everything a reviewer needs without re-running anything: where the figures
 came from (environment), what they were compared with (the baseline file and its
 sha256), under which profile, and per case and metric the sample summary, the baseline,
 the bound, the ratio and the verdict; the output hashes; the overall verdict and exit
-code. `perfguard report render` turns it into Markdown (a PR comment), a console table
-or JSON; `perfguard merge` joins the reports of shards that ran disjoint case sets.
+code. `perfguard merge` joins the reports of shards that ran disjoint case sets; the
+renderings (Markdown for a PR comment, the console table) are
+`perfguard.presentation.render`'s.
 
-This module renders and combines; it decides nothing. The overall verdict of a merged
-report is recomputed by `perfguard.decision.verdict.overall`, from the same rules as a single one.
-
-Markdown is written for untrusted text: case ids, notes and error messages come from
-files anyone can edit in a PR, so every such string is escaped (HTML special characters
-as entities, Markdown punctuation with backslashes, `@` and `#` as entities so that a
-note cannot ping people or link issues) before it reaches a PR comment.
+This module builds, reads, writes and combines; it decides nothing. The overall verdict
+of a merged report is recomputed by `perfguard.decision.verdict.overall`, from the same
+rules as a single one.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from perfguard.decision.verdict import (
     CaseVerdict,
@@ -31,14 +28,10 @@ from perfguard.decision.verdict import (
 from perfguard.errors import PerfguardError
 from perfguard.results import Results, utc_now
 from perfguard.storage.jsonio import (
-    json_path,
     read_json,
     validate,
     write_json_atomic,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 REPORT_KIND = "perfguard.report"
 REPORT_SCHEMA_VERSION = 1
@@ -53,13 +46,9 @@ def read_results(path: str | os.PathLike[str]) -> Results:
 
 
 def _read_checked(path: str | os.PathLike[str], schema_name: str) -> dict[str, Any]:
-    """Read `path`, refuse infinite numbers (`1e400`), validate against `schema_name`."""
-    from perfguard.storage.baseline import non_finite
-
+    """Read `path` (`read_json` already refuses NaN, Infinity and `1e400`) and validate it
+    against `schema_name`."""
     data = read_json(path)
-    where = non_finite(data)
-    if where is not None:
-        raise PerfguardError(f"{path}: {json_path(where)}: is not a finite number")
     validate(data, schema_name, str(path))
     return data
 
@@ -164,10 +153,12 @@ def read_report(path: str | os.PathLike[str]) -> Report:
     return report
 
 
-def write_report(path: str | os.PathLike[str], report: Report) -> None:
+def write_report(path: str | os.PathLike[str], report: Report) -> dict[str, Any]:
+    """Write `report` (validated first, atomically); the JSON it wrote."""
     data = report.to_json()
     validate(data, "report", f"{path} (about to be written)")
     write_json_atomic(path, data)
+    return data
 
 
 def merge(reports: Sequence[Report], sources: Sequence[str] | None = None) -> Report:
@@ -227,12 +218,6 @@ def merge(reports: Sequence[Report], sources: Sequence[str] | None = None) -> Re
     )
 
 
-# ---- plain-text helpers --------------------------------------------------------------------
-
-
-# ---- console -------------------------------------------------------------------------------
-
-
 # ---- JSON ----------------------------------------------------------------------------------
 
 
@@ -240,9 +225,6 @@ def render_json(report: Report) -> str:
     from perfguard.storage.jsonio import dumps
 
     return dumps(report.to_json())
-
-
-# ---- Markdown ------------------------------------------------------------------------------
 
 
 # ---- building ------------------------------------------------------------------------------
@@ -327,6 +309,3 @@ def build_relative(
         improvement_threshold=MIN_EFFECT["e2e"],
     )
     return dataclasses.replace(report, against=dict(against))
-
-
-# ---- baseline diff (the description of a baseline pull request) -----------------------------

@@ -147,8 +147,11 @@ class T2IPipeline:
         """Role -> `{"class": "module.Class", "parameters": n}` for every component."""
         return {role: component_info(obj) for role, obj in self.component_objects().items()}
 
+    COMPONENT_ROLES: tuple[str, ...] = ("transformer", "scheduler")
+    """The attributes that are the pipeline's components, as diffusers names them."""
+
     def component_objects(self) -> dict[str, Any]:
-        return {"transformer": self.transformer, "scheduler": self.scheduler}
+        return {role: getattr(self, role) for role in self.COMPONENT_ROLES}
 
     def counters(self) -> dict[str, int]:
         """What the optimizations did in the last call (read by the runner after a run)."""
@@ -308,6 +311,7 @@ class QwenImagePipeline(T2IPipeline):
     norm rescale, `AutoencoderKLQwenImage` decode."""
 
     toggle_names = ("qwen_modulation_cache", "qwen_varlen_host_meta")
+    COMPONENT_ROLES = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
     image_scale = VAE_SCALE * 2  # diffusers' VaeImageProcessor(vae_scale_factor * 2)
     # diffusers' tokenizer_max_length: prompts are truncated to 1024 tokens after the prefix.
     tokenizer_max_length = 1024
@@ -333,15 +337,6 @@ class QwenImagePipeline(T2IPipeline):
         self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, z, 1, 1, 1)
         h, w = case.height // (VAE_SCALE * 2), case.width // (VAE_SCALE * 2)
         self.img_shapes = [[(1, h, w)]] * case.batch
-
-    def component_objects(self) -> dict[str, Any]:
-        return {
-            "text_encoder": self.text_encoder,
-            "tokenizer": self.tokenizer,
-            "transformer": self.transformer,
-            "vae": self.vae,
-            "scheduler": self.scheduler,
-        }
 
     def _counter_totals(self) -> dict[str, int]:
         return {"qwen_modulation_cache_hits": self.transformer.modulation_cache_hits()}
@@ -487,6 +482,15 @@ class GlmImagePipeline(T2IPipeline):
     (`prior_token_drop`), `AutoencoderKL` decodes."""
 
     toggle_names = ("glm_prior_drop_inplace",)
+    COMPONENT_ROLES = (
+        "vision_language_encoder",
+        "processor",
+        "text_encoder",
+        "tokenizer",
+        "transformer",
+        "vae",
+        "scheduler",
+    )
     size_multiple = VAE_SCALE * 4  # the prior grid is 32x downsampled
 
     def __init__(self, case: Case, platform: Platform, device: torch.device) -> None:
@@ -523,17 +527,6 @@ class GlmImagePipeline(T2IPipeline):
         self.drop_cond = torch.zeros(b, prior_len, dtype=torch.bool, device=device)
         self.drop_uncond = torch.ones(b, prior_len, dtype=torch.bool, device=device)
         self.prior_tokens_generated = 0
-
-    def component_objects(self) -> dict[str, Any]:
-        return {
-            "vision_language_encoder": self.vision_language_encoder,
-            "processor": self.processor,
-            "text_encoder": self.text_encoder,
-            "tokenizer": self.tokenizer,
-            "transformer": self.transformer,
-            "vae": self.vae,
-            "scheduler": self.scheduler,
-        }
 
     def _counter_totals(self) -> dict[str, int]:
         return {
@@ -663,9 +656,6 @@ class GlmImagePipeline(T2IPipeline):
 
     def model_timestep(self, t: torch.Tensor) -> torch.Tensor:
         return t.expand(self.case.batch) - 1
-
-    def combine(self, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
-        return neg + self.case.guidance_scale * (pos - neg)
 
     def predict(
         self, latents: torch.Tensor, timestep: torch.Tensor, text: _Text, drop_prior: bool | None

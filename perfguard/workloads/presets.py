@@ -41,7 +41,6 @@ __all__ = [
     "build_model",
     "get_preset",
     "init_weights_",
-    "parameter_count",
 ]
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -166,10 +165,6 @@ def init_weights_(model: nn.Module, seed: int, std: float = 0.02) -> nn.Module:
     for name, buf in model.named_buffers():  # none today; keep to_empty garbage out
         raise RuntimeError(f"unexpected buffer {name!r} ({tuple(buf.shape)}) has no init rule")
     return model
-
-
-def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def build_model(
