@@ -537,3 +537,28 @@ def test_smoke_case_gen_baselines_then_check_passes_and_an_injected_slowdown_fai
     # a contended runner and was left out)
     assert case["sampling"]["confirmations"] >= 1
     assert case["sampling"]["groups"] == 1 + case["sampling"]["confirmations"]
+
+
+def test_a_reader_that_closes_the_pipe_early_keeps_the_verdicts_exit_code(
+    fake: Path, pg: PG
+) -> None:
+    # `perfguard check ... | head -0`: the table meets a closed pipe, the verdict (1) stands.
+    import os
+    import subprocess
+    import sys
+
+    pg(*GEN)
+    BEHAVIOUR.slow["DecodingStage"] = 3.0
+    pg("run", "--repeats", "3", "--warmup", "0", "--out", "res.json")
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfguard", "check", "--results", "res.json"],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PERFGUARD_PLATFORM": "cpu"},
+    )
+    os.close(write)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err.decode()
+    assert err.decode() == ""

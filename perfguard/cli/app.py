@@ -1,7 +1,7 @@
 """The `perfguard` group, its commands, and the one exit path of every command.
 
 Library modules do the work and raise `PerfguardError` for anything the user got wrong;
-`main()` is the one place that turns it into a one-line message and an exit code.
+`run_main()` is the one place that turns it into a one-line message and an exit code.
 """
 
 from __future__ import annotations
@@ -114,7 +114,44 @@ def _report_internal(exc: BaseException) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+class _PipeGuard:
+    """stdout that goes quiet once its reader has gone (`perfguard check ... | head`).
+
+    A closed pipe is not a failure of the command: the check still finishes and its exit
+    code (the verdict) stands. The first write that meets a closed pipe points the file
+    descriptor at /dev/null, so every later write, and the interpreter's final flush,
+    succeeds without a word.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _silence(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def run_main(argv: list[str] | None = None) -> None:
     """Entry point and the one exit path of every command.
 
     `PerfguardError` -> its one-line message and code (2 unless it says otherwise);
@@ -126,6 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     import threading
 
     _DEBUG[0] = False
+    stdout = sys.stdout
+    if not isinstance(stdout, _PipeGuard):
+        sys.stdout = _PipeGuard(stdout)  # type: ignore[assignment]
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -153,4 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if isinstance(sys.stdout, _PipeGuard):
+            sys.stdout.flush()  # what is still buffered meets a closed pipe here, quietly
+        sys.stdout = stdout
     sys.exit(code)
+
+
+main = run_main  # the exit path itself; `perfguard.cli.main` adds the guarded import

@@ -284,7 +284,7 @@ def default_cases_dir() -> Path:
     here = Path.cwd() / "cases"
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parent.parent / "cases"
+    return Path(__file__).resolve().parents[2] / "cases"  # perfguard/storage/cases.py
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,14 @@ def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(info.st_mode):
+            # A FIFO, socket or device would block the read (or never end): refuse it
+            # before opening, so a wrong argument is one line, not a hung CI job.
+            raise PerfguardError(f"{path}: not a regular file (a pipe or device?), expected a {what}")
+        size = info.st_size
         if size > MAX_BYTES:
             raise PerfguardError(
                 f"{path}: {size} bytes is over the {MAX_BYTES // 2**20} MiB limit for a {what}"
