@@ -73,7 +73,9 @@ def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
         if not stat.S_ISREG(info.st_mode):
             # A FIFO, socket or device would block the read (or never end): refuse it
             # before opening, so a wrong argument is one line, not a hung CI job.
-            raise PerfguardError(f"{path}: not a regular file (a pipe or device?), expected a {what}")
+            raise PerfguardError(
+                f"{path}: not a regular file (a pipe or device?), expected a {what}"
+            )
         size = info.st_size
         if size > MAX_BYTES:
             raise PerfguardError(
