@@ -223,3 +223,15 @@ def test_env_json_prints_the_fingerprint() -> None:
     assert out.returncode == 0, out.stderr
     fp = json.loads(out.stdout)
     assert fp["platform"] == "cpu" and fp["availability"]["cpu"]["available"]
+
+
+def test_outside_a_checkout_the_default_registry_is_the_projects_cases_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from perfguard.storage.cases import default_cases_dir
+
+    monkeypatch.chdir(tmp_path)  # no ./cases here
+    monkeypatch.delenv("PERFGUARD_CASES", raising=False)
+    root = Path(__file__).resolve().parents[1]
+    assert default_cases_dir() == root / "cases"
+    assert (root / "cases" / "common.toml").is_file()
