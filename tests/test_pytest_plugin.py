@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+# The inner sessions run in this process (`runpytest` inline) and restore sys.modules after
+# each; a C extension imported there for the first time cannot be imported again (torch:
+# "bad call flags", then a segfault). Imported here, it stays loaded across them.
+import torch  # noqa: F401
+
 from perfguard.presentation.render import render_markdown
 from perfguard.storage.reports import read_report, read_results
 
