@@ -200,6 +200,8 @@ def test_history_cli_end_to_end_with_real_smoke_reports(tmp_path: Path, monkeypa
             "qwen_image_t2i_smoke",
             "--metric",
             "stage:DenoisingStage",
+            "--hardware",
+            "test-cpu",
             "--out",
             "trend.png",
         )[0]
