@@ -114,9 +114,7 @@ def history_add(
 @history_group.command("show", context_settings=CONTEXT_SETTINGS)
 @db_option
 @series_options()
-@click.option(
-    "--all", "show_all", is_flag=True, help="Table: every row of every report matched."
-)
+@click.option("--all", "show_all", is_flag=True, help="Table: every row of every report matched.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON records (every row matched).")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (every row matched).")
 def history_show(
@@ -211,7 +209,9 @@ def history_plot(
 
     frame = _load(db, case_id, metric, hardware, since)
     series = frame.dropna(subset=["median"]).reset_index(drop=True)
-    kinds = sorted({f"{p}/{h}" for p, h in zip(series["platform"], series["hardware"])})
+    kinds = sorted(
+        {f"{p}/{h}" for p, h in zip(series["platform"], series["hardware"], strict=True)}
+    )
     if len(kinds) > 1:
         raise PerfguardError(
             f"--case {case_id} --metric {metric}: the series runs on {len(kinds)} hardware "

@@ -362,7 +362,9 @@ def database_error(loc: Location, exc: BaseException, *, writing: bool) -> Perfg
             )
         if not writing:
             return PerfguardError(f"{loc.label}: not a perfguard history database: {text}")
-        return PerfguardError(f"{loc.label}: not a usable perfguard history database ({text}){left}")
+        return PerfguardError(
+            f"{loc.label}: not a usable perfguard history database ({text}){left}"
+        )
     low = text.lower()
     if "password" in low or "authentication" in low:
         return PerfguardError(f"{loc.label}: authentication failed ({_first_clause(text)}){left}")
