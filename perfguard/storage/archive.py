@@ -52,16 +52,19 @@ if TYPE_CHECKING:  # sqlalchemy is imported when an archive is opened
 
 SCHEMA_VERSION = 2
 """1: `reports` and `metrics` (perfguard 0.1's SQLite archive, no version table);
-2: `perfguard_meta` with the version, `reports.inject`, `metrics.bound`, `ratio_low` and
-`ratio_high` (the interval the verdict was decided on)."""
+2: `perfguard_meta` with the version, `reports.inject`, `metrics.bound` and
+`improvement_bound` (the band), `ratio_low` and `ratio_high` (the interval the verdict
+was decided on), `metrics.reason` (the verdict's reason)."""
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: (
         "CREATE TABLE perfguard_meta (key VARCHAR(64) NOT NULL PRIMARY KEY, value TEXT NOT NULL)",
         "ALTER TABLE reports ADD COLUMN inject TEXT",
         "ALTER TABLE metrics ADD COLUMN bound DOUBLE PRECISION",
+        "ALTER TABLE metrics ADD COLUMN improvement_bound DOUBLE PRECISION",
         "ALTER TABLE metrics ADD COLUMN ratio_low DOUBLE PRECISION",
         "ALTER TABLE metrics ADD COLUMN ratio_high DOUBLE PRECISION",
+        "ALTER TABLE metrics ADD COLUMN reason TEXT",
     ),
 }
 """Version -> the statements that bring an archive of the version below to it. Each
@@ -89,8 +92,10 @@ METRIC_COLUMNS = (
     "ratio",
     "verdict",
     "bound",
+    "improvement_bound",
     "ratio_low",
     "ratio_high",
+    "reason",
 )
 
 
@@ -144,6 +149,9 @@ def parse_report(
     for case in report.cases:
         for m in case.metrics:
             s = m.measured
+            faster = None
+            if m.band is not None and m.baseline is not None:
+                faster = m.band.improvement_below(m.baseline.median, report.improvement_threshold)
             rows.append(
                 (
                     case.case_id,
@@ -157,8 +165,10 @@ def parse_report(
                     m.ratio,
                     m.verdict,
                     m.bound,
+                    faster,
                     m.low,
                     m.high,
+                    m.reason or None,
                 )
             )
     return ReportRecord(
@@ -235,8 +245,10 @@ def _tables() -> Any:
         Column("ratio", Float),
         Column("verdict", Text),
         Column("bound", Float),
+        Column("improvement_bound", Float),
         Column("ratio_low", Float),
         Column("ratio_high", Float),
+        Column("reason", Text),
         PrimaryKeyConstraint("report_id", "case_id", "metric"),
     )
     Index("metrics_by_series", metrics.c.case_id, metrics.c.metric)
@@ -587,10 +599,12 @@ FRAME_COLUMNS = (
     "max",
     "baseline",
     "bound",
+    "improvement_bound",
     "ratio",
     "ratio_low",
     "ratio_high",
     "verdict",
+    "reason",
     "report_id",
     "content_hash",
 )
@@ -650,10 +664,12 @@ def read_rows(db: str | Path, flt: Filter = Filter()) -> list[dict[str, Any]]:
             col(metrics, "max"),
             col(metrics, "baseline"),
             col(metrics, "bound"),
+            col(metrics, "improvement_bound"),
             col(metrics, "ratio"),
             col(metrics, "ratio_low"),
             col(metrics, "ratio_high"),
             col(metrics, "verdict"),
+            col(metrics, "reason"),
             col(reports, "id", "report_id"),
             col(reports, "content_hash"),
         ).select_from(metrics.join(reports, reports.c.id == metrics.c.report_id))
