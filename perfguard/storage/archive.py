@@ -527,10 +527,15 @@ def add_reports(
     allow_injected: bool = False,
 ) -> tuple[int, int]:
     """Archive reports; returns (added, already present). All or nothing, one transaction."""
-    loc = locate(db)
     records = [
         parse_report(p, commit=commit, date=date, allow_injected=allow_injected) for p in paths
     ]  # validate first: a malformed report never opens the database
+    return add_records(db, records)
+
+
+def add_records(db: str | Path, records: Sequence[ReportRecord]) -> tuple[int, int]:
+    """Store parsed reports (`parse_report`) in one transaction: (added, already present)."""
+    loc = locate(db)
     if loc.is_sqlite:
         _check_sqlite_file(Path(loc.target))
     from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -605,6 +610,7 @@ FRAME_COLUMNS = (
     "ratio_high",
     "verdict",
     "reason",
+    "report_verdict",
     "report_id",
     "content_hash",
 )
@@ -670,6 +676,7 @@ def read_rows(db: str | Path, flt: Filter = Filter()) -> list[dict[str, Any]]:
             col(metrics, "ratio_high"),
             col(metrics, "verdict"),
             col(metrics, "reason"),
+            col(reports, "verdict", "report_verdict"),
             col(reports, "id", "report_id"),
             col(reports, "content_hash"),
         ).select_from(metrics.join(reports, reports.c.id == metrics.c.report_id))
