@@ -197,10 +197,11 @@ class _Site:
                 for h in self.hw
                 if h in set(rows["hw"])
             )
-            + ' · points coloured by verdict: <span class="regression">regression</span>, '
-            '<span class="improvement">improvement</span>, <span class="pass">pass</span>; '
-            "grey band: baseline to bound; dashed lines: change points; click a point for its "
-            "report</p>",
+            + " · a point in its hardware's colour passed; "
+            '<span class="regression">red</span>: regression, '
+            '<span class="improvement">green</span>: improvement, orange: any other verdict; '
+            "shaded: the tolerance band around the dashed baseline; vertical dashed lines: "
+            "change points; click a point for its report</p>",
         ]
         grouped = {name: g for name, g in rows.groupby("metric", sort=False)}
         for group in sorted(by_group, key=_group_order):
