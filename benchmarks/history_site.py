@@ -41,10 +41,12 @@ CASES = ("qwen_image_t2i_smoke", "glm_image_t2i_smoke")
 HARDWARE = ("h100-sxm", "h200-sxm")
 
 
-def metric_levels(steps: int = 20) -> dict[str, float]:
+def metric_levels(steps: int = 26) -> dict[str, float]:
     """~40 metrics with plausible levels (ms, MB, counts)."""
     out = {"e2e": 900.0, "step_avg": 40.0, "step_median": 40.0, "peak_memory": 12000.0}
-    out |= {f"stage:{s}": lv for s, lv in zip(STAGES, (0.2, 30.0, 1.0, 0.5, 800.0, 60.0))}
+    out |= {
+        f"stage:{s}": lv for s, lv in zip(STAGES, (0.2, 30.0, 1.0, 0.5, 800.0, 60.0), strict=True)
+    }
     out |= {f"step:{i}": 40.0 for i in range(steps)}
     out |= {"ops:DenoisingStage": 5200.0, "flops:DenoisingStage": 3.1e12}
     out |= {"alloc:DenoisingStage": 410.0, "syncs:DenoisingStage": 20.0}

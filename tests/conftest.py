@@ -56,3 +56,27 @@ def archive_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "history.sqlite")
     return str(request.getfixturevalue("postgres_server").new_database())
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """Debian's headless chromium through Playwright (tests/browser.py), for the session.
+
+    Skipped, with the reason, where chromium or playwright is missing; under CI (which
+    installs both in .ci/run) that is a failure, so the browser tests never skip there."""
+    import importlib.util
+
+    from browser import browser, chromium_path
+
+    missing = []
+    if chromium_path() is None:
+        missing.append("chromium (apt-get install chromium)")
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("playwright (pip install -e '.[dev]')")
+    if missing:
+        reason = "not installed: " + ", ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(reason + "; .ci/run installs them")
+        pytest.skip(reason)
+    with browser() as b:
+        yield b
