@@ -33,9 +33,14 @@ ARTIFACTS = Path(os.environ.get("PERFGUARD_ARTIFACTS", "test-artifacts"))
 
 
 def chromium_path() -> str | None:
+    """Debian's /usr/bin/chromium; elsewhere (a CI image) the Chromium or Chrome on PATH."""
     if Path(CHROMIUM).is_file():
         return CHROMIUM
-    return shutil.which("chromium")
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
 
 
 @dataclass
