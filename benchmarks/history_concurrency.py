@@ -89,7 +89,9 @@ def run(db: str, reports: list[list[Path]], processes: int) -> dict[str, float]:
     with ctx.Pool(processes) as pool:
         out = pool.map(worker, jobs)
     wall = time.perf_counter() - start
-    rows = read_rows(db)
+    from perfguard.storage.archive import FRAME_COLUMNS
+
+    rows = [dict(zip(FRAME_COLUMNS, r, strict=True)) for r in read_rows(db)]
     hashes = [r["content_hash"] for r in rows if r["metric"] == "e2e"]
     expected = sum(len(r) for r in reports)
     return {

@@ -53,7 +53,7 @@ def load(
         since=since,
         metric_asked=metric,
     )
-    return pd.DataFrame(read_rows(db, flt), columns=list(FRAME_COLUMNS))
+    return pd.DataFrame.from_records(read_rows(db, flt), columns=list(FRAME_COLUMNS))
 
 
 def latest_report(frame: pd.DataFrame) -> pd.DataFrame:

@@ -131,10 +131,10 @@ def forest_row(
     def rel(value: float | None) -> float | None:
         if value is None or not baseline:
             return None
-        return round(float(value) / float(baseline), 6)
+        return round(value / baseline, 6)
 
     def r6(value: float | None) -> float | None:
-        return None if value is None else round(float(value), 6)
+        return None if value is None else round(value, 6)
 
     return {
         "metric": metric,

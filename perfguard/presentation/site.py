@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from perfguard.errors import PerfguardError
@@ -91,16 +92,26 @@ def slug(text: str) -> str:
 
 
 def _g(value: Any) -> float | None:
-    """A JSON number with six significant digits, or null."""
-    if value is None:
+    """A JSON number with six significant digits, or null (None, NaN, infinity)."""
+    if value is None or value != value or value in (math.inf, -math.inf):
         return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    if math.isnan(f) or math.isinf(f):
-        return None
-    return float(f"{f:.6g}")
+    return float(f"{value:.6g}")
+
+
+def _g_all(values: Any) -> list[float | None]:
+    """`_g` over a column at once (numpy): the site rounds about a million figures."""
+    a = np.asarray(values, dtype=float)
+    out = np.full(a.shape, np.nan)
+    ok = np.isfinite(a)
+    out[ok & (a == 0)] = 0.0
+    nz = ok & (a != 0)
+    digits = 5 - np.floor(np.log10(np.abs(a[nz]))).astype(int)  # six significant digits
+    scale = np.power(10.0, np.abs(digits))
+    x = a[nz]
+    with np.errstate(all="ignore"):  # subnormal magnitudes: keep the figure as it is
+        r = np.where(digits >= 0, np.round(x * scale) / scale, np.round(x / scale) * scale)
+    out[nz] = np.where(np.isfinite(r) & (r != 0), r, x)
+    return [None if v != v else v for v in out.tolist()]
 
 
 def _s(value: Any) -> str | None:
@@ -266,7 +277,7 @@ class _Site:
         rows = rows.dropna(subset=["median"])
 
         def col(name: str) -> list[float | None]:
-            return [_g(v) for v in rows[name]]
+            return _g_all(rows[name].to_numpy(dtype=float, na_value=np.nan))
 
         return {
             "key": hw,
@@ -287,29 +298,44 @@ class _Site:
         }
 
     def report_pages(self) -> None:
-        for rid, rows in self.frame.groupby("report_id", sort=False):
-            rid = int(rid)
-            first = rows.iloc[0]
+        """A forest-plot page per report. Plain dicts, not pandas, in this loop: it runs
+        once per report (a thousand times), where a groupby or itertuples per report costs
+        more than the page."""
+        cols = [
+            "report_id", "case", "metric", "verdict", "median", "baseline", "ratio",
+            "ratio_low", "ratio_high", "bound", "improvement_bound", "reason",
+        ]  # fmt: skip
+        by_report: dict[int, dict[str, list[dict[str, Any]]]] = {}
+        columns = [
+            _g_all(self.frame[c].to_numpy(dtype=float, na_value=np.nan))
+            if c in cols[4:-1] else self.frame[c].tolist()
+            for c in cols
+        ]  # fmt: skip
+        for rid, case, metric, verdict, *values, reason in zip(*columns, strict=True):
+            med, base, ratio, low, high, bound, faster = values
+            row = forest_row(
+                str(metric),
+                verdict=_s(verdict) or "-",
+                median=med,
+                baseline=base,
+                ratio=ratio,
+                low=low,
+                high=high,
+                bound=bound,
+                improvement_bound=faster,
+                reason=_s(reason),
+            )
+            by_report.setdefault(int(rid), {}).setdefault(str(case), []).append(row)
+        info = self.reports.set_index("report_id").to_dict("index")
+        for rid, per_case in by_report.items():
+            first = info[rid]
             cases = []
-            for i, (case, crows) in enumerate(rows.groupby("case", sort=True)):
-                forest = [
-                    forest_row(
-                        str(r.metric),
-                        verdict=_s(r.verdict) or "-",
-                        median=_g(r.median),
-                        baseline=_g(r.baseline),
-                        ratio=_g(r.ratio),
-                        low=_g(r.ratio_low),
-                        high=_g(r.ratio_high),
-                        bound=_g(r.bound),
-                        improvement_bound=_g(r.improvement_bound),
-                        reason=_s(r.reason),
-                    )
-                    for r in crows.itertuples(index=False)
-                ]
-                verdicts = {f["verdict"] for f in forest}
-                verdict = "regression" if "regression" in verdicts else "pass"
-                cases.append({"id": case, "verdict": verdict, "div": f"case-{i}", "rows": forest})
+            for i, case in enumerate(sorted(per_case)):
+                forest = per_case[case]
+                cases.append(
+                    {"id": case, "verdict": _case_verdict(forest), "div": f"case-{i}",
+                     "rows": forest}
+                )  # fmt: skip
             facts = [
                 ("verdict", _s(first["report_verdict"]) or "-"),
                 ("profile", _s(first["profile"]) or "-"),
@@ -323,12 +349,10 @@ class _Site:
                     f'<p class="warn">Measured with a fault injection ({esc(first["inject"])}):'
                     " its slowdown was made on purpose.</p>"
                 )
-            body = forest_body(
-                f"report {str(first['content_hash'])[:16]}", facts, cases, extra=extra
-            )
+            name = str(first["content_hash"])[:16]
             self.files[self.href[rid]] = page(
-                f"{self.title}: report {str(first['content_hash'])[:16]}",
-                body,
+                f"{self.title}: report {name}",
+                forest_body(f"report {name}", facts, cases, extra=extra),
                 data={"cases": cases},
                 data_id="perfguard-report",
                 scripts=["forest.js"],
@@ -399,6 +423,15 @@ class _Site:
             scripts=[],
             asset_prefix="assets/",
         )
+
+
+def _case_verdict(rows: list[dict[str, Any]]) -> str:
+    """A case's verdict from its metrics': any regression; else the first verdict that is
+    neither pass nor improvement (missing, error...); else pass."""
+    verdicts = [r["verdict"] for r in rows]
+    if "regression" in verdicts:
+        return "regression"
+    return next((v for v in verdicts if v not in ("pass", "improvement")), "pass")
 
 
 def _pct(ratio: float | None) -> str:

@@ -626,8 +626,8 @@ class Filter:
     metric_asked: str | None = None  # as typed, for the "no rows match" message
 
 
-def read_rows(db: str | Path, flt: Filter = Filter()) -> list[dict[str, Any]]:
-    """One dict per report, case and metric (`FRAME_COLUMNS`), oldest first (by date, then
+def read_rows(db: str | Path, flt: Filter = Filter()) -> list[tuple[Any, ...]]:
+    """One tuple per report, case and metric (`FRAME_COLUMNS`), oldest first (by date, then
     insertion). The archive is read in a read-only transaction (an SQLite file is opened
     read-only): reading the wrong file leaves it as it was."""
     from sqlalchemy import literal, select
@@ -687,7 +687,7 @@ def read_rows(db: str | Path, flt: Filter = Filter()) -> list[dict[str, Any]]:
         if flt.since:
             stmt = stmt.where(reports.c.date >= flt.since)
         stmt = stmt.order_by(reports.c.date, reports.c.id, metrics.c.case_id, metrics.c.metric)
-        rows = [dict(r) for r in conn.execute(stmt).mappings()]
+        rows = [tuple(r) for r in conn.execute(stmt)]
         if not rows and (flt.case or flt.metrics or flt.since):
             raise PerfguardError(f"{loc.label}: {_no_match(conn, flt)}")
         return rows
