@@ -75,19 +75,22 @@ def page(
     data_id: str,
     scripts: Sequence[str],
     asset_prefix: str | None,
+    plotly: bool = True,
 ) -> str:
     """A whole HTML page. `asset_prefix` None: every script and the stylesheet inlined (a
     self-contained file); else they are loaded from `asset_prefix` (`assets/`, `../assets/`)
-    relative to the page, as the site shares them."""
+    relative to the page, as the site shares them. `plotly` False: a page without plots
+    (the site's index) does not load the 4.8 MB library."""
     if asset_prefix is None:
         style = "<style>" + asset_text("style.css") + "</style>"
-        code = [_inline_script(plotly_js_path().read_text("utf-8"))]
+        code = [_inline_script(plotly_js_path().read_text("utf-8"))] if plotly else []
         code += [_inline_script(asset_text(s)) for s in ("common.js", *scripts)]
     else:
         style = f'<link rel="stylesheet" href="{esc(asset_prefix)}style.css">'
+        names = ["plotly.min.js"] if plotly else []
         code = [
             f'<script src="{esc(asset_prefix)}{name}"></script>'
-            for name in ("plotly.min.js", "common.js", *scripts)
+            for name in (*names, "common.js", *scripts)
         ]
     return "\n".join(
         [

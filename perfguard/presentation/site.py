@@ -422,6 +422,7 @@ class _Site:
             data_id="perfguard-index",
             scripts=[],
             asset_prefix="assets/",
+            plotly=False,
         )
 
 
