@@ -60,7 +60,9 @@ def test_add_show_and_changes_work_the_same_on_both_backends(
     assert change["commit"] == "c08" and change["hardware"] == "test-cpu"
     code, out, _ = pg("history", "changes", "--db", archive_db, "--metric", "DenoisingStage")
     assert code == 0 and "c08" in out and "+30" in out
-    # the same report again: stored once
+    code, out, _ = pg("history", "add", str(tmp_path / "r0.json"), "--db", archive_db)
+    assert code == 0 and "0 report(s) added, 1 already present" in out
+    assert "s3cret" not in out and out.startswith(locate(archive_db).label)
     assert add_reports(archive_db, [tmp_path / "r3.json"]) == (0, 1)
     assert len(load(archive_db, metric="e2e")) == 16
 
