@@ -61,24 +61,29 @@ def _record(
     )
 
 
+def _two_hardware(db: str | Path) -> None:
+    """16 commits measured on two hardware, each runner adding its own reports; the
+    denoising stage on h100 steps +30 % at commit 8 (report 16), h200 stays flat."""
+    for c in range(16):
+        commit = f"{c:04d}abcdef"
+        add_records(db, [_record(2 * c, "h100-sxm", 26.0 if c >= 8 else 20.0, commit=commit)])
+        add_records(db, [_record(2 * c + 1, "h200-sxm", 20.0, commit=commit)])
+
+
 @pytest.fixture
 def two_hardware(tmp_path: Path) -> Path:
-    """16 commits measured on two hardware; the denoising stage on h100 steps +30 % at
-    commit 8 (report 16), h200 stays flat."""
     db = tmp_path / "h.sqlite"
-    recs = []
-    for c in range(16):
-        recs.append(_record(2 * c, "h100-sxm", 26.0 if c >= 8 else 20.0, commit=f"{c:04d}abcdef"))
-        recs.append(_record(2 * c + 1, "h200-sxm", 20.0, commit=f"{c:04d}abcdef"))
-    add_records(db, recs)
+    _two_hardware(db)
     return db
 
 
 def test_publish_writes_an_index_a_page_per_case_and_per_report(
-    two_hardware: Path, tmp_path: Path, pg: PG
+    archive_db: str, tmp_path: Path, pg: PG
 ) -> None:
+    """On SQLite and on PostgreSQL: two runners' reports in one archive, one site."""
+    _two_hardware(archive_db)
     out = tmp_path / "site"
-    code, stdout, err = pg("history", "publish", "--db", str(two_hardware), "--out", str(out))
+    code, stdout, err = pg("history", "publish", "--db", archive_db, "--out", str(out))
     assert code == 0, err
     assert "32 report(s), 1 case(s), 2 hardware" in stdout
     assert (out / "assets" / "plotly.min.js").stat().st_size > 1_000_000
