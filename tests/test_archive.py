@@ -318,3 +318,14 @@ def test_a_server_killed_in_the_middle_of_an_add_stores_it_whole_or_not_at_all(
     assert add_reports(db, reps) == (0, 2)
     frame = load(db)
     assert frame["report_id"].nunique() == 3 and len(frame) == 9
+
+
+def test_the_archive_location_comes_from_perfguard_history(
+    archive_db: str, tmp_path: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PERFGUARD_HISTORY", archive_db)
+    rep = _report(tmp_path / "r.json", 20.0, seed=0)
+    code, out, err = pg("history", "add", str(rep))
+    assert code == 0, err
+    assert out.startswith(locate(archive_db).label) and "1 report(s) added" in out
+    assert len(load(archive_db, metric="e2e")) == 1
