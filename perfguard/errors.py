@@ -13,7 +13,9 @@ EXIT_REGRESSION = 1
 EXIT_USAGE = 2
 """Usage, configuration or data error: bad flag, bad TOML/JSON, schema violation, ..."""
 EXIT_CASE_FAILED = 3
-"""A case failed to run (raised, ran out of memory, timed out) and nothing regressed."""
+"""A case failed to run (raised, ran out of memory, timed out) and nothing regressed; for
+`history`, the archive's server is unreachable or the connection was lost mid-add: the
+infrastructure failed, not the data."""
 
 EXIT_CONTENDED = 4
 """The runner stayed much slower than at baseline time (its reference workload said so)
@@ -28,7 +30,8 @@ EXIT_TERMINATED = 143
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 no regression; 1 at least one regression; "
-    "2 usage, configuration or data error; 3 a case failed to run (and no regression); "
+    "2 usage, configuration or data error; 3 a case failed to run (and no regression) "
+    "or the history server is unreachable; "
     "4 the runner was contended (no verdict); 70 internal error (never a verdict); "
     "130 interrupted; 143 terminated."
 )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +31,52 @@ def pg(capsys: pytest.CaptureFixture[str]) -> PG:
         return int(exc.value.code or 0), out, err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A real PostgreSQL server for the session (tests/pg_server.py), stopped at the end.
+
+    Skipped, with the reason, where PostgreSQL is not installed; under CI (which installs
+    it in .ci/run) its absence is a failure, so the database tests never skip there."""
+    from pg_server import find_bindir, running_server
+
+    if find_bindir() is None:
+        reason = "PostgreSQL's initdb/pg_ctl are not installed (apt-get install postgresql)"
+        if os.environ.get("CI"):
+            pytest.fail(reason + "; .ci/run installs them")
+        pytest.skip(reason)
+    with running_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def archive_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty archive location: an SQLite path, or a fresh database on the real server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "history.sqlite")
+    return str(request.getfixturevalue("postgres_server").new_database())
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """Debian's headless chromium through Playwright (tests/browser.py), for the session.
+
+    Skipped, with the reason, where chromium or playwright is missing; under CI (which
+    installs both in .ci/run) that is a failure, so the browser tests never skip there."""
+    import importlib.util
+
+    from browser import browser, chromium_path
+
+    missing = []
+    if chromium_path() is None:
+        missing.append("chromium (apt-get install chromium)")
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("playwright (pip install -e '.[dev]')")
+    if missing:
+        reason = "not installed: " + ", ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(reason + "; .ci/run installs them")
+        pytest.skip(reason)
+    with browser() as b:
+        yield b

@@ -57,6 +57,26 @@ def test_short_series_have_no_change_points() -> None:
     assert detect([1.0, 2.0, 3.0]) == []
 
 
+def test_pelt_over_cumulative_sums_decides_as_ruptures_pelt() -> None:
+    """`pelt_l2` must return what ruptures' PELT returns (it replaces it for speed)."""
+    rpt = pytest.importorskip("ruptures")
+    from perfguard.presentation.changepoints import pelt_l2
+
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(6, 90))
+        x = rng.standard_normal(n)
+        if seed % 3 == 0:
+            x[n // 2 :] += 3.0
+        if seed % 5 == 0:
+            x = np.round(x)  # ties between candidates
+        size, pen = int(rng.integers(1, 5)), float(rng.uniform(0.3, 25))
+        if n < 2 * size:
+            continue
+        want = rpt.Pelt(model="l2", min_size=size, jump=1).fit(x.reshape(-1, 1)).predict(pen=pen)
+        assert pelt_l2(x, pen, size) == want, (seed, n, size, pen)
+
+
 def _report(path: Path, denoise_ms: float, seed: int, baseline_ms: float = 20.0) -> Path:
     """A real report made by the library from samples around `denoise_ms`."""
     rng = np.random.default_rng(seed)
@@ -200,6 +220,8 @@ def test_history_cli_end_to_end_with_real_smoke_reports(tmp_path: Path, monkeypa
             "qwen_image_t2i_smoke",
             "--metric",
             "stage:DenoisingStage",
+            "--hardware",
+            "test-cpu",
             "--out",
             "trend.png",
         )[0]
@@ -230,6 +252,35 @@ def test_show_on_another_file_is_a_usage_error_that_leaves_it_alone(
     with pytest.raises(PerfguardError, match="not a perfguard history database"):
         load(db)
     assert db.read_bytes() == before
+
+
+def test_the_trend_plot_draws_and_labels_the_baseline_and_never_repeats_a_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: an unlabelled line at the series' level, no baseline, the same commit twice."""
+    pytest.importorskip("matplotlib")
+    import perfguard.presentation.plots as plots
+
+    db = tmp_path / "h.sqlite"
+    for i in range(3):  # the second and third reports measured the same commit
+        rep = _report(tmp_path / f"r{i}.json", 20.0, seed=i)
+        add_reports(db, [rep], commit="abcdef123" if i else "0123456789", date=f"2026-01-0{i + 1}")
+    seen: dict[str, list[str]] = {}
+
+    def keep(plt, fig, out):  # type: ignore[no-untyped-def]
+        (ax,) = fig.axes
+        seen["legend"] = [t.get_text() for t in ax.get_legend().get_texts()]
+        seen["ticks"] = [t.get_text() for t in ax.get_xticklabels()]
+        plt.close(fig)
+        return Path(out)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    series = load(db, case="qwen_image_t2i_smoke", metric="DenoisingStage")
+    plots.plot_trend(series, [], case="c", metric="stage:DenoisingStage", out=tmp_path / "t.png")
+    assert {"baseline", "baseline band", "median", "level between change points"} <= set(
+        seen["legend"]
+    )
+    assert seen["ticks"] == ["0123456", "abcdef1", "abcdef1 #2"]
 
 
 def test_bad_date_is_a_usage_error(tmp_path: Path) -> None:

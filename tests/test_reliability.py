@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import perfguard.presentation.history
+import perfguard.storage.archive
 from perfguard.cli import main
 from perfguard.errors import EXIT_INTERNAL, EXIT_TERMINATED, EXIT_USAGE
 
@@ -453,7 +454,7 @@ def test_history_add_to_a_file_that_is_not_an_archive_is_exit_2_and_leaves_it(
 def test_history_add_to_a_locked_archive_is_exit_2_and_leaves_it(
     archive: Path, pg: PG, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(perfguard.presentation.history, "LOCK_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(perfguard.storage.archive, "LOCK_TIMEOUT_S", 0.05)
     rep = _report(tmp_path / "new.json", 30.0, seed=99)
     with closing(sqlite3.connect(archive, isolation_level=None)) as holder:
         holder.execute("BEGIN EXCLUSIVE")

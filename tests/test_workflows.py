@@ -258,3 +258,34 @@ def test_refresh_measures_shards_merges_them_and_opens_one_pull_request() -> Non
     assert pr["with"]["body-path"] == "body.md"
     assert jobs["merge"]["permissions"] == {"contents": "write", "pull-requests": "write"}
     assert refresh["permissions"] == {"contents": "read"}
+
+
+def test_the_nightly_publishes_the_history_site_to_pages_from_the_secret_archive_or_sqlite() -> (
+    None
+):
+    perf = load("perf.yml")
+    report = perf["jobs"]["report"]
+    assert report["env"]["HISTORY_URL"] == "${{ secrets.PERFGUARD_HISTORY_URL }}"
+    steps = {s.get("name"): s for s in report["steps"]}
+    add = steps["Add the nightly reports to the history"]["run"]
+    assert "db=${HISTORY_URL:-history.sqlite}" in add
+    assert 'perfguard history publish --db "$db" --out site' in add
+    for name in ("Restore the history archive", "Save the history archive"):
+        assert steps[name]["if"] == "github.event_name == 'schedule' && env.HISTORY_URL == ''"
+    upload = steps["Upload the history site"]
+    assert upload["uses"].startswith("actions/upload-pages-artifact@")
+    assert upload["with"]["path"] == "site"
+    pages = perf["jobs"]["pages"]
+    assert pages["needs"] == "report" and "schedule" in pages["if"]
+    assert pages["permissions"] == {"pages": "write", "id-token": "write"}
+    assert pages["environment"]["name"] == "github-pages"
+    (deploy,) = pages["steps"]
+    assert deploy["uses"].startswith("actions/deploy-pages@")
+    merged = "\n".join(run_scripts(perf))
+    assert '--format html --out "merged-$runner.html"' in merged
+
+
+def test_ci_keeps_the_browser_screenshots() -> None:
+    (job,) = load("ci.yml")["jobs"].values()
+    (upload,) = [s for s in job["steps"] if s.get("name") == "Upload the browser screenshots"]
+    assert upload["with"]["path"] == "test-artifacts/" and upload["if"] == "always()"

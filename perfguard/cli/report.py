@@ -11,6 +11,7 @@ from perfguard.cli.common import CONTEXT_SETTINGS, console
 from perfguard.errors import (
     EXIT_CODES_HELP,
     EXIT_OK,
+    PerfguardError,
 )
 from perfguard.presentation import render
 
@@ -23,14 +24,44 @@ def report_group() -> None:
 @report_group.command("render", context_settings=CONTEXT_SETTINGS)
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option(
-    "--format", "fmt", type=click.Choice(["md", "table", "json"]), default="md", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(["md", "table", "json", "html"]),
+    default="md",
+    show_default=True,
 )
 @click.option("--all-metrics", is_flag=True, help="Table: show passing step metrics too.")
-def report_render(path: str, fmt: str, all_metrics: bool) -> int:
-    """Render a JSON report as Markdown (a PR comment), a console table or JSON."""
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write to this file (atomically) instead of stdout.",
+)
+def report_render(path: str, fmt: str, all_metrics: bool, out: str | None) -> int:
+    """Render a JSON report as Markdown (a PR comment), a console table, JSON, or one
+    self-contained HTML page with a forest plot per case (plotly inlined: opens offline)."""
     from perfguard.storage import reports as rep
 
     report = rep.read_report(path)
+    if out is not None or fmt == "html":
+        from perfguard.storage.jsonio import write_bytes_atomic
+
+        if fmt == "html":
+            from perfguard.presentation.html import render_report_html
+
+            text = render_report_html(report, source=os.path.basename(path))
+        elif fmt == "md":
+            text = render.render_markdown(report)
+        elif fmt == "json":
+            text = rep.render_json(report)
+        else:
+            raise PerfguardError("--out: the table format prints to the terminal only")
+        if out is None:
+            click.echo(text, nl=False)
+        else:
+            write_bytes_atomic(out, text.encode("utf-8"))
+            click.echo(out)
+        return EXIT_OK
     if fmt == "md":
         click.echo(render.render_markdown(report), nl=False)
     elif fmt == "json":

@@ -52,11 +52,24 @@ def _save(plt: Any, fig: Any, out: str | Path) -> Path:
     return out
 
 
+def tick_labels(commits: list[Any]) -> list[str]:
+    """One label per report, none repeated: a commit measured by several reports (a rerun,
+    two nightlies on one commit) gets `#2`, `#3`... after its short hash."""
+    seen: dict[str, int] = {}
+    out = []
+    for sha in commits:
+        short = str(sha or "?")[:7]
+        seen[short] = seen.get(short, 0) + 1
+        out.append(short if seen[short] == 1 else f"{short} #{seen[short]}")
+    return out
+
+
 def plot_trend(
     series: Any, changes: list[dict[str, Any]], *, case: str, metric: str, out: str | Path
 ) -> Path:
-    """Medians over commits within their min-max range, change points as dashed lines
-    and the level of each segment as a step line."""
+    """One series over its reports: the median within the run's min-max range, the
+    baseline it was judged against with its bound (the band shaded), each change point as
+    a dashed line with its size, and the level of each segment between change points."""
     if series.empty:
         raise PerfguardError(f"no history for case {case!r} metric {metric!r}")
     plt = _pyplot()
@@ -67,11 +80,29 @@ def plot_trend(
         low = series["min"].fillna(med).astype(float)
         high = series["max"].fillna(med).astype(float)
         ax.fill_between(x, low, high, alpha=0.2, label="min-max of the run")
+    if "baseline" in series and series["baseline"].notna().any():
+        base = series["baseline"].astype(float)
+        ax.step(x, base, where="mid", color="tab:gray", linewidth=1.2, label="baseline")
+        if "bound" in series and series["bound"].notna().any():
+            bound = series["bound"].astype(float)
+            ax.fill_between(
+                x, base, bound, step="mid", color="tab:gray", alpha=0.15, label="baseline band"
+            )
+            ax.step(
+                x, bound, where="mid", color="tab:gray", linestyle=":", linewidth=1, label="bound"
+            )
     ax.plot(x, med, marker="o", markersize=3, linewidth=1, label="median")
     cuts = [0, *[c["index"] for c in changes], len(series)]
-    for left, right in itertools.pairwise(cuts):
+    for i, (left, right) in enumerate(itertools.pairwise(cuts)):
         level = float(med.iloc[left:right].median())
-        ax.hlines(level, left - 0.4, right - 0.6, colors="black", linewidth=1.5)
+        ax.hlines(
+            level,
+            left - 0.4,
+            right - 0.6,
+            colors="black",
+            linewidth=1.5,
+            label="level between change points" if i == 0 else None,
+        )
     for c in changes:
         colour = "tab:red" if c["direction"] == "slower" else "tab:green"
         ax.axvline(c["index"] - 0.5, color=colour, linestyle="--", linewidth=1.2)
@@ -84,7 +115,7 @@ def plot_trend(
             fontsize=8,
             color=colour,
         )
-    commits = [literal(str(s or "?")[:7]) for s in series["commit_sha"]]
+    commits = [literal(t) for t in tick_labels(list(series["commit_sha"]))]
     step = max(1, len(x) // 20)
     ax.set_xticks(x[::step], commits[::step], rotation=60, fontsize=7)
     ax.set_xlabel("commit (oldest first)")

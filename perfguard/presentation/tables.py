@@ -210,11 +210,13 @@ def baseline_diff_table(d: BaselineDiff, old_label: str, new_label: str) -> Tabl
 
 
 def history_table(frame: Any, title: str) -> Table:
-    """`perfguard history show`: one row per report of a case and metric (a DataFrame)."""
+    """`perfguard history show`: one row per report, case and metric (a DataFrame), with the
+    hardware (a series is per hardware) and any fault injection the report was made with."""
     table = Table(title=escape(title))
-    cols = ("date", "commit", "case", "metric", "n", "median", "iqr", "baseline", "ratio")
-    for col in (*cols, "verdict"):
-        table.add_column(col, justify="right" if col in ("n", "median", "iqr", "ratio") else "left")
+    cols = ("date", "commit", "hardware", "case", "metric", "n", "median", "iqr", "baseline")
+    right = ("n", "median", "iqr", "baseline", "ratio")
+    for col in (*cols, "ratio", "verdict"):
+        table.add_column(col, justify="right" if col in right else "left")
 
     def cell(value: Any, digits: int = 3) -> str:
         if value is None or (isinstance(value, float) and value != value):
@@ -222,9 +224,14 @@ def history_table(frame: Any, title: str) -> Table:
         return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
     for r in frame.itertuples(index=False):
+        verdict = cell(r.verdict)
+        inject = getattr(r, "inject", None)
+        if isinstance(inject, str) and inject:
+            verdict += f" (injected {inject})"
         table.add_row(
             escape(str(r.date)[:19]),
             escape(str(r.commit_sha or "-")[:10]),
+            escape(str(r.hardware or "-")),
             escape(str(r.case)),
             escape(str(r.metric)),
             cell(r.n),
@@ -232,7 +239,7 @@ def history_table(frame: Any, title: str) -> Table:
             cell(r.iqr),
             cell(r.baseline),
             cell(r.ratio, 4),
-            escape(cell(r.verdict)),
+            escape(verdict),
         )
     return table
 
@@ -240,10 +247,11 @@ def history_table(frame: Any, title: str) -> Table:
 def changes_table(found: list[dict[str, Any]]) -> Table:
     """`perfguard history changes`: each change point, its commit, size and direction."""
     table = Table(title=f"{len(found)} change point(s)")
-    for col in ("case", "metric", "commit", "date", "before", "after", "change"):
+    for col in ("hardware", "case", "metric", "commit", "date", "before", "after", "change"):
         table.add_column(col)
     for c in found:
         table.add_row(
+            escape(str(c.get("hardware") or "-")),
             escape(c["case"]),
             escape(c["metric"]),
             escape(str(c["commit"] or "-")[:10]),
