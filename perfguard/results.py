@@ -43,6 +43,8 @@ class CaseResult:
     reference: list[float] = field(default_factory=list)
     components: dict[str, dict[str, Any]] | None = None
     counters: dict[str, list[int]] | None = None
+    arguments: dict[str, Any] | None = None
+    """What the pipeline's `__call__` was given (diffusers cases), by argument name."""
 
     def add_counters(self, counts: dict[str, int]) -> None:
         """One measured run's counters; a counter a run did not report counts 0 there."""
@@ -109,6 +111,7 @@ class CaseResult:
             **({"reference": list(self.reference)} if self.reference else {}),
             **({"components": self.components} if self.components is not None else {}),
             **({"counters": self.counters} if self.counters is not None else {}),
+            **({"arguments": self.arguments} if self.arguments is not None else {}),
         }
 
     @classmethod
@@ -140,6 +143,7 @@ class CaseResult:
                 if data.get("counters") is not None
                 else None
             ),
+            arguments=dict(data["arguments"]) if data.get("arguments") is not None else None,
         )
 
 
@@ -194,6 +198,7 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
         reference=reference,
         components=first.components,
         counters=counters,
+        arguments=first.arguments,
     )
 
 

@@ -420,6 +420,14 @@ class CaseVerdict:
 
     components: Mapping[str, Any] | None = None
     counters: Mapping[str, Any] | None = None
+    arguments: Mapping[str, Any] | None = None
+    baseline_components: Mapping[str, Any] | None = None
+
+    @property
+    def component_changes(self) -> list[str]:
+        """How the measured components differ from those the baseline recorded: a
+        changed pipeline directory makes the figures incomparable, whatever they say."""
+        return component_changes(self.baseline_components, self.components)
 
     @property
     def clear(self) -> bool:
@@ -444,6 +452,10 @@ class CaseVerdict:
             out["components"] = {k: dict(v) for k, v in self.components.items()}
         if self.counters is not None:
             out["counters"] = {k: list(v) for k, v in self.counters.items()}
+        if self.arguments is not None:
+            out["arguments"] = dict(self.arguments)
+        if self.baseline_components is not None:
+            out["baseline_components"] = {k: dict(v) for k, v in self.baseline_components.items()}
         return out
 
     @classmethod
@@ -462,7 +474,37 @@ class CaseVerdict:
             runner=data.get("runner"),
             components=data.get("components"),
             counters=data.get("counters"),
+            arguments=data.get("arguments"),
+            baseline_components=data.get("baseline_components"),
         )
+
+
+def component_changes(
+    baseline: Mapping[str, Any] | None, measured: Mapping[str, Any] | None
+) -> list[str]:
+    """`role: what changed` for each component added, removed, or of another class or
+    parameter count than at baseline time (nothing when either side is unknown)."""
+    if not baseline or not measured:
+        return []
+
+    def short(c: Mapping[str, Any]) -> str:
+        return str(c.get("class", "?")).rsplit(".", 1)[-1]
+
+    out = []
+    for role in sorted(set(baseline) | set(measured)):
+        old, new = baseline.get(role), measured.get(role)
+        if old is None:
+            out.append(f"{role} added ({short(new)})")
+        elif new is None:
+            out.append(f"{role} removed (was {short(old)})")
+        elif short(old) != short(new):
+            out.append(f"{role} {short(old)} -> {short(new)}")
+        elif old.get("parameters") != new.get("parameters") and None not in (
+            old.get("parameters"),
+            new.get("parameters"),
+        ):
+            out.append(f"{role} parameters {old['parameters']} -> {new['parameters']}")
+    return out
 
 
 def worst(verdicts: Iterable[str]) -> str:
@@ -514,6 +556,8 @@ def judge_case(
         "notes": scenario.notes if scenario else None,
         "components": result.components,
         "counters": result.counters,
+        "arguments": result.arguments,
+        "baseline_components": scenario.components if scenario else None,
     }
     if result.status != "ok":
         return CaseVerdict(case_id, ERROR, error=result.error or "case failed", **common)

@@ -95,6 +95,9 @@ class Scenario:
     dropped_runs: int | None = None
     source: str | None = None
     """The input file `baselines merge` took this scenario from (`baseline_merge`)."""
+    components: Mapping[str, Mapping[str, Any]] | None = None
+    """role -> class and parameter count of what was measured: a check whose pipeline
+    differs says so (`perfguard.decision.verdict.component_changes`)."""
 
     @property
     def step_count(self) -> int:
@@ -135,6 +138,9 @@ class Scenario:
             "reference_version": self.reference_version,
             "dropped_runs": self.dropped_runs,
             "source": self.source,
+            "components": None
+            if self.components is None
+            else {k: dict(v) for k, v in sorted(self.components.items())},
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.tolerance_overrides:
@@ -177,6 +183,7 @@ class Scenario:
             reference_version=data.get("reference_version"),
             dropped_runs=data.get("dropped_runs"),
             source=data.get("source"),
+            components=data.get("components"),
         )
 
 
@@ -428,6 +435,7 @@ def scenario_from_result(
         else None,
         reference_version=reference_version if result.reference else None,
         dropped_runs=dropped_runs,
+        components=result.components,
     )
 
 
