@@ -122,7 +122,6 @@ def _case_toml(case_id: str, model: Path, **extra: object) -> str:
         "height": 32,
         "width": 32,
         "steps": STEPS,
-        "guidance_scale": 4.0,
         "dtype": "float32",
         "seed": 0,
         "tags": ["smoke"],
@@ -190,12 +189,14 @@ def test_stages_steps_components_and_counters_come_from_the_pipelines_own_seams(
     assert comps["text_encoder"]["class"].endswith("Qwen2_5_VLForConditionalGeneration")
     assert comps["vae"]["class"].endswith("AutoencoderKLQwenImage")
     assert all(comps[r]["parameters"] > 0 for r in ("text_encoder", "transformer", "vae"))
+    # Parts without parameters count 0, as in the built-in pipelines (not "unknown").
     assert comps["scheduler"] == {
         "class": "diffusers.schedulers.scheduling_flow_match_euler_discrete."
         "FlowMatchEulerDiscreteScheduler",
-        "parameters": None,
+        "parameters": 0,
     }
     assert comps["tokenizer"]["class"].endswith("Qwen2Tokenizer")
+    assert comps["tokenizer"]["parameters"] == 0
     # True CFG (a negative prompt and true_cfg_scale > 1): two transformer calls per step.
     assert result.counters == {"denoise_steps": [STEPS, STEPS], "denoiser_calls": [4, 4]}
 

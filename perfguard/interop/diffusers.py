@@ -61,6 +61,7 @@ from perfguard.errors import PerfguardError
 from perfguard.measurement.platform import Platform
 from perfguard.measurement.timer import stage, step
 from perfguard.storage.cases import DIFFUSERS, Case
+from perfguard.workloads.components import component_info
 from perfguard.workloads.pipeline import DTYPES
 
 # Pipeline class (model_index.json `_class_name`) -> perfguard workload whose DiT can
@@ -401,11 +402,10 @@ class DiffusersCase:
             if isinstance(comp, torch.nn.Module)
         }
         # The runner records each module's class and parameter count; the other parts
-        # (tokenizer, scheduler, processor) by class, since they shape what runs too.
+        # (tokenizer, scheduler, processor) by class with no parameters, since they shape
+        # what runs too: the same record as the built-in pipelines give (`component_info`).
         self.components: dict[str, Any] = {
-            role: comp
-            if isinstance(comp, torch.nn.Module)
-            else {"class": f"{type(comp).__module__}.{type(comp).__qualname__}", "parameters": None}
+            role: comp if isinstance(comp, torch.nn.Module) else component_info(comp)
             for role, comp in sorted(pipe.components.items())
             if comp is not None
         }

@@ -56,9 +56,18 @@ def fmt_count(n: int | None) -> str:
 
 
 def components_line(components: Mapping[str, Any]) -> str:
-    """`role Class (params), ...`: what the case measured, in one line."""
+    """`role Class (params), ...`: what the case measured, in one line.
+
+    A part without parameters (a tokenizer, a scheduler: 0) shows its class alone, and
+    `(?)` means a count not known (a diffusers case listed before it ran).
+    """
+
+    def count(c: Mapping[str, Any]) -> str:
+        n = c.get("parameters")
+        return "" if n == 0 else f" ({fmt_count(n)})"
+
     return ", ".join(
-        f"{role} {str(c.get('class', '?')).rsplit('.', 1)[-1]} ({fmt_count(c.get('parameters'))})"
+        f"{role} {str(c.get('class', '?')).rsplit('.', 1)[-1]}{count(c)}"
         for role, c in sorted(components.items())
     )
 
