@@ -184,3 +184,14 @@ def test_judgement_of_unchanged_components_adds_no_hint() -> None:
     report = _report([201.0] * 5, [1.0] * 5, baseline_components=same, components=same)
     assert "differs from the one the baseline" not in render.render_markdown(report)
     assert isinstance(report.judgement, Judgement)
+
+
+def test_the_default_registry_is_the_checkouts_cases_folder_from_any_directory(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    from perfguard.storage.cases import default_cases_dir
+
+    monkeypatch.chdir(tmp_path)  # type: ignore[attr-defined]
+    found = default_cases_dir()
+    assert found == Path(__file__).resolve().parent.parent / "cases"
+    assert (found / "common.toml").is_file()

@@ -292,7 +292,8 @@ def default_cases_dir() -> Path:
     here = Path.cwd() / "cases"
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parent.parent / "cases"
+    # perfguard/storage/cases.py -> the checkout's root, which holds cases/.
+    return Path(__file__).resolve().parents[2] / "cases"
 
 
 @dataclass(frozen=True)

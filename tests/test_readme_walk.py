@@ -1,0 +1,38 @@
+"""What a new user reads first: the README's setup and its description of the output."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+from perfguard.presentation import render
+from tests.test_render_reasons import _report
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_setup_command_installs_the_cpu_wheel() -> None:
+    """On the default package index `torch==2.13.0` on Linux is the CUDA build: the
+    README's command must name the CPU wheel index, as CI does."""
+    setup = README[README.index("## Set up and test") :]
+    block = re.search(r"```bash\n(.*?)```", setup, re.S)
+    assert block is not None
+    first = block.group(1).splitlines()[0]
+    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in first
+    ci = (ROOT / ".github" / "workflows" / "ci.yml").read_text(encoding="utf-8")
+    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in ci
+
+
+def test_the_readme_says_where_the_verdict_is_printed() -> None:
+    """The verdict is the table's title, its first line: the README must not say that
+    the output ends with it."""
+    assert "ends with the verdict" not in README
+    assert "titled by the verdict and its exit code (the first line)" in " ".join(README.split())
+    out = io.StringIO()
+    report = _report([201.0] * 5, [1.0] * 5)
+    render.render_table(report, Console(file=out, width=200, no_color=True))
+    assert out.getvalue().splitlines()[0].strip() == render.summary_line(report)
