@@ -36,3 +36,11 @@ def test_the_readme_says_where_the_verdict_is_printed() -> None:
     report = _report([201.0] * 5, [1.0] * 5)
     render.render_table(report, Console(file=out, width=200, no_color=True))
     assert out.getvalue().splitlines()[0].strip() == render.summary_line(report)
+
+
+def test_every_perfguard_path_the_baselines_readme_cites_exists() -> None:
+    text = (ROOT / "baselines" / "README.md").read_text(encoding="utf-8")
+    cited = set(re.findall(r"`(perfguard/[A-Za-z0-9_./-]+)`", text))
+    assert cited, "the baselines README cites the schema it is checked against"
+    missing = sorted(p for p in cited if not (ROOT / p).exists())
+    assert missing == []

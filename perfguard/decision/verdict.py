@@ -86,7 +86,8 @@ MISSING_STAGE = "missing-stage"
 NEW_STAGE = "new-stage"
 ERROR = "error"
 CONTENDED = "contended"
-"""The runner stayed much slower than at baseline time: no verdict on the code (exit 4)."""
+"""The runner stayed much slower than at baseline time, or was slower by enough to explain
+a metric's excess over its bound: no verdict on the code (exit 4)."""
 
 SEVERITY = (
     REGRESSION,
