@@ -158,6 +158,28 @@ def main() -> None:
         ref_q = [row["reference"] / quiet["reference"] for row in per_round["quiet"]]
         print(f"  reference round speeds: min {min(ref_q):.3f}, max {max(ref_q):.3f}")
     print()
+    print(
+        "fit over rounds of log(metric / quiet) on log(reference / quiet): the slope (1: the "
+        "metric moves with the reference) and the sd of log(metric / reference), what a "
+        "division by the runner's speed leaves as error:"
+    )
+    rounds = {"all rounds": [row for load in args.loads for row in per_round[load]]}
+    if per_round.get("quiet"):
+        rounds["quiet rounds"] = per_round["quiet"]
+    for label, sel in rounds.items():
+        x = [math.log(row["reference"] / quiet["reference"]) for row in sel]
+        cells = []
+        for key in keys:
+            if key == "reference":
+                continue
+            y = [math.log(row[key] / quiet[key]) for row in sel]
+            mx, my = statistics.mean(x), statistics.mean(y)
+            sxx = sum((a - mx) ** 2 for a in x)
+            slope = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sxx if sxx else 0
+            resid = statistics.stdev([b - a for a, b in zip(x, y, strict=True)])
+            cells.append(f"{key}: slope {slope:.2f}, sd {resid:.1%}")
+        print(f"  {label} ({len(sel)}): " + "; ".join(cells))
+    print()
     print("per round and load (speed = reference / quiet reference; metric / quiet metric):")
     for load in args.loads:
         for i, row in enumerate(per_round[load]):

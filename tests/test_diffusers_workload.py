@@ -267,13 +267,16 @@ def test_run_gen_baselines_and_check_end_to_end(
     code, _, err = pg(
         "check", *measure, *once, "--baseline", base, "--report", report, "--markdown", md
     )
-    assert code in (0, 1), err  # a verdict (a shared CPU may be slower the second time)
+    # A verdict, or none on a runner that a shared CPU made slower the second time (exit 4):
+    # the flow and what the report records are the point here.
+    assert code in (0, 1, 4), err
     rep = json.loads(Path(report).read_text())["cases"]["my_qwen"]
     assert rep["components"]["vae"]["class"].endswith("AutoencoderKLQwenImage")
     assert rep["counters"]["denoiser_calls"][0] == 4
     text = Path(md).read_text()
     assert "components: " in text and "QwenImageTransformer2DModel" in text
     assert "counters per run: denoise\\_steps 2" in text
+    assert "call arguments: " in text and "num\\_inference\\_steps=2" in text
 
 
 def test_list_cases_json_names_the_components(
@@ -380,7 +383,7 @@ def test_a_pipeline_that_does_not_take_the_cases_arguments_fails_that_case_only(
         ({"preset": "tiny"}, "preset", "does not apply to a 'diffusers' case"),
         ({"batch": 2}, "batch", "does not apply to a 'diffusers' case"),
         ({"toggles": {"qwen_modulation_cache": False}}, "toggles", "does not apply"),
-        ({"options": {"cuda_graph": True}}, "options", "does not apply"),
+        ({"num_devices": 2}, "num_devices", "does not apply"),
     ],
 )
 def test_fields_that_do_not_apply_to_a_diffusers_case_are_schema_errors(

@@ -213,11 +213,11 @@ def check_options(case: Case, pipe_or_cls: Any) -> None:
                 f"{where}: options.{key}: set it with the case's field "
                 f"{by_argument[key]!r}, not in options"
             )
-        if key in SET_BY_PERFGUARD or key == "callback_on_step_end_tensor_inputs":
+        if key in SET_BY_PERFGUARD:
             raise PerfguardError(
                 f"{where}: options.{key}: perfguard sets it to time the call; leave it out"
             )
-        if key not in params and not takes_any:
+        if key == "self" or (key not in params and not takes_any):
             others = sorted(
                 p
                 for p in params
