@@ -304,11 +304,12 @@ def judge_metric(
     runner is slower as a whole (speed > 1) and the median divided by it would be within
     the bound, the metric is `contended` (no verdict, exit 4), neither a regression (a
     slower host or a capped clock must not read as slower code) nor a pass. It used to
-    pass: measured, the reference's speed tracks the pipelines' on average (a slope of
-    0.92-1.07 over a 0.85x-8x range of machine load) but predicts one measurement's to
-    8-24 % (sd of log ratios over rounds of 10 runs), several times the 3 % minimum
-    effect, so dividing by it excused real slowdowns of that size (`+3-5 %` e2e at a
-    1.105x runner). A faster runner adjusts nothing: it must not hide a real slowdown.
+    pass: measured (`benchmarks/runner_speed.py`, docs/verdicts.md), the reference's
+    speed tracks the pipelines' on average (slopes of 0.93-1.09 over a 0.36x-5.8x range
+    of machine speed) but predicts one measurement's only to 11-18 % (sd of log ratios
+    over rounds of 10 runs), several times the 3 % minimum effect, so dividing by it
+    excused real slowdowns of that size (`+3-5 %` e2e at a 1.105x runner). A faster
+    runner adjusts nothing: it must not hide a real slowdown.
     """
     if not samples:
         if baseline is None:
