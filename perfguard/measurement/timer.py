@@ -223,12 +223,18 @@ class StageTimer:
         elapsed_s = self.platform.elapsed_ms(span.start, now) / 1e3
         if owner is not None:
             wait_s = elapsed_s * fraction
-            owner.injected_s += wait_s
         else:
             wait_s = max(0.0, (elapsed_s - span.injected_s) * fraction - span.injected_s)
-        deadline = time.perf_counter() + wait_s
-        while time.perf_counter() < deadline:
-            pass
+        start = time.perf_counter()
+        deadline = start + wait_s
+        now_s = start
+        while now_s < deadline:
+            now_s = time.perf_counter()
+        if owner is not None:
+            # What the wait really took: on a busy machine a spin overshoots its deadline
+            # when the process is descheduled near its end; counting the overshoot lets
+            # the stage's own wait make up for it, so the stage stays at its fraction.
+            owner.injected_s += now_s - start
 
     def _fold_peak(self) -> None:
         """Fold the allocator's peak since the last reset into every open span, then reset.

@@ -307,7 +307,7 @@ def runner_text(report: Report) -> str:
     cells = ", ".join(f"{cid} {speed:.3f}x" for cid, speed in speeds)
     return (
         f"runner speed (reference workload now / at baseline time): {cells}; above 1 the "
-        "runner is slower, and a slowdown must still exceed its bound after dividing by it"
+        "runner is slower, and a slowdown it would explain gets no verdict (contended)"
     )
 
 
