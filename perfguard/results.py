@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,3 +287,31 @@ class RunRecord:
             "peak_memory_mb": self.peak_memory_mb,
             "stage_peak_memory_mb": dict(self.stage_peak_memory_mb),
         }
+
+
+def component_changes(
+    baseline: Mapping[str, Any] | None, measured: Mapping[str, Any] | None
+) -> list[str]:
+    """`role: what changed` for each component added, removed, or of another class or
+    parameter count than at baseline time (nothing when either side is unknown)."""
+    if not baseline or not measured:
+        return []
+
+    def short(c: Mapping[str, Any]) -> str:
+        return str(c.get("class", "?")).rsplit(".", 1)[-1]
+
+    out = []
+    for role in sorted(set(baseline) | set(measured)):
+        old, new = baseline.get(role), measured.get(role)
+        if old is None:
+            out.append(f"{role} added ({short(new)})")
+        elif new is None:
+            out.append(f"{role} removed (was {short(old)})")
+        elif short(old) != short(new):
+            out.append(f"{role} {short(old)} -> {short(new)}")
+        elif old.get("parameters") != new.get("parameters") and None not in (
+            old.get("parameters"),
+            new.get("parameters"),
+        ):
+            out.append(f"{role} parameters {old['parameters']} -> {new['parameters']}")
+    return out

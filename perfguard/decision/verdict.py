@@ -70,7 +70,7 @@ from perfguard.errors import (
     EXIT_REGRESSION,
 )
 from perfguard.metrics import metric_class, metric_sort_key, unit
-from perfguard.results import CaseResult
+from perfguard.results import CaseResult, component_changes
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.results import CaseResult, Results
@@ -488,34 +488,6 @@ class CaseVerdict:
             arguments=data.get("arguments"),
             baseline_components=data.get("baseline_components"),
         )
-
-
-def component_changes(
-    baseline: Mapping[str, Any] | None, measured: Mapping[str, Any] | None
-) -> list[str]:
-    """`role: what changed` for each component added, removed, or of another class or
-    parameter count than at baseline time (nothing when either side is unknown)."""
-    if not baseline or not measured:
-        return []
-
-    def short(c: Mapping[str, Any]) -> str:
-        return str(c.get("class", "?")).rsplit(".", 1)[-1]
-
-    out = []
-    for role in sorted(set(baseline) | set(measured)):
-        old, new = baseline.get(role), measured.get(role)
-        if old is None:
-            out.append(f"{role} added ({short(new)})")
-        elif new is None:
-            out.append(f"{role} removed (was {short(old)})")
-        elif short(old) != short(new):
-            out.append(f"{role} {short(old)} -> {short(new)}")
-        elif old.get("parameters") != new.get("parameters") and None not in (
-            old.get("parameters"),
-            new.get("parameters"),
-        ):
-            out.append(f"{role} parameters {old['parameters']} -> {new['parameters']}")
-    return out
 
 
 def worst(verdicts: Iterable[str]) -> str:
