@@ -17,14 +17,12 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 def test_the_setup_command_installs_the_cpu_wheel() -> None:
     """On the default package index `torch==2.13.0` on Linux is the CUDA build: the
-    README's command must name the CPU wheel index, as CI does."""
+    README's command must name the CPU wheel index."""
     setup = README[README.index("## Set up and test") :]
     block = re.search(r"```bash\n(.*?)```", setup, re.S)
     assert block is not None
     first = block.group(1).splitlines()[0]
     assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in first
-    ci = (ROOT / ".github" / "workflows" / "ci.yml").read_text(encoding="utf-8")
-    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in ci
 
 
 def test_the_readme_says_where_the_verdict_is_printed() -> None:
@@ -44,3 +42,10 @@ def test_every_perfguard_path_the_baselines_readme_cites_exists() -> None:
     assert cited, "the baselines README cites the schema it is checked against"
     missing = sorted(p for p in cited if not (ROOT / p).exists())
     assert missing == []
+
+
+def test_the_readme_gives_the_suites_measured_duration() -> None:
+    """It said about 2 minutes; 3 m 19 s was measured on 2 quiet cores, and 6 m 47 s for
+    its first 571 tests on a shared machine."""
+    line = next(x for x in README.splitlines() if x.startswith("python -m pytest -q  "))
+    assert "3-4 min on 2 quiet cores" in line and "about 2 minutes" not in line
