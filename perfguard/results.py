@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,8 @@ class CaseResult:
     reference: list[float] = field(default_factory=list)
     components: dict[str, dict[str, Any]] | None = None
     counters: dict[str, list[int]] | None = None
+    arguments: dict[str, Any] | None = None
+    """What the pipeline's `__call__` was given (diffusers cases), by argument name."""
 
     def add_counters(self, counts: dict[str, int]) -> None:
         """One measured run's counters; a counter a run did not report counts 0 there."""
@@ -109,6 +111,7 @@ class CaseResult:
             **({"reference": list(self.reference)} if self.reference else {}),
             **({"components": self.components} if self.components is not None else {}),
             **({"counters": self.counters} if self.counters is not None else {}),
+            **({"arguments": self.arguments} if self.arguments is not None else {}),
         }
 
     @classmethod
@@ -140,6 +143,7 @@ class CaseResult:
                 if data.get("counters") is not None
                 else None
             ),
+            arguments=dict(data["arguments"]) if data.get("arguments") is not None else None,
         )
 
 
@@ -194,6 +198,7 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
         reference=reference,
         components=first.components,
         counters=counters,
+        arguments=first.arguments,
     )
 
 
@@ -282,3 +287,31 @@ class RunRecord:
             "peak_memory_mb": self.peak_memory_mb,
             "stage_peak_memory_mb": dict(self.stage_peak_memory_mb),
         }
+
+
+def component_changes(
+    baseline: Mapping[str, Any] | None, measured: Mapping[str, Any] | None
+) -> list[str]:
+    """`role: what changed` for each component added, removed, or of another class or
+    parameter count than at baseline time (nothing when either side is unknown)."""
+    if not baseline or not measured:
+        return []
+
+    def short(c: Mapping[str, Any]) -> str:
+        return str(c.get("class", "?")).rsplit(".", 1)[-1]
+
+    out = []
+    for role in sorted(set(baseline) | set(measured)):
+        old, new = baseline.get(role), measured.get(role)
+        if old is None:
+            out.append(f"{role} added ({short(new)})")
+        elif new is None:
+            out.append(f"{role} removed (was {short(old)})")
+        elif short(old) != short(new):
+            out.append(f"{role} {short(old)} -> {short(new)}")
+        elif old.get("parameters") != new.get("parameters") and None not in (
+            old.get("parameters"),
+            new.get("parameters"),
+        ):
+            out.append(f"{role} parameters {old['parameters']} -> {new['parameters']}")
+    return out

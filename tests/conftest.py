@@ -12,11 +12,18 @@ import pytest
 PG = Callable[..., tuple[int, str, str]]
 
 
+@pytest.fixture(scope="session")
+def _lock_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("locks"))
+
+
 @pytest.fixture(autouse=True)
-def _no_platform_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A PERFGUARD_* variable set in the developer's shell must not change test outcomes."""
+def _no_platform_override(monkeypatch: pytest.MonkeyPatch, _lock_dir: str) -> None:
+    """A PERFGUARD_* variable set in the developer's shell must not change test outcomes;
+    baseline locks go to a folder of the test session, not the developer's cache."""
     for var in ("PERFGUARD_PLATFORM", "PERFGUARD_INJECT", "PERFGUARD_CASES", "PERFGUARD_FACTORY"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PERFGUARD_LOCK_DIR", _lock_dir)
 
 
 @pytest.fixture

@@ -384,7 +384,7 @@ def test_merge_waits_for_the_lock_that_every_baseline_write_holds(tmp_path: Path
     a = make(tmp_path / "a.json", x=1.0)
     b = make(tmp_path / "b.json", y=1.0)
     before = a.read_bytes()
-    held = filelock.FileLock(f"{a}.lock")
+    held = filelock.FileLock(str(store.lock_path(a)))
     held.acquire()
     try:
         worker = threading.Thread(target=bm.merge_files, args=([a, b], a))

@@ -122,7 +122,6 @@ def _case_toml(case_id: str, model: Path, **extra: object) -> str:
         "height": 32,
         "width": 32,
         "steps": STEPS,
-        "guidance_scale": 4.0,
         "dtype": "float32",
         "seed": 0,
         "tags": ["smoke"],
@@ -190,12 +189,14 @@ def test_stages_steps_components_and_counters_come_from_the_pipelines_own_seams(
     assert comps["text_encoder"]["class"].endswith("Qwen2_5_VLForConditionalGeneration")
     assert comps["vae"]["class"].endswith("AutoencoderKLQwenImage")
     assert all(comps[r]["parameters"] > 0 for r in ("text_encoder", "transformer", "vae"))
+    # Parts without parameters count 0, as in the built-in pipelines (not "unknown").
     assert comps["scheduler"] == {
         "class": "diffusers.schedulers.scheduling_flow_match_euler_discrete."
         "FlowMatchEulerDiscreteScheduler",
-        "parameters": None,
+        "parameters": 0,
     }
     assert comps["tokenizer"]["class"].endswith("Qwen2Tokenizer")
+    assert comps["tokenizer"]["parameters"] == 0
     # True CFG (a negative prompt and true_cfg_scale > 1): two transformer calls per step.
     assert result.counters == {"denoise_steps": [STEPS, STEPS], "denoiser_calls": [4, 4]}
 
@@ -266,13 +267,16 @@ def test_run_gen_baselines_and_check_end_to_end(
     code, _, err = pg(
         "check", *measure, *once, "--baseline", base, "--report", report, "--markdown", md
     )
-    assert code in (0, 1), err  # a verdict (a shared CPU may be slower the second time)
+    # A verdict, or none on a runner that a shared CPU made slower the second time (exit 4):
+    # the flow and what the report records are the point here.
+    assert code in (0, 1, 4), err
     rep = json.loads(Path(report).read_text())["cases"]["my_qwen"]
     assert rep["components"]["vae"]["class"].endswith("AutoencoderKLQwenImage")
     assert rep["counters"]["denoiser_calls"][0] == 4
     text = Path(md).read_text()
     assert "components: " in text and "QwenImageTransformer2DModel" in text
     assert "counters per run: denoise\\_steps 2" in text
+    assert "call arguments: " in text and "num\\_inference\\_steps=2" in text
 
 
 def test_list_cases_json_names_the_components(
@@ -379,7 +383,7 @@ def test_a_pipeline_that_does_not_take_the_cases_arguments_fails_that_case_only(
         ({"preset": "tiny"}, "preset", "does not apply to a 'diffusers' case"),
         ({"batch": 2}, "batch", "does not apply to a 'diffusers' case"),
         ({"toggles": {"qwen_modulation_cache": False}}, "toggles", "does not apply"),
-        ({"options": {"cuda_graph": True}}, "options", "does not apply"),
+        ({"num_devices": 2}, "num_devices", "does not apply"),
     ],
 )
 def test_fields_that_do_not_apply_to_a_diffusers_case_are_schema_errors(

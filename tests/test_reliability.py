@@ -187,7 +187,7 @@ def test_sigterm_during_a_write_is_exit_143_and_leaves_the_old_file_whole(
     assert code == EXIT_TERMINATED == 143, err
     assert "terminated" in err
     assert snapshot(baseline_file) == before
-    assert listing(tmp_path) == ["baseline.json", "baseline.json.lock"]
+    assert listing(tmp_path) == ["baseline.json"]  # no lock file left beside it
     assert signal.getsignal(signal.SIGTERM) is handler
 
 
@@ -203,7 +203,7 @@ def test_ctrl_c_during_a_write_is_exit_130_and_leaves_the_old_file_whole(
     code, _, err = pg("baselines", "import-sglang", str(H100), "--out", str(baseline_file))
     assert code == 130 and "interrupted" in err
     assert snapshot(baseline_file) == before
-    assert listing(tmp_path) == ["baseline.json", "baseline.json.lock"]
+    assert listing(tmp_path) == ["baseline.json"]  # no lock file left beside it
 
 
 def test_the_exit_code_table_is_in_help_and_the_readme() -> None:
@@ -594,7 +594,7 @@ def test_a_baseline_write_that_fails_leaves_the_old_file_byte_identical(
     assert code == 2
     one_error_line(stderr, f"{baseline_file}: cannot write: {message}")
     assert snapshot(baseline_file) == before
-    assert listing(tmp_path) == ["baseline.json", "baseline.json.lock"]
+    assert listing(tmp_path) == ["baseline.json"]  # no lock file left beside it
 
 
 @pytest.mark.parametrize(("call", "err", "message"), FAULTS)
@@ -639,7 +639,7 @@ def _gen_one(i: int, path: str) -> None:
 
 
 def test_eight_concurrent_gen_baselines_writers_lose_no_case(fast: Path) -> None:
-    """Each writer re-reads the file under `<path>.lock` before adding its case."""
+    """Each writer re-reads the file under its lock before adding its case."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
@@ -652,7 +652,7 @@ def test_eight_concurrent_gen_baselines_writers_lose_no_case(fast: Path) -> None
     assert [p.exitcode for p in procs] == [0] * 8
     saved = json.loads(Path(path).read_text())
     assert sorted(saved["scenarios"]) == [f"c{i}" for i in range(8)]
-    assert listing(Path(path).parent) == ["shared.json", "shared.json.lock"]
+    assert listing(Path(path).parent) == ["shared.json"]  # the lock lives elsewhere
 
 
 def _write_forever(path: str) -> None:

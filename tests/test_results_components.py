@@ -99,9 +99,11 @@ def test_the_report_lines_name_classes_sizes_and_counter_ranges() -> None:
         "transformer": {"class": "a.b.QwenImageTransformer2DModel", "parameters": 20_430_000_000},
         "scheduler": {"class": "diffusers.FlowMatchEulerDiscreteScheduler", "parameters": None},
         "vae": {"class": "x.AutoencoderKLQwenImage", "parameters": 126_900_000},
+        "tokenizer": {"class": "transformers.Qwen2Tokenizer", "parameters": 0},
     }
+    # (?) is a count not known yet; a part without parameters shows its class alone.
     assert components_line(comps) == (
-        "scheduler FlowMatchEulerDiscreteScheduler (?), "
+        "scheduler FlowMatchEulerDiscreteScheduler (?), tokenizer Qwen2Tokenizer, "
         "transformer QwenImageTransformer2DModel (20.4B), vae AutoencoderKLQwenImage (126.9M)"
     )
     assert counters_line({"hits": [8, 8], "calls": [3, 4]}) == "calls 3-4, hits 8"

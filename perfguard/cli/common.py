@@ -300,7 +300,9 @@ def measurement_options(
                     default=None,
                     metavar="STAGE=+N%",
                     help="Slow a stage down by N % with real busy work, to prove the gate "
-                    "catches it (env: PERFGUARD_INJECT).",
+                    "catches it (env: PERFGUARD_INJECT). Moves stage:STAGE by N %, each "
+                    "step:<i> inside it (so step_avg and step_median) by N %, the stages "
+                    "that enclose it and e2e by the added time; no other stage.",
                 )
             )
         return _apply(wrapper, options)

@@ -21,17 +21,27 @@ built-in pipelines do, so the figures are device time on CUDA/ROCm/NPU and compa
 What no seam shows (input checks, latent and timestep preparation, post-processing) is
 in `e2e` only.
 
-The case's fields map onto the pipeline's own `__call__` arguments: `prompt`,
-`negative_prompt`, `height`, `width`, `steps` (`num_inference_steps`), `guidance_scale`
-(the pipeline's CFG argument: `true_cfg_scale` where the pipeline has one, as Qwen-Image
-does, else `guidance_scale`), `seed` (a CPU `torch.Generator`), `dtype` (the load dtype).
+The case's fields go to the `__call__` arguments of the same name, and only those:
+`prompt`, `negative_prompt`, `height`, `width`, `guidance_scale`, and `steps` as
+`num_inference_steps`; `seed` makes the CPU `torch.Generator`, `dtype` is the load dtype.
+A field the case does not set (`negative_prompt`, `guidance_scale`) is not passed, so the
+pipeline's own default applies. Every other argument is the case's `options` table
+(`options = { true_cfg_scale = 4.0, max_sequence_length = 256 }`), passed as written and
+checked against the signature of the pipeline class's `__call__` before anything runs.
+Why by name, not by meaning: pipelines disagree on what "the CFG scale" is (Qwen-Image's
+`true_cfg_scale` runs a second denoiser pass per step; Flux's `guidance_scale` is a
+distilled embedding, one pass), and guessing one mapped a Flux case's `guidance_scale`
+onto true CFG, doubling the denoiser calls. What was passed is recorded per case
+(`DiffusersCase.arguments`, the report's `arguments`).
+
 With `dit = "perfguard"` the pipeline's transformer is replaced by perfguard's optimized
 DiT of the same config with the same weights (Qwen-Image, GLM-Image), and the case's
 toggles apply to it.
 
-Errors: a `model` that is not a complete local diffusers pipeline is a data error naming
-the case and the path (`preflight`, exit 2, before anything runs); a pipeline whose
-`__call__` does not take the case's arguments fails that case only (exit 3).
+Errors: a `model` that is not a complete local diffusers pipeline, or an `options` name
+its `__call__` does not take (or one that a field or perfguard sets), is a data error
+naming the file, the case and the field (`preflight`, exit 2, before anything runs); a
+pipeline whose `__call__` does not take the case's fields fails that case only (exit 3).
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ import functools
 import inspect
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +61,7 @@ from perfguard.errors import PerfguardError
 from perfguard.measurement.platform import Platform
 from perfguard.measurement.timer import stage, step
 from perfguard.storage.cases import DIFFUSERS, Case
+from perfguard.workloads.components import component_info
 from perfguard.workloads.pipeline import DTYPES
 
 # Pipeline class (model_index.json `_class_name`) -> perfguard workload whose DiT can
@@ -75,6 +86,17 @@ REQUIRED_ARGUMENTS = (
     "output_type",
     "callback_on_step_end",
 )
+FIELD_ARGUMENTS = {
+    "prompt": "prompt",
+    "negative_prompt": "negative_prompt",
+    "height": "height",
+    "width": "width",
+    "steps": "num_inference_steps",
+    "guidance_scale": "guidance_scale",
+}
+"""Case field -> the `__call__` argument it is passed as (the same name but for steps)."""
+SET_BY_PERFGUARD = ("generator", "output_type", "callback_on_step_end", "return_dict")
+"""Arguments perfguard passes itself to time the call: `options` may not name them."""
 
 
 def model_path(case: Case) -> Path:
@@ -139,6 +161,7 @@ def preflight(case: Case) -> None:
             f.name.endswith(WEIGHT_SUFFIXES) for f in folder.iterdir()
         ):
             raise _bad(case, path, f"component {role!r}: no weights in {role}/ (needs a download)")
+    check_options(case, pipeline_class(index))
     if case.dit == "perfguard":
         cls = index["_class_name"]
         workload = PERFGUARD_DITS.get(cls)
@@ -155,6 +178,56 @@ def preflight(case: Case) -> None:
                     f"case {case.id!r}: toggles.{name}: does not apply to a {cls} "
                     f"({TOGGLES.get(name)} only)"
                 )
+
+
+def pipeline_class(index: dict[str, Any]) -> type | None:
+    """The diffusers class `model_index.json` names, or None (a custom pipeline: its
+    arguments are checked when it is loaded)."""
+    import diffusers
+
+    name = index.get("_class_name")
+    try:
+        cls = getattr(diffusers, str(name), None)
+    except Exception:  # a lazy import that fails: the load will say why
+        return None
+    return cls if isinstance(cls, type) else None
+
+
+def _call_parameters(pipe_or_cls: Any) -> Mapping[str, inspect.Parameter]:
+    return inspect.signature(pipe_or_cls.__call__).parameters
+
+
+def check_options(case: Case, pipe_or_cls: Any) -> None:
+    """Every name in the case's `options` is a `__call__` argument that no field and not
+    perfguard sets; else a `PerfguardError` naming the file, case and field (exit 2)."""
+    if pipe_or_cls is None or not case.options:
+        return
+    params = _call_parameters(pipe_or_cls)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    name = pipe_or_cls.__name__ if isinstance(pipe_or_cls, type) else type(pipe_or_cls).__name__
+    by_argument = {arg: field for field, arg in FIELD_ARGUMENTS.items()}
+    where = f"{case.source}: case {case.id!r}" if case.source else f"case {case.id!r}"
+    for key in sorted(case.options):
+        if key in by_argument:
+            raise PerfguardError(
+                f"{where}: options.{key}: set it with the case's field "
+                f"{by_argument[key]!r}, not in options"
+            )
+        if key in SET_BY_PERFGUARD:
+            raise PerfguardError(
+                f"{where}: options.{key}: perfguard sets it to time the call; leave it out"
+            )
+        if key == "self" or (key not in params and not takes_any):
+            others = sorted(
+                p
+                for p in params
+                if p not in ("self", *by_argument, *SET_BY_PERFGUARD)
+                and params[p].kind is not inspect.Parameter.VAR_POSITIONAL
+            )
+            raise PerfguardError(
+                f"{where}: options.{key}: {name}.__call__ takes no argument {key!r} "
+                f"(it takes {', '.join(others)})"
+            )
 
 
 def preflight_all(cases: Iterable[Case]) -> None:
@@ -307,14 +380,21 @@ class DiffusersCase:
     """A loaded pipeline driven with the case's arguments, its stages observed.
 
     Calling it runs the pipeline once and returns the image tensor (`output_type="pt"`);
-    `components` maps each role to its class and parameter count, and `counters()` gives
-    what the last call did (denoiser calls, steps, component calls).
+    `components` maps each role to its class and parameter count, `arguments` is what
+    `__call__` gets, and `counters()` gives what the last call did (denoiser calls,
+    steps, component calls).
     """
 
     def __init__(self, case: Case, pipe: Any) -> None:
         self.case = case
         self.pipe = pipe
         self.kwargs = call_arguments(case, pipe)
+        self.arguments: dict[str, Any] = {
+            **self.kwargs,
+            "generator": f"torch.Generator('cpu').manual_seed({case.seed})",
+            "callback_on_step_end": "perfguard's step timer",
+        }
+        """What `__call__` is given, by argument name: recorded in results and reports."""
         self.observer = _Observer()
         modules = {
             role: comp
@@ -322,11 +402,10 @@ class DiffusersCase:
             if isinstance(comp, torch.nn.Module)
         }
         # The runner records each module's class and parameter count; the other parts
-        # (tokenizer, scheduler, processor) by class, since they shape what runs too.
+        # (tokenizer, scheduler, processor) by class with no parameters, since they shape
+        # what runs too: the same record as the built-in pipelines give (`component_info`).
         self.components: dict[str, Any] = {
-            role: comp
-            if isinstance(comp, torch.nn.Module)
-            else {"class": f"{type(comp).__module__}.{type(comp).__qualname__}", "parameters": None}
+            role: comp if isinstance(comp, torch.nn.Module) else component_info(comp)
             for role, comp in sorted(pipe.components.items())
             if comp is not None
         }
@@ -368,28 +447,32 @@ class DiffusersCase:
 
 
 def call_arguments(case: Case, pipe: Any) -> dict[str, Any]:
-    """The case's fields as the pipeline's `__call__` arguments (a `ValueError` naming
-    the arguments it does not take)."""
-    params = inspect.signature(pipe.__call__).parameters
+    """The case's fields and `options` as the pipeline's `__call__` arguments, by name
+    (a `ValueError` naming the arguments it does not take; see the module docstring)."""
+    params = _call_parameters(pipe)
     name = type(pipe).__name__
-    missing = [p for p in REQUIRED_ARGUMENTS if p not in params]
-    cfg = next((p for p in ("true_cfg_scale", "guidance_scale") if p in params), None)
-    if cfg is None:
-        missing.append("guidance_scale")
-    if case.negative_prompt is not None and "negative_prompt" not in params:
-        missing.append("negative_prompt")
-    if missing:
-        raise ValueError(f"{case.id}: {name}.__call__ does not take {', '.join(missing)}")
-    kwargs: dict[str, Any] = {
+    values = {
         "prompt": case.prompt,
+        "negative_prompt": case.negative_prompt,
         "height": case.height,
         "width": case.width,
-        "num_inference_steps": case.steps,
-        cfg: case.guidance_scale,
-        "output_type": "pt",
+        "steps": case.steps,
+        "guidance_scale": case.guidance_scale,
     }
-    if case.negative_prompt is not None:
-        kwargs["negative_prompt"] = case.negative_prompt
+    kwargs: dict[str, Any] = {
+        FIELD_ARGUMENTS[field]: value for field, value in values.items() if value is not None
+    }
+    missing = [p for p in (*kwargs, *REQUIRED_ARGUMENTS) if p not in params]
+    if missing:
+        raise ValueError(
+            f"{case.id}: {name}.__call__ does not take {', '.join(dict.fromkeys(missing))}"
+        )
+    try:
+        check_options(case, pipe)
+    except PerfguardError as exc:
+        raise ValueError(str(exc)) from exc
+    kwargs.update(case.options)
+    kwargs["output_type"] = "pt"
     return kwargs
 
 

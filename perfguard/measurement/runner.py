@@ -230,6 +230,8 @@ def run_case(
             result.load_ms = (time.perf_counter() - t0) * 1e3
             yardstick = Reference(platform)
             result.components = components_of(pipeline)
+            arguments = getattr(pipeline, "arguments", None)
+            result.arguments = dict(arguments) if isinstance(arguments, dict) else None
             counters = getattr(pipeline, "counters", None)
             for _ in range(warmup):
                 pipeline()

@@ -60,13 +60,14 @@ class _Span:
     per boundary unless memory tracking, a per-stage sync or an injection asks for it.
     """
 
-    __slots__ = ("_step", "_timer", "name", "peak", "start")
+    __slots__ = ("_step", "_timer", "injected_s", "name", "peak", "start")
 
     def __init__(self, timer: StageTimer, name: str, step: bool) -> None:
         self._timer = timer
         self._step = step
         self.name = name
         self.peak = 0
+        self.injected_s = 0.0  # busy time its steps already added (injection only)
 
     def __enter__(self) -> _Span:
         timer = self._timer
@@ -87,7 +88,7 @@ class _Span:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         timer = self._timer
-        if timer._inject and not self._step and self.name in timer._inject:
+        if timer._inject:
             timer._slow_down(self)
         if timer._sync:
             timer.platform.synchronize()
@@ -192,20 +193,48 @@ class StageTimer:
             self._token = None
 
     def _slow_down(self, span: _Span) -> None:
-        """Busy-wait for `fraction` of the stage's own elapsed time before it ends.
+        """Busy-wait for an injected stage's fraction of `span`'s own time before it ends.
 
-        The device is synchronized first so the stage's real (device) time is known; the
+        A step is slowed by the fraction of the innermost open stage that is injected (its
+        own time x fraction), and that stage is told how much was added; the stage then
+        adds what is left of `fraction x (its time without the injected part)`. So an
+        injected `DenoisingStage` is slower by the fraction, and so is each of its steps
+        (`step:<i>`, `step_avg`, `step_median`), which is what a slower denoiser looks
+        like; injecting at the stage's end only, as before, left the step metrics as
+        they were and the self-test never exercised their gate.
+
+        The device is synchronized first so the span's real (device) time is known; the
         wait then spins on the host, which the end event (recorded after it on an idle
         stream) includes. Spinning rather than sleeping keeps the delay accurate at the
         sub-millisecond scale of tiny CPU stages.
         """
+        if span._step:
+            owner = next((s for s in reversed(self._stack) if s.name in self._inject), None)
+            if owner is None:
+                return
+            fraction = self._inject[owner.name]
+        elif span.name in self._inject:
+            owner, fraction = None, self._inject[span.name]
+        else:
+            return
         self.platform.synchronize()
         now = self.platform.mark()
         self.platform.synchronize()
         elapsed_s = self.platform.elapsed_ms(span.start, now) / 1e3
-        deadline = time.perf_counter() + elapsed_s * self._inject[span.name]
-        while time.perf_counter() < deadline:
-            pass
+        if owner is not None:
+            wait_s = elapsed_s * fraction
+        else:
+            wait_s = max(0.0, (elapsed_s - span.injected_s) * fraction - span.injected_s)
+        start = time.perf_counter()
+        deadline = start + wait_s
+        now_s = start
+        while now_s < deadline:
+            now_s = time.perf_counter()
+        if owner is not None:
+            # What the wait really took: on a busy machine a spin overshoots its deadline
+            # when the process is descheduled near its end; counting the overshoot lets
+            # the stage's own wait make up for it, so the stage stays at its fraction.
+            owner.injected_s += now_s - start
 
     def _fold_peak(self) -> None:
         """Fold the allocator's peak since the last reset into every open span, then reset.

@@ -56,10 +56,26 @@ def fmt_count(n: int | None) -> str:
 
 
 def components_line(components: Mapping[str, Any]) -> str:
-    """`role Class (params), ...`: what the case measured, in one line."""
+    """`role Class (params), ...`: what the case measured, in one line.
+
+    A part without parameters (a tokenizer, a scheduler: 0) shows its class alone, and
+    `(?)` means a count not known (a diffusers case listed before it ran).
+    """
+
+    def count(c: Mapping[str, Any]) -> str:
+        n = c.get("parameters")
+        return "" if n == 0 else f" ({fmt_count(n)})"
+
     return ", ".join(
-        f"{role} {str(c.get('class', '?')).rsplit('.', 1)[-1]} ({fmt_count(c.get('parameters'))})"
+        f"{role} {str(c.get('class', '?')).rsplit('.', 1)[-1]}{count(c)}"
         for role, c in sorted(components.items())
+    )
+
+
+def arguments_line(arguments: Mapping[str, Any]) -> str:
+    """`name=value, ...`: what a diffusers pipeline's `__call__` was given."""
+    return ", ".join(
+        f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in sorted(arguments.items())
     )
 
 
@@ -73,7 +89,20 @@ def counters_line(counters: Mapping[str, Sequence[int]]) -> str:
 
 
 def fmt_ratio(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}x"
+    """A ratio with three significant digits in its change from 1 (1.032x, 0.951x).
+
+    The rule compares ratios near 1 with 1 and with 1 + a 3 % minimum effect: at two
+    decimals a +3.2 % e2e read 1.03x, and an interval whose lower end was 1.004 (credible)
+    read 1.00, as if it were not. Ratios of 10 and over keep three significant digits.
+    """
+    return "-" if ratio is None else f"{_ratio_digits(ratio)}x"
+
+
+def _ratio_digits(x: float) -> str:
+    return f"{x:.3f}" if abs(x) < 10 else f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+_fmt_bound = _ratio_digits
 
 
 def fmt_evidence(m: MetricVerdict) -> str:
@@ -85,7 +114,7 @@ def fmt_evidence(m: MetricVerdict) -> str:
     text = fmt_ratio(m.ratio)
     # A median above its bound is a regression or, when noise explains it, borderline.
     if m.low is not None and m.high is not None and (m.verdict == REGRESSION or m.borderline):
-        text += f" ({m.low:.2f}-{m.high:.2f})"
+        text += f" ({_fmt_bound(m.low)}-{_fmt_bound(m.high)})"
     elif (
         m.paired is not None
         and m.low is not None
@@ -93,7 +122,7 @@ def fmt_evidence(m: MetricVerdict) -> str:
         and (m.verdict != PASS or m.paired.decision == UNKNOWN)
     ):
         # A relative check: the interval is what decided, whichever way it went.
-        text += f" ({m.low:.2f}-{m.high:.2f})"
+        text += f" ({_fmt_bound(m.low)}-{_fmt_bound(m.high)})"
     return text
 
 
@@ -179,7 +208,10 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
     """A rich table, regressions first: measured, baseline, bound and ratio per metric.
 
     Passing per-step rows are left out unless `all_metrics` (a 50-step case would bury
-    the rows that matter); the footer says how many. Every cell is a `Text`, so a case id
+    the rows that matter); the footer says how many. A verdict that its row's figures do
+    not explain (a regression's evidence, a pass over its bound, a contended metric) is
+    numbered, and its reason printed under the table with the runner's speed: the JSON
+    is not where a reader looks. Every cell is a `Text`, so a case id
     holding rich markup (`[bold]`) prints as written.
     """
     table = Table(title=Text(summary_line(report)), title_justify="left")
@@ -194,6 +226,11 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     rows = _rows(report, all_metrics)
+    reasons = verdict_reasons(report)
+    numbered = {id(m): i for i, (_, m) in enumerate(reasons, 1)}
+    shown = {id(m) for _, m in rows if m is not None}
+    # A reason belongs to a row; a hidden passing step row with one is shown after all.
+    rows += [(c, m) for c, m in reasons if id(m) not in shown]
     for case, m in rows:
         if m is None:
             table.add_row(
@@ -209,7 +246,10 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
         table.add_row(
             Text(case.case_id),
             Text(m.metric),
-            Text(m.verdict, style=_STYLE.get(m.verdict, "yellow")),
+            Text(
+                m.verdict + (f" ({numbered[id(m)]})" if id(m) in numbered else ""),
+                style=_STYLE.get(m.verdict, "yellow"),
+            ),
             Text(fmt_value(m.measured.median if m.measured else None, m.metric)),
             Text(fmt_value(m.baseline.median if m.baseline else None, m.metric)),
             Text(fmt_value(m.bound, m.metric)),
@@ -219,13 +259,76 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
     hidden = sum(len(c.metrics) for c in report.cases) - sum(1 for _, m in rows if m is not None)
     if hidden:
         console.print(Text(f"{hidden} passing step metric(s) not shown (see the JSON report)"))
-    note = evidence_note(report)
-    if note:
-        console.print(Text(note))
+    for i, (case, m) in enumerate(reasons, 1):
+        console.print(Text(f"({i}) {case.case_id} {m.metric} {m.verdict}: {m.reason}"))
+    for line in (runner_text(report), evidence_note(report)):
+        if line:
+            console.print(Text(line))
+
+
+def _confirmations(case: CaseVerdict) -> int:
+    sampling = case.sampling or {}
+    return int(sampling.get("confirmations", sampling.get("reruns", 0)) or 0)
+
+
+def confirmation_text(case: CaseVerdict) -> str:
+    """What the confirmation of a case over a bound found, in words that cannot be misread.
+
+    "confirmed" only where a regression was declared; a case that came back within its
+    bounds says so, since "over a bound at first, confirmed" reads like a failure.
+    """
+    n = _confirmations(case)
+    where = f"re-measured in {n} fresh process{'es' if n != 1 else ''}"
+    if any(m.verdict == REGRESSION for m in case.metrics):
+        names = ", ".join(m.metric for m in case.metrics if m.verdict == REGRESSION)
+        return f"{case.case_id}: over a bound, {where}: regression confirmed ({names})"
+    if case.verdict == CONTENDED:
+        return f"{case.case_id}: over a bound, {where}: the runner was contended, no verdict"
+    if any(m.over for m in case.metrics):
+        return f"{case.case_id}: over a bound, {where}: not a credible regression (see the reasons)"
+    return f"{case.case_id}: over a bound at first, {where}: within bounds"
+
+
+def runner_speeds(report: Report) -> list[tuple[str, float]]:
+    """(case, reference workload now / at baseline time) for the cases that measured it."""
+    out = []
+    for c in report.cases:
+        speed = (c.runner or {}).get("runner_speed")
+        if isinstance(speed, (int, float)) and speed > 0:
+            out.append((c.case_id, float(speed)))
+    return out
+
+
+def runner_text(report: Report) -> str:
+    """The runner's speed per case: part of every verdict, so it is always shown."""
+    speeds = runner_speeds(report)
+    if not speeds:
+        return ""
+    cells = ", ".join(f"{cid} {speed:.3f}x" for cid, speed in speeds)
+    return (
+        f"runner speed (reference workload now / at baseline time): {cells}; above 1 the "
+        "runner is slower, and a slowdown it would explain gets no verdict (contended)"
+    )
+
+
+def verdict_reasons(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:
+    """The metrics whose row does not explain its verdict alone, with a reason to give.
+
+    A regression (the evidence that made it one), a contended metric, and a pass whose
+    median is over its bound (noise or the runner's speed explained it): the figures in
+    such a row break the rule printed under the table, so the reason must be beside them.
+    """
+    return [
+        (c, m)
+        for c, m in _rows(report, all_metrics=True)
+        if m is not None
+        and m.reason
+        and (m.verdict in (REGRESSION, CONTENDED) or (m.verdict == PASS and m.over))
+    ]
 
 
 def evidence_note(report: Report) -> str:
-    """What the intervals in the ratio column mean, and which cases were re-run."""
+    """What the intervals in the ratio column mean, what re-measuring found, what was dropped."""
     parts = []
     if report.relative and any(
         m.low is not None and "(" in fmt_evidence(m) for c in report.cases for m in c.metrics
@@ -240,9 +343,14 @@ def evidence_note(report: Report) -> str:
             "ratio (low-high): the rule's confidence bounds on measured/baseline; a median "
             "above its bound is a regression only when low > 1 (docs/verdicts.md)"
         )
-    rerun = [c.case_id for c in report.cases if c.sampling and c.sampling.get("reruns")]
-    if rerun:
-        parts.append(f"over a bound at first, confirmed in fresh processes: {', '.join(rerun)}")
+    parts += [confirmation_text(c) for c in report.cases if _confirmations(c)]
+    for c in report.cases:
+        changes = c.component_changes
+        if changes:
+            parts.append(
+                f"{c.case_id}: the pipeline differs from the one the baseline measured "
+                f"({'; '.join(changes)}): regenerate the baseline if that is intended"
+            )
     waited = [c.case_id for c in report.cases if c.sampling and c.sampling.get("contention_waits")]
     if waited:
         parts.append(f"measured again after the runner was contended: {', '.join(waited)}")
@@ -343,6 +451,9 @@ def render_markdown(report: Report) -> str:
     if report.merged_from:
         context.append(f"merged from {len(report.merged_from)} shard(s)")
     lines += [" · ".join(context), ""]
+    runner = runner_text(report)
+    if runner:
+        lines += [escape_md(runner), ""]
 
     header = ["case", "metric", "measured", "baseline", "bound", "ratio"]
     by_verdict: dict[str, list[tuple[CaseVerdict, MetricVerdict]]] = {}
@@ -354,6 +465,15 @@ def render_markdown(report: Report) -> str:
     if regressions:
         lines += [f"#### Regressions ({len(regressions)})", ""]
         lines += _md_table(header, [_metric_row(c, m, False) for c, m in regressions])
+        lines.append("")
+    reasons = verdict_reasons(report)
+    if reasons:
+        lines += [f"#### Reasons ({len(reasons)}): what decided these verdicts", ""]
+        lines += [
+            f"- {escape_md(c.case_id)} {escape_md(m.metric)} **{escape_md(m.verdict)}**: "
+            f"{escape_md(m.reason)}"
+            for c, m in reasons
+        ]
         lines.append("")
     note = evidence_note(report)
     if note:
@@ -426,6 +546,8 @@ def render_markdown(report: Report) -> str:
             extra.append(f"notes: {escape_md(case.notes)}")
         if case.components:
             extra.append(f"components: {escape_md(components_line(case.components))}")
+        if case.arguments:
+            extra.append(f"call arguments: {escape_md(arguments_line(case.arguments))}")
         if case.counters:
             extra.append(f"counters per run: {escape_md(counters_line(case.counters))}")
         lines.append(

@@ -105,15 +105,21 @@ def environment_table(fingerprint: Mapping[str, Any]) -> Table:
 
 
 def cases_table(cases: list[Case], platform: str) -> Table:
-    """`perfguard list-cases`: the selected cases and the file each came from."""
+    """`perfguard list-cases`: the selected cases and the file each came from.
+
+    A built-in case has a `preset`, a diffusers case a `model` directory: each has its
+    own column (`-` where it does not apply), so a path never reads as a preset name.
+    """
     table = Table(title=f"cases for {platform} ({len(cases)})")
-    for col in ("id", "workload", "preset", "size", "steps", "batch", "devices", "tags", "file"):
+    columns = ("id", "workload", "preset", "model", "size", "steps", "batch", "devices")
+    for col in (*columns, "tags", "file"):
         table.add_column(col)
     for c in cases:
         table.add_row(
             escape(c.id),
             escape(c.workload),
-            escape(c.preset or c.model or ""),
+            escape(c.preset or "-"),
+            escape(c.model or "-"),
             f"{c.width}x{c.height}",
             str(c.steps),
             str(c.batch),

@@ -18,7 +18,8 @@ figure means nothing away from the machine it was measured on. A file holds:
 
 Every load and every write is checked against `schemas/baseline.schema.json`; a file
 that fails is never written over. Writes are atomic (`jsonio.write_json_atomic`) and
-each read-modify-write holds `<path>.lock` (filelock), so shards that generate different
+each read-modify-write holds the file's lock (filelock, under `~/.cache/perfguard/locks`
+or `$PERFGUARD_LOCK_DIR`, not beside the file), so shards that generate different
 cases into one file do not lose each other's work. Figures are rounded to 3 decimals
 (µs for ms, kB for MB) and keys sorted, so a regenerated file diffs only where it changed.
 """
@@ -95,6 +96,9 @@ class Scenario:
     dropped_runs: int | None = None
     source: str | None = None
     """The input file `baselines merge` took this scenario from (`baseline_merge`)."""
+    components: Mapping[str, Mapping[str, Any]] | None = None
+    """role -> class and parameter count of what was measured: a check whose pipeline
+    differs says so (`perfguard.decision.verdict.component_changes`)."""
 
     @property
     def step_count(self) -> int:
@@ -135,6 +139,9 @@ class Scenario:
             "reference_version": self.reference_version,
             "dropped_runs": self.dropped_runs,
             "source": self.source,
+            "components": None
+            if self.components is None
+            else {k: dict(v) for k, v in sorted(self.components.items())},
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.tolerance_overrides:
@@ -177,6 +184,7 @@ class Scenario:
             reference_version=data.get("reference_version"),
             dropped_runs=data.get("dropped_runs"),
             source=data.get("source"),
+            components=data.get("components"),
         )
 
 
@@ -363,17 +371,51 @@ def save(path: str | os.PathLike[str], baseline: Baseline) -> None:
     write_json_atomic(path, data)
 
 
+ENV_LOCK_DIR = "PERFGUARD_LOCK_DIR"
+
+
+def lock_dir() -> Path:
+    """Where baseline locks live: `$PERFGUARD_LOCK_DIR`, else `~/.cache/perfguard/locks`
+    (`$XDG_CACHE_HOME`), else a per-user folder of the temp directory.
+
+    Not beside the baseline: a lock file there stayed after every run (filelock leaves
+    it, and deleting it on release would let two processes lock two different files of
+    one name), so `git status` showed it beside the committed baselines.
+    """
+    env = os.environ.get(ENV_LOCK_DIR)
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "perfguard" / "locks"
+
+
+def lock_path(path: str | os.PathLike[str]) -> Path:
+    """The lock file of baseline `path`: one per resolved path, in `lock_dir()`."""
+    resolved = str(Path(path).resolve())
+    key = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    return lock_dir() / f"{Path(path).name}.{key}.lock"
+
+
 @contextlib.contextmanager
 def lock(path: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Hold `<path>.lock` for a read-modify-write of `path`."""
+    """Hold `lock_path(path)` for a read-modify-write of `path`."""
     path = Path(path)
+    where = lock_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        held = filelock.FileLock(f"{path}.lock", timeout=timeout)
+        try:
+            where.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:  # no writable cache (a read-only home): the temp directory's
+            import tempfile
+
+            uid = getattr(os, "getuid", lambda: "user")()
+            where = Path(tempfile.gettempdir()) / f"perfguard-locks-{uid}" / where.name
+            where.parent.mkdir(parents=True, exist_ok=True)
+        held = filelock.FileLock(str(where), timeout=timeout)
         held.acquire()
     except filelock.Timeout as exc:
         raise PerfguardError(
-            f"{path}: another perfguard process holds {path}.lock (waited {timeout:g} s)"
+            f"{path}: another perfguard process holds its lock {where} (waited {timeout:g} s)"
         ) from exc
     except OSError as exc:  # a read-only directory, no permission, a full disk
         raise PerfguardError(f"{path}: cannot write: {exc.strerror or exc}") from exc
@@ -428,6 +470,7 @@ def scenario_from_result(
         else None,
         reference_version=reference_version if result.reference else None,
         dropped_runs=dropped_runs,
+        components=result.components,
     )
 
 

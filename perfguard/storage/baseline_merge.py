@@ -348,7 +348,7 @@ def merge_files(
     out: str | os.PathLike[str],
     prefer: str | None = None,
 ) -> MergeResult:
-    """Merge the baseline files at `paths` into `out`, atomically, holding `<out>.lock`.
+    """Merge the baseline files at `paths` into `out`, atomically, holding `out`'s lock.
 
     Everything is read and checked before anything is written: a bad input, a conflict or
     an incomparable file leaves `out` exactly as it was. `out` may be one of the inputs.

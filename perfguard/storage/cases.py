@@ -60,7 +60,11 @@ class Case:
 
     A `diffusers` case has no preset: it names a `save_pretrained` directory (`model`),
     its `prompt` (and `negative_prompt`) and, with `dit = "perfguard"`, swaps perfguard's
-    DiT into the pipeline (the toggles then apply to it).
+    DiT into the pipeline (the toggles then apply to it). Its fields go to the
+    pipeline's `__call__` arguments of the same name (`steps` to `num_inference_steps`),
+    `guidance_scale` only when the case sets it (else None: the pipeline's own default),
+    and its `options` are further `__call__` arguments, passed as written
+    (`perfguard.interop.diffusers.call_arguments`).
     """
 
     id: str
@@ -70,7 +74,7 @@ class Case:
     width: int = 64
     steps: int = 4
     batch: int = 1
-    guidance_scale: float = 4.0
+    guidance_scale: float | None = 4.0
     serial_cfg: bool = True
     prompt_lengths: tuple[int, ...] = (16,)
     num_devices: int = 1
@@ -101,7 +105,7 @@ class Case:
     @property
     def cfg(self) -> bool:
         """Classifier-free guidance runs a second (uncond) pass per step."""
-        return self.guidance_scale > 1.0
+        return self.guidance_scale is not None and self.guidance_scale > 1.0
 
     def with_toggles(self, **toggles: bool) -> Case:
         """A copy with some toggles set (used by A/B runs)."""
@@ -173,6 +177,10 @@ def parse_case(raw: dict[str, Any], source: str) -> Case:
         )
     data["prompt_lengths"] = tuple(lengths)
     data["tags"] = tuple(data.get("tags", ()))
+    if data.get("workload") == DIFFUSERS and "guidance_scale" not in data:
+        # Not set: not passed, so the pipeline's own default applies (Flux's distilled
+        # guidance 3.5, Qwen-Image's None), rather than perfguard's built-in 4.0.
+        data["guidance_scale"] = None
     if data.get("options", {}).get("cuda_graph") and data.get("num_devices", 1) > 1:
         raise PerfguardError(
             f"{source}: case {case_id!r}: options.cuda_graph: not supported with num_devices > 1"
@@ -284,7 +292,8 @@ def default_cases_dir() -> Path:
     here = Path.cwd() / "cases"
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parents[2] / "cases"  # perfguard/storage/cases.py
+    # perfguard/storage/cases.py -> the checkout's root, which holds cases/.
+    return Path(__file__).resolve().parents[2] / "cases"
 
 
 @dataclass(frozen=True)
