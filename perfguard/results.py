@@ -43,6 +43,12 @@ class CaseResult:
     reference: list[float] = field(default_factory=list)
     components: dict[str, dict[str, Any]] | None = None
     counters: dict[str, list[int]] | None = None
+    work: list[dict[str, Any]] | None = None
+    """One entry per counted run (`perfguard.measurement.work.WorkRun` JSON): a build's work."""
+    work_error: str | None = None
+    """Why the run could not be counted (the case's timings still stand)."""
+    output_sketch: dict[str, Any] | None = None
+    """A compact reference of the output (`perfguard.decision.counters.OutputSketch`)."""
 
     def add_counters(self, counts: dict[str, int]) -> None:
         """One measured run's counters; a counter a run did not report counts 0 there."""
@@ -109,6 +115,9 @@ class CaseResult:
             **({"reference": list(self.reference)} if self.reference else {}),
             **({"components": self.components} if self.components is not None else {}),
             **({"counters": self.counters} if self.counters is not None else {}),
+            **({"work": [dict(w) for w in self.work]} if self.work else {}),
+            **({"work_error": self.work_error} if self.work_error else {}),
+            **({"output_sketch": dict(self.output_sketch)} if self.output_sketch else {}),
         }
 
     @classmethod
@@ -140,6 +149,9 @@ class CaseResult:
                 if data.get("counters") is not None
                 else None
             ),
+            work=[dict(w) for w in data["work"]] if data.get("work") else None,
+            work_error=data.get("work_error"),
+            output_sketch=dict(data["output_sketch"]) if data.get("output_sketch") else None,
         )
 
 
@@ -168,7 +180,9 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
     groups: list[int] = []
     reference: list[float] = []
     counters: dict[str, list[int]] | None = None
+    work: list[dict[str, Any]] = []
     for i, part in enumerate(parts):
+        work.extend(part.work or [])
         reference.extend(part.reference)
         for name, values in part.samples.items():
             samples.setdefault(name, []).extend(values)
@@ -194,6 +208,9 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
         reference=reference,
         components=first.components,
         counters=counters,
+        work=work or None,
+        work_error=next((p.work_error for p in parts if p.work_error), None),
+        output_sketch=first.output_sketch,
     )
 
 

@@ -49,6 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from perfguard.decision import counters
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
 from perfguard.decision.stats import (
     Noise,
@@ -211,6 +212,8 @@ class MetricVerdict:
             "ratio": None if self.ratio is None else round(self.ratio, 4),
             "reason": self.reason,
         }
+        if counters.is_counter(self.metric) and self.measured and self.baseline:
+            out["delta"] = self.measured.median - self.baseline.median
         if self.low is not None and self.high is not None:
             out["ratio_low"] = round(self.low, 4)
             out["ratio_high"] = round(self.high, 4)
@@ -415,11 +418,24 @@ class CaseVerdict:
 
     @property
     def over(self) -> list[str]:
-        """The metrics whose median is over their bound (credible or not)."""
-        return [m.metric for m in self.metrics if m.over]
+        """The timed metrics whose median is over their bound (credible or not).
+
+        Work counters are left out: a count is exact, so measuring again in a fresh
+        process (what the gate does with these) cannot change it.
+        """
+        return [m.metric for m in self.metrics if m.over and not counters.is_counter(m.metric)]
 
     components: Mapping[str, Any] | None = None
     counters: Mapping[str, Any] | None = None
+    work: Mapping[str, Any] | None = None
+    """The work verdict's context and notes (`perfguard.decision.counters.WorkJudgement`)."""
+    output: Mapping[str, Any] | None = None
+    """The output-equivalence verdict (`perfguard.decision.counters.OutputVerdict`)."""
+
+    @property
+    def output_failed(self) -> bool:
+        """The output changed and neither the case nor the command allowed it."""
+        return self.output is not None and counters.OutputVerdict.from_json(self.output).failed
 
     @property
     def clear(self) -> bool:
@@ -444,6 +460,10 @@ class CaseVerdict:
             out["components"] = {k: dict(v) for k, v in self.components.items()}
         if self.counters is not None:
             out["counters"] = {k: list(v) for k, v in self.counters.items()}
+        if self.work is not None:
+            out["work"] = dict(self.work)
+        if self.output is not None:
+            out["output"] = dict(self.output)
         return out
 
     @classmethod
@@ -462,6 +482,8 @@ class CaseVerdict:
             runner=data.get("runner"),
             components=data.get("components"),
             counters=data.get("counters"),
+            work=data.get("work"),
+            output=data.get("output"),
         )
 
 
@@ -494,6 +516,7 @@ def judge_case(
     ignore_missing: Iterable[str] = (),
     rule: Rule = DEFAULT_RULE,
     policy: ContentionPolicy = DEFAULT_POLICY,
+    allow_output_change: bool = False,
 ) -> CaseVerdict:
     """Judge every metric of one case's result against its baseline scenario.
 
@@ -506,6 +529,11 @@ def judge_case(
     baseline file is hardware-specific and reviewed next to the figures it loosens.
     Metrics in `ignore_missing` are not reported missing (a source that cannot measure
     them, such as sglang's performance.log for memory).
+
+    The work counters and the output are judged by `perfguard.decision.counters`
+    (exact, no statistics) and added to the case: a counter that grew, or an output
+    that changed without `allow_output_change` or the case's `output_may_change`,
+    fails the case whatever its timings say, contended runner included.
     """
     common = {
         "output_hash": result.output_hash,
@@ -529,6 +557,16 @@ def judge_case(
             for m in sorted(samples, key=metric_sort_key)
         )
         return CaseVerdict(case_id, MISSING_BASELINE, metrics, **common)
+    work = _judge_work(result, scenario, profile)
+    output = counters.judge_output(
+        result.output_hash,
+        _sketch(result.output_sketch),
+        scenario.output_hash,
+        _sketch(scenario.output_sketch),
+        allowed=counters.output_allowed(result.case, allow_output_change),
+    )
+    common["work"] = work.to_json() or None
+    common["output"] = None if output is None else output.to_json()
     ref = scenario.reference.median if scenario.reference is not None else None
     result, scr = screen(result, ref, policy)
     samples = result.samples
@@ -555,10 +593,28 @@ def judge_case(
                 speed=scr.speed,
             )
         )
-    verdict = CaseVerdict(
-        case_id, worst(m.verdict for m in out), tuple(out), runner=scr.to_json(), **common
+    out.extend(
+        MetricVerdict(
+            c.metric, c.verdict, c.measured, c.baseline, c.band, c.bound, c.ratio, c.reason
+        )
+        for c in work.metrics
     )
+    kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
+    verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=scr.to_json(), **common)
     return contended(verdict, scr.reason) if scr.contended else verdict
+
+
+def _judge_work(result: CaseResult, scenario: Scenario, profile: Profile) -> counters.WorkJudgement:
+    """The case's work counters against the scenario's (`perfguard.decision.counters`)."""
+    overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
+    current = counters.WorkCounts.from_runs(result.work or [])
+    return counters.judge_work(
+        current, scenario.work, profile, overrides, why_missing=result.work_error
+    )
+
+
+def _sketch(data: Mapping[str, Any] | None) -> counters.OutputSketch | None:
+    return None if data is None else counters.OutputSketch.from_json(data)
 
 
 # ---- overall -------------------------------------------------------------------------------
@@ -613,6 +669,7 @@ def overall(
     cases = list(cases)
     bad = {REGRESSION, *MISSING} if fail_on_missing else {REGRESSION}
     failing = any(m.verdict in bad for c in cases for m in c.metrics)
+    failing = failing or any(c.output_failed for c in cases)
     if fail_on_missing and any(c.verdict == MISSING_BASELINE for c in cases):
         failing = True
     if failing and not advisory:
@@ -633,11 +690,16 @@ def contended(case: CaseVerdict, why: str) -> CaseVerdict:
     """
     metrics = tuple(
         dataclasses.replace(m, verdict=CONTENDED, reason=f"{why}; {m.reason}")
-        if m.verdict == REGRESSION
+        if m.verdict == REGRESSION and not counters.is_counter(m.metric)
         else m
         for m in case.metrics
     )
-    return dataclasses.replace(case, verdict=CONTENDED, metrics=metrics, error=why)
+    # A count or an output does not depend on how busy the runner was: they still fail.
+    exact = [m.verdict for m in metrics if counters.is_counter(m.metric)]
+    if case.output_failed:
+        exact.append(REGRESSION)
+    verdict = REGRESSION if REGRESSION in exact else CONTENDED
+    return dataclasses.replace(case, verdict=verdict, metrics=metrics, error=why)
 
 
 def judge_against(
@@ -649,6 +711,7 @@ def judge_against(
     ignore_missing: Iterable[str] = (),
     rule: Rule = DEFAULT_RULE,
     policy: ContentionPolicy = DEFAULT_POLICY,
+    allow_output_change: bool = False,
 ) -> CaseVerdict:
     """`judge_case` with the case's scenario, improvement threshold and step fractions
     taken from `baseline`: what `judge` does per case, and the gate after each look."""
@@ -662,6 +725,7 @@ def judge_against(
         ignore_missing=ignore_missing,
         rule=rule,
         policy=policy,
+        allow_output_change=allow_output_change,
     )
 
 
@@ -675,6 +739,7 @@ def judge(
     ignore_missing: Iterable[str] = (),
     rule: Rule = DEFAULT_RULE,
     policy: ContentionPolicy = DEFAULT_POLICY,
+    allow_output_change: bool = False,
 ) -> Judgement:
     """Judge every case of `results` against `baseline` under its profile `profile_name`.
 
@@ -684,7 +749,16 @@ def judge(
     profile = baseline.profile(profile_name)
     ignored = tuple(ignore_missing)
     cases = tuple(
-        judge_against(baseline, profile, cid, res, ignore_missing=ignored, rule=rule, policy=policy)
+        judge_against(
+            baseline,
+            profile,
+            cid,
+            res,
+            ignore_missing=ignored,
+            rule=rule,
+            policy=policy,
+            allow_output_change=allow_output_change,
+        )
         for cid, res in sorted(results.cases.items())
     )
     advisory = advisory or profile.advisory or bool(baseline.metadata.get("advisory", False))

@@ -25,6 +25,7 @@ cases into one file do not lose each other's work. Figures are rounded to 3 deci
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import dataclasses
 import hashlib
@@ -39,6 +40,7 @@ from typing import Any
 import filelock
 
 from perfguard import __version__
+from perfguard.decision.counters import OutputSketch, WorkCounts
 from perfguard.decision.stats import (
     Summary,
     log_ratio_noise,
@@ -95,6 +97,10 @@ class Scenario:
     dropped_runs: int | None = None
     source: str | None = None
     """The input file `baselines merge` took this scenario from (`baseline_merge`)."""
+    work: WorkCounts | None = None
+    """The work counters of the counted runs (`perfguard.decision.counters`)."""
+    output_sketch: Mapping[str, Any] | None = None
+    """A compact reference of the output, for the output-equivalence check."""
 
     @property
     def step_count(self) -> int:
@@ -141,6 +147,10 @@ class Scenario:
             out["tolerance_overrides"] = {k: dict(v) for k, v in self.tolerance_overrides.items()}
         if self.extra:
             out["sglang_extra"] = dict(self.extra)
+        if self.work is not None:
+            out["work"] = self.work.to_json()
+        if self.output_sketch is not None:
+            out["output_sketch"] = dict(self.output_sketch)
         return out
 
     @classmethod
@@ -177,6 +187,10 @@ class Scenario:
             reference_version=data.get("reference_version"),
             dropped_runs=data.get("dropped_runs"),
             source=data.get("source"),
+            work=None if data.get("work") is None else WorkCounts.from_json(data["work"]),
+            output_sketch=None
+            if data.get("output_sketch") is None
+            else dict(data["output_sketch"]),
         )
 
 
@@ -328,6 +342,41 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
             for stage in scen.get(key, {}):
                 if not is_metric_name(f"stage:{stage}"):
                     yield ["scenarios", cid, key, stage], "not a valid stage name"
+        if scen.get("work") is not None:
+            yield from _work_errors(["scenarios", cid, "work"], scen["work"])
+        if scen.get("output_sketch") is not None:
+            try:
+                OutputSketch.from_json(scen["output_sketch"])
+            except (ValueError, binascii.Error) as exc:
+                yield ["scenarios", cid, "output_sketch"], str(exc)
+
+
+def _work_errors(path: list[Any], work: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]:
+    """What the schema cannot say of a scenario's work counters.
+
+    A `[min, max]` pair must be ordered, and every stage must have the counters the
+    others have: a stage whose `syncs` are missing would otherwise pass unjudged, as if
+    it had none.
+    """
+    groups = [("total", work.get("total", {})), ("per_step", work.get("per_step"))]
+    groups += [(("stages", s), c) for s, c in work.get("stages", {}).items()]
+    for where, counts in groups:
+        for kind, value in (counts or {}).items():
+            if isinstance(value, list) and len(value) == 2 and value[0] > value[1]:
+                yield [*path, *_parts(where), kind], f"[min, max] is {value}: min > max"
+    stages = work.get("stages", {})
+    kinds = set().union(*(set(c) for c in stages.values())) if stages else set()
+    for stage, counts in sorted(stages.items()):
+        for kind in sorted(kinds - set(counts)):
+            others = sorted(s for s, c in stages.items() if kind in c)
+            yield (
+                [*path, "stages", stage, kind],
+                f"missing, but counted in the other stages ({', '.join(others[:3])})",
+            )
+
+
+def _parts(where: Any) -> list[Any]:
+    return list(where) if isinstance(where, tuple) else [where]
 
 
 def parse(data: Any, source: str) -> Baseline:
@@ -428,6 +477,8 @@ def scenario_from_result(
         else None,
         reference_version=reference_version if result.reference else None,
         dropped_runs=dropped_runs,
+        work=WorkCounts.from_runs(result.work or []),
+        output_sketch=dict(result.output_sketch) if result.output_sketch else None,
     )
 
 
