@@ -21,14 +21,15 @@ storage the run allocates, `perfguard.measurement.memory`), not from the timed r
 Work counters: what a run does, counted exactly in one untimed counted run per pipeline
 build (`perfguard.measurement.work`), on every platform. Integers, no noise:
 
-| name                  | unit  | class   | what                                               |
-|-----------------------|-------|---------|----------------------------------------------------|
-| `ops`, `ops:<Stage>`  | ops   | `ops`   | aten ops dispatched (leaf ops: the launch proxy)   |
-| `flops`, `flops:<Stage>` | FLOP | `flops` | FLOPs by torch's formulas (`torch.utils.flop_counter`) |
-| `alloc`, `alloc:<Stage>` | B  | `alloc` | bytes of fresh tensor storage allocated (a total, not a peak) |
-| `syncs`, `syncs:<Stage>` | syncs | `syncs` | ops that make the host wait for the device      |
-| `<kind>_per_step`     |       | as kind | the heaviest denoising step's count                |
+| name                     | unit  | what                                              |
+|--------------------------|-------|---------------------------------------------------|
+| `ops`, `ops:<Stage>`     | ops   | aten ops dispatched (leaf ops: the launch proxy)  |
+| `flops`, `flops:<Stage>` | FLOP  | FLOPs by torch's formulas (`flop_counter`)        |
+| `alloc`, `alloc:<Stage>` | B     | bytes of fresh tensor storage (a total, no peak)  |
+| `syncs`, `syncs:<Stage>` | syncs | ops that make the host wait for the device        |
+| `<kind>_per_step`        |       | the heaviest denoising step's count               |
 
+Each kind is its own tolerance class (`ops`, `flops`, `alloc`, `syncs`).
 The bare name is the whole run (work between stages included). The per-op histogram of
 each stage is kept beside them in results and baselines (`work.op_counts`); it is not a
 metric. The verdict on counters is `perfguard.decision.counters`: exact by default, a

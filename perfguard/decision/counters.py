@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.stats import Summary
+from perfguard.decision.tolerances import Band
 from perfguard.metrics import (
     PER_STEP,
     WORK_KINDS,
@@ -56,10 +57,9 @@ from perfguard.metrics import (
     work_stage,
 )
 
-from perfguard.decision.tolerances import Band
-
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.decision.tolerances import Overrides, Profile
+    from perfguard.results import CaseResult
 
 # The verdict names of `perfguard.decision.verdict`, which imports this module (so this
 # one cannot import it); tests/test_counters.py pins them equal.
@@ -558,6 +558,40 @@ def _db(psnr: float) -> str:
 def output_allowed(case: Mapping[str, Any], allow: bool) -> bool:
     """Whether the case definition or the command allows the output to change."""
     return bool(allow or case.get("output_may_change", False))
+
+
+def judge_exact(
+    result: CaseResult,
+    work: WorkCounts | None,
+    output_hash: str | None,
+    output_sketch: Mapping[str, Any] | None,
+    profile: Profile | None = None,
+    overrides: Sequence[Overrides] = (),
+    *,
+    allow_output_change: bool = False,
+) -> tuple[WorkJudgement, OutputVerdict | None]:
+    """A result's work counters and output against a baseline's (or a base revision's).
+
+    `profile` None takes the default profiles' work bands (exact), with `overrides`.
+    """
+    from perfguard.decision.tolerances import default_profiles
+
+    profile = profile or default_profiles("cpu")["pr_test"]
+    judged = judge_work(
+        WorkCounts.from_runs(result.work or []),
+        work,
+        profile,
+        overrides,
+        why_missing=result.work_error,
+    )
+    output = judge_output(
+        result.output_hash,
+        None if result.output_sketch is None else OutputSketch.from_json(result.output_sketch),
+        output_hash,
+        None if output_sketch is None else OutputSketch.from_json(output_sketch),
+        allowed=output_allowed(result.case, allow_output_change),
+    )
+    return judged, output
 
 
 def is_counter(metric: str) -> bool:

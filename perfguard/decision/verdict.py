@@ -418,19 +418,14 @@ class CaseVerdict:
 
     @property
     def over(self) -> list[str]:
-        """The timed metrics whose median is over their bound (credible or not).
-
-        Work counters are left out: a count is exact, so measuring again in a fresh
-        process (what the gate does with these) cannot change it.
-        """
+        """The timed metrics over their bound (credible or not); not counters: a count is
+        exact, measuring it again in a fresh process (the gate's confirmation) cannot help."""
         return [m.metric for m in self.metrics if m.over and not counters.is_counter(m.metric)]
 
     components: Mapping[str, Any] | None = None
     counters: Mapping[str, Any] | None = None
-    work: Mapping[str, Any] | None = None
-    """The work verdict's context and notes (`perfguard.decision.counters.WorkJudgement`)."""
-    output: Mapping[str, Any] | None = None
-    """The output-equivalence verdict (`perfguard.decision.counters.OutputVerdict`)."""
+    work: Mapping[str, Any] | None = None  # counters.WorkJudgement: context, notes, op changes
+    output: Mapping[str, Any] | None = None  # counters.OutputVerdict: output equivalence
 
     @property
     def output_failed(self) -> bool:
@@ -530,10 +525,8 @@ def judge_case(
     Metrics in `ignore_missing` are not reported missing (a source that cannot measure
     them, such as sglang's performance.log for memory).
 
-    The work counters and the output are judged by `perfguard.decision.counters`
-    (exact, no statistics) and added to the case: a counter that grew, or an output
-    that changed without `allow_output_change` or the case's `output_may_change`,
-    fails the case whatever its timings say, contended runner included.
+    Work counters and output are judged by `perfguard.decision.counters` (exact): a grown
+    counter or a changed output not allowed fails the case whatever the timings say.
     """
     common = {
         "output_hash": result.output_hash,
@@ -557,20 +550,21 @@ def judge_case(
             for m in sorted(samples, key=metric_sort_key)
         )
         return CaseVerdict(case_id, MISSING_BASELINE, metrics, **common)
-    work = _judge_work(result, scenario, profile)
-    output = counters.judge_output(
-        result.output_hash,
-        _sketch(result.output_sketch),
+    overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
+    work, output = counters.judge_exact(
+        result,
+        scenario.work,
         scenario.output_hash,
-        _sketch(scenario.output_sketch),
-        allowed=counters.output_allowed(result.case, allow_output_change),
+        scenario.output_sketch,
+        profile,
+        overrides,
+        allow_output_change=allow_output_change,
     )
     common["work"] = work.to_json() or None
     common["output"] = None if output is None else output.to_json()
     ref = scenario.reference.median if scenario.reference is not None else None
     result, scr = screen(result, ref, policy)
     samples = result.samples
-    overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
     base = scenario.metrics
     steps = gated_steps(scenario.step_count, step_fractions)
     ignored = set(ignore_missing)
@@ -593,28 +587,10 @@ def judge_case(
                 speed=scr.speed,
             )
         )
-    out.extend(
-        MetricVerdict(
-            c.metric, c.verdict, c.measured, c.baseline, c.band, c.bound, c.ratio, c.reason
-        )
-        for c in work.metrics
-    )
+    out.extend(MetricVerdict(**vars(c)) for c in work.metrics)
     kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
     verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=scr.to_json(), **common)
     return contended(verdict, scr.reason) if scr.contended else verdict
-
-
-def _judge_work(result: CaseResult, scenario: Scenario, profile: Profile) -> counters.WorkJudgement:
-    """The case's work counters against the scenario's (`perfguard.decision.counters`)."""
-    overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
-    current = counters.WorkCounts.from_runs(result.work or [])
-    return counters.judge_work(
-        current, scenario.work, profile, overrides, why_missing=result.work_error
-    )
-
-
-def _sketch(data: Mapping[str, Any] | None) -> counters.OutputSketch | None:
-    return None if data is None else counters.OutputSketch.from_json(data)
 
 
 # ---- overall -------------------------------------------------------------------------------
@@ -695,10 +671,8 @@ def contended(case: CaseVerdict, why: str) -> CaseVerdict:
         for m in case.metrics
     )
     # A count or an output does not depend on how busy the runner was: they still fail.
-    exact = [m.verdict for m in metrics if counters.is_counter(m.metric)]
-    if case.output_failed:
-        exact.append(REGRESSION)
-    verdict = REGRESSION if REGRESSION in exact else CONTENDED
+    exact = any(m.verdict == REGRESSION and counters.is_counter(m.metric) for m in metrics)
+    verdict = REGRESSION if exact or case.output_failed else CONTENDED
     return dataclasses.replace(case, verdict=verdict, metrics=metrics, error=why)
 
 

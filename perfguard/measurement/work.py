@@ -131,7 +131,7 @@ def host_sync(name: str, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, 
             src, dst = args[0] if args else None, kwargs.get("device")
             to_host = dst is not None and torch.device(dst).type == "cpu"
         else:
-            dst_t, src = (args + (None, None))[:2]
+            dst_t, src = (*args, None, None)[:2]
             to_host = isinstance(dst_t, torch.Tensor) and dst_t.device.type == "cpu"
         return to_host and _on_device(src)
     return False
@@ -148,7 +148,9 @@ class _Snapshot:
 
     def minus(self, start: _Snapshot) -> dict[str, Any]:
         """What ran between `start` and this mark."""
-        out: dict[str, Any] = {k: a - b for k, a, b in zip(KINDS, self.totals, start.totals)}
+        out: dict[str, Any] = {
+            k: a - b for k, a, b in zip(KINDS, self.totals, start.totals, strict=True)
+        }
         out["op_counts"] = _diff(self.op_counts, start.op_counts)
         out["sync_ops"] = _diff(self.sync_ops, start.sync_ops)
         out["device_syncs"] = self.device_syncs - start.device_syncs
