@@ -200,8 +200,8 @@ class WorkCounter(TensorMemory):
         kwargs = kwargs or {}
         packet = func.overloadpacket
         formula = flop_registry.get(packet)
-        if formula is None and func in _FLOP_ALIASES:
-            formula = flop_registry.get(_FLOP_ALIASES[func].overloadpacket)
+        if formula is None and packet in _FLOP_ALIASES:
+            formula = flop_registry.get(_FLOP_ALIASES[packet])
         if formula is None and func is not torch.ops.prim.device.default:
             # Count what executes: a composite op runs as the ops it decomposes into.
             with self:

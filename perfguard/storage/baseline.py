@@ -330,10 +330,12 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
             samples = s.get("samples")
             if samples is not None and len(samples) != s["n"]:
                 yield path, f"n is {s['n']} but there are {len(samples)} samples"
-            if where != ["peak_memory"] and s["median"] == 0:
+            memory = where == ["peak_memory"] or where[0] == "stage_peak_memory"
+            if not memory and s["median"] == 0:
                 # A stage that took no time at all was not measured (a clock that did not
                 # move, a figure lost in a conversion); as a baseline it would flag any
-                # real time as an infinite slowdown.
+                # real time as an infinite slowdown. A stage that allocates nothing (or
+                # under the 1 kB the file keeps) is a measurement: memory can be 0.
                 yield [*path, "median"], "a time of 0 ms is not a measurement"
             lo, hi = s.get("min"), s.get("max")
             if lo is not None and hi is not None and not lo <= s["median"] <= hi:
