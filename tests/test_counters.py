@@ -373,3 +373,33 @@ def test_a_bad_counter_in_a_baseline_is_exit_2_naming_file_case_and_field(
     line = err.strip().splitlines()[-1]
     assert str(base) in line and "scenarios.tiny.work." + where in line
     assert base.read_bytes() == before
+
+
+def test_baselines_diff_lists_every_counter_that_moved(setup: Any, pg: Any) -> None:
+    base, _ = setup
+    data = json.loads(base.read_text())
+    stages = data["scenarios"]["tiny"]["work"]["stages"]
+    stages["TextEncodingStage"]["ops"] += 3
+    stages["DecodingStage"]["alloc"] = max(0, stages["DecodingStage"]["alloc"] - 8)
+    newer = base.with_name("new.json")
+    newer.write_text(json.dumps(data))
+    code, out, err = pg("baselines", "diff", str(base), str(newer), "--format", "json")
+    assert code == 0, err
+    rows = {r["metric"]: r for r in json.loads(out)["changed"]}
+    assert rows["ops:TextEncodingStage"]["change"] == "slower"  # more work
+    assert rows["ops:TextEncodingStage"]["new"] - rows["ops:TextEncodingStage"]["old"] == 3
+    assert rows["alloc:DecodingStage"]["change"] == "faster"
+    data["scenarios"]["tiny"]["work"]["context"]["torch"] = "9.9"
+    newer.write_text(json.dumps(data))
+    code, out, _ = pg("baselines", "diff", str(base), str(newer), "--format", "json")
+    rows = {r["metric"]: r for r in json.loads(out)["changed"]}
+    assert rows["ops:TextEncodingStage"]["change"] == "unknown"
+
+
+def test_baselines_merge_keeps_the_counts(setup: Any, pg: Any) -> None:
+    base, _ = setup
+    merged = base.with_name("merged.json")
+    code, _, err = pg("baselines", "merge", str(base), "--out", str(merged))
+    assert code == 0, err
+    work = json.loads(merged.read_text())["scenarios"]["tiny"]["work"]
+    assert work == json.loads(base.read_text())["scenarios"]["tiny"]["work"]

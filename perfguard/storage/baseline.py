@@ -746,6 +746,8 @@ def diff(a: Baseline, b: Baseline) -> BaselineDiff:
                 rows.append(DiffRow(cid, metric, old, new, change=UNKNOWN))
             else:
                 rows.append(DiffRow(cid, metric, old, new, *judged))
+    for cid in sorted(set(a.scenarios) & set(b.scenarios)):
+        rows += _work_rows(cid, a.scenarios[cid].work, b.scenarios[cid].work)
     tol: list[str] = []
     for name in sorted(set(a.profiles) | set(b.profiles)):
         pa = a.profiles[name].to_json() if name in a.profiles else None
@@ -758,6 +760,30 @@ def diff(a: Baseline, b: Baseline) -> BaselineDiff:
         if a.scenarios[cid].tolerance_overrides != b.scenarios[cid].tolerance_overrides:
             tol.append(f"scenarios.{cid}.tolerance_overrides")
     return BaselineDiff(added, removed, tuple(rows), tuple(tol))
+
+
+def _work_rows(cid: str, a: WorkCounts | None, b: WorkCounts | None) -> list[DiffRow]:
+    """The work counters that differ: exact, so any change is credible (`slower` = more
+    work, `faster` = less); `unknown` where the two were counted under another torch,
+    device type or dtype (their counts mean other ops)."""
+    if a is None or b is None:
+        return []
+    same_context = dict(a.context) == dict(b.context)
+    rows = []
+    for metric in sorted(set(a.counters) | set(b.counters), key=metric_sort_key):
+        va, vb = a.counters.get(metric), b.counters.get(metric)
+        if va == vb:
+            continue
+        old = None if va is None else float(va[1])
+        new = None if vb is None else float(vb[1])
+        if va is None or vb is None:
+            change = ADDED if va is None else REMOVED
+        elif not same_context:
+            change = UNKNOWN
+        else:
+            change = SLOWER if vb[1] > va[1] else FASTER
+        rows.append(DiffRow(cid, metric, old, new, change=change))
+    return rows
 
 
 def slugify(text: str) -> str:
