@@ -403,3 +403,22 @@ def test_baselines_merge_keeps_the_counts(setup: Any, pg: Any) -> None:
     assert code == 0, err
     work = json.loads(merged.read_text())["scenarios"]["tiny"]["work"]
     assert work == json.loads(base.read_text())["scenarios"]["tiny"]["work"]
+
+
+def test_the_relative_check_gives_the_exact_counter_delta_between_base_and_head() -> None:
+    from perfguard.decision.paired import BASE, HEAD, Block, judge_blocks
+
+    def side(ops: int) -> CaseResult:
+        res = _result(ops)
+        res.samples = {"e2e": [10.0, 10.2, 9.8]}
+        res.repeats = 3
+        return res
+
+    blocks = [Block("BH", 1.0, {BASE: {"c": side(8)}, HEAD: {"c": side(10)}}) for _ in range(2)]
+    judgement, _ = judge_blocks(["c"], blocks, alpha_look=0.01, final=True)
+    (case,) = judgement.cases
+    by = {m.metric: m for m in case.metrics}
+    assert by["ops:DenoisingStage"].verdict == "regression"
+    assert by["ops:DenoisingStage"].to_json()["delta"] == 2
+    assert case.output is not None and case.output["verdict"] == BIT_IDENTICAL
+    assert judgement.exit_code == 1
