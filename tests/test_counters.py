@@ -422,3 +422,18 @@ def test_the_relative_check_gives_the_exact_counter_delta_between_base_and_head(
     assert by["ops:DenoisingStage"].to_json()["delta"] == 2
     assert case.output is not None and case.output["verdict"] == BIT_IDENTICAL
     assert judgement.exit_code == 1
+
+
+def test_a_bad_counter_in_a_results_file_is_exit_2_naming_it(setup: Any, pg: Any) -> None:
+    base, _ = setup
+    results = base.with_name("results.json")
+    common = ("--cases", "cases", "--factory", "test_counters:pipeline")
+    code, _, err = pg("run", *common, "--repeats", "1", "--warmup", "0", "--out", str(results))
+    assert code == 0, err
+    data = json.loads(results.read_text())
+    data["cases"]["tiny"]["work"][0]["stages"]["DenoisingStage"]["syncs"] = "1"
+    results.write_text(json.dumps(data))
+    code, _, err = pg("check", "--results", str(results), "--baseline", str(base))
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert str(results) in line and "cases.tiny.work[0].stages.DenoisingStage.syncs" in line
