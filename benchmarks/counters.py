@@ -109,7 +109,11 @@ def condition(name: str, baseline: Path, tmp: Path) -> dict[str, Any]:
     }
     text = markdown.read_text()
     start = text.find("#### What the code does")
-    out["says"] = text[start : text.find("####", start + 5)].strip() if start >= 0 else ""
+    if start >= 0:  # the section ends where the next one (or the details) begins
+        ends = [i for i in (text.find("####", start + 5), text.find("<details>", start)) if i > 0]
+        out["says"] = text[start : min(ends, default=len(text))].strip()
+    else:
+        out["says"] = ""
     return out
 
 
