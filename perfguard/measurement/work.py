@@ -22,9 +22,10 @@ How: `WorkCounter` is a `TorchDispatchMode` (the tensor-memory tracker of
   summed over the stage, on the platform's device type: the total beside the peak.
 - **syncs**: ops that make the host wait for the device (`host_sync`), counted from the
   op stream on every platform, a CPU included, so a sync is caught before the PR reaches
-  a GPU. On CUDA / ROCm the same run also counts what `torch.cuda.set_sync_debug_mode`
-  reports (`device_syncs`), which checks the list against the device
-  (`benchmarks/gpu_selfcheck.py`).
+  a GPU (on a CPU run every tensor stands for a device tensor; on a device run an op
+  whose tensors are all on the host is not a sync). On CUDA / ROCm the same run also
+  counts what `torch.cuda.set_sync_debug_mode` reports (`device_syncs`), which checks
+  the list against the device (`benchmarks/gpu_selfcheck.py`).
 
 Per stage and per denoising step: the counted run carries a `StageTimer` whose platform
 marks are counter snapshots (`_CountedPlatform`), so each stage and step gets the
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from perfguard.measurement.memory import MemoryRun, TensorMemory, _TrackedPlatform
@@ -217,7 +219,11 @@ class WorkCounter(TensorMemory):
                 self.flops += int(formula(*args, **kwargs, out_val=out))
             except Exception:  # a formula torch cannot apply to these arguments
                 self.uncounted_flops.add(name)
-        if host_sync(name, func, args, kwargs):
+        if host_sync(name, func, args, kwargs) and (
+            self.device_type == "cpu" or any(_on_device(t) for t in tree_leaves((args, kwargs)))
+        ):
+            # On a device run, an op on host tensors only (a `.item()` of a CPU scalar)
+            # makes nobody wait; on a CPU run every tensor would be on the device.
             self.syncs += 1
             self.sync_ops[name] += 1
         self.track_outputs(func, out)
