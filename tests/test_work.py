@@ -226,3 +226,14 @@ def test_the_output_sketch_is_the_output_when_small_and_block_means_when_not() -
         n *= d
     assert n <= 4096 and big["sketch_shape"][:2] == [2, 3]
     assert output_sketch(image) == big  # a fixed function of the output
+
+
+def test_on_a_device_run_an_op_on_host_tensors_is_not_a_sync() -> None:
+    m = torch.tensor([True, False, True])
+    with torch.inference_mode(), WorkCounter("cuda") as counter:
+        torch.nonzero(m)  # a host tensor on a CUDA run: nobody waits for the device
+        m.sum().item()
+    assert counter.syncs == 0 and counter.op_counts["aten::nonzero"] == 1
+    with torch.inference_mode(), WorkCounter("cpu") as counter:
+        torch.nonzero(m)  # on a CPU run it stands for the device tensor it would be
+    assert counter.syncs == 1
