@@ -437,3 +437,30 @@ def test_a_bad_counter_in_a_results_file_is_exit_2_naming_it(setup: Any, pg: Any
     assert code == 2
     line = err.strip().splitlines()[-1]
     assert str(results) in line and "cases.tiny.work[0].stages.DenoisingStage.syncs" in line
+
+
+def test_the_markdown_opens_with_the_work_and_escapes_what_came_from_files() -> None:
+    import dataclasses
+
+    from perfguard.presentation.render import render_markdown
+    from perfguard.storage.reports import build
+
+    case = verdict.judge_case("c", _result(10), _scenario(8), PROFILE)
+    hostile = dataclasses.replace(case, case_id="<b>x</b>|[y](z)")
+    judgement = verdict.Judgement("pr_test", (hostile,))
+    report = build(
+        judgement,
+        environment={"platform": "cpu", "hardware": "h"},
+        baseline_info={"path": "b.json"},
+        profile={},
+        settings={},
+        improvement_threshold=0.2,
+    )
+    md = render_markdown(report)
+    work_at = md.index("#### What the code does")
+    assert work_at < md.index("<details>")
+    assert "DenoisingStage: +1 `aten::addmm` per step" in md
+    assert "<b>x</b>" not in md and "&lt;b&gt;x&lt;/b&gt;" in md
+    # The timing tables leave the counters out; the JSON keeps every one.
+    assert "ops:DenoisingStage" not in md
+    assert "ops:DenoisingStage" in report.to_json()["cases"]["<b>x</b>|[y](z)"]["metrics"]

@@ -90,7 +90,7 @@ def stage_sentence(
         text = ", ".join(names) if names else f"{_signed(d)} ops"
         if names and len(ops) > len(shown):
             text += f" (+{len(ops) - len(shown)} more ops)"
-        if delta_ops and names:
+        if delta_ops and len(ops) > 1:
             text += f", {_signed(d)} ops in all"
         text += where
         if "flops" in moved:
