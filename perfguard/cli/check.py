@@ -227,7 +227,7 @@ def check(
     Beside the timings, the work each stage does (ops, FLOPs, bytes allocated, host
     syncs, counted exactly in one untimed run per build) is compared exactly: a counter
     that grew is a regression whatever the timings say; and the output must stay
-    bit-identical or within tolerance (PSNR >= 80 dB) unless --allow-output-change.
+    bit-identical or within tolerance (PSNR >= 100 dB) unless --allow-output-change.
     """
 
     verdicts = {

@@ -26,8 +26,8 @@ not, a compact reference (`OutputSketch`: the output, or block means of it at mo
 `SKETCH_VALUES` values) gives the max abs diff and the PSNR against the baseline's:
 
 - **bit-identical**: the hashes match;
-- **within tolerance**: PSNR >= `OUTPUT_PSNR_DB` (80 dB): float32 reassociation (another
-  BLAS blocking, a fused kernel) leaves > 120 dB, a float16 rounding of the output ~72 dB;
+- **within tolerance**: PSNR >= `OUTPUT_PSNR_DB` (100 dB): float32 reassociation (another
+  BLAS blocking, a fused kernel) leaves ~120 dB, a block computed in bfloat16 ~80 dB;
 - **changed**: below it. A changed output fails the case (exit 1) unless the case
   (`output_may_change = true`) or the command (`--allow-output-change`) says this change
   is meant to change numerics; it is then reported, not failed.
@@ -402,15 +402,17 @@ WITHIN_TOLERANCE = "within-tolerance"
 CHANGED = "changed"
 UNCOMPARED = "not-compared"
 
-OUTPUT_PSNR_DB = 80.0
+OUTPUT_PSNR_DB = 100.0
 """An output whose PSNR against the baseline's is at least this is within tolerance.
 
-80 dB is an RMS difference of 0.01 % of the reference's range. Exact-math changes that
+100 dB is an RMS difference of 0.001 % of the reference's range. Exact-math changes that
 reorder float32 arithmetic (another BLAS blocking, a fused kernel) leave errors near
-float32's resolution, 120 dB and more; rounding the output itself to float16 gives
-~72 dB and to bfloat16 ~60 dB, and a block computed in a lower precision is below those
-(benchmarks/counters.py measures one). The threshold sits between the two kinds: a
-reassociation passes, a precision change does not."""
+float32's resolution (1.2e-7 relative, ~120 dB and more after a pipeline's depth); a
+precision change is far below: on the smoke cases every DiT block's outputs rounded
+through bfloat16 gives 78 dB on the image (79.6 / 81.5 dB on the reference, whose block
+means average some of the error away; `benchmarks/counters.py`), and rounding the image
+itself to bfloat16 ~60 dB. The threshold sits 20 dB from each: a reassociation passes,
+a precision change does not."""
 
 SKETCH_VALUES = 4096
 """The most values a compact reference keeps (16 KiB of float32, ~22 KB in the file)."""
