@@ -292,8 +292,11 @@ def test_unchanged_code_passes_the_counters_only_check(setup: Any) -> None:
         "ops": 2,
         "syncs": 0,
     }
-    code, text, err, report = check()
+    results = base.with_name("results.json")
+    code, text, err, report = check("--out", str(results))
     assert code == 0, text + err
+    stored_results = json.loads(results.read_text())["cases"]["tiny"]  # schema-valid
+    assert stored_results["repeats"] == 0 and stored_results["work"][0]["stages"]
     case = report["cases"]["tiny"]
     assert case["output"]["verdict"] == BIT_IDENTICAL
     assert case["metrics"]["ops:TextEncodingStage"]["delta"] == 0
