@@ -89,6 +89,33 @@ _MASK_INDEX_OPS = frozenset(
 _COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_"})
 
 
+_OP_INFO: dict[Any, tuple[str, Any, bool]] = {}
+
+
+def _op_info(func: Any) -> tuple[str, Any, bool]:
+    """(name, FLOP formula or None, decomposes) of an op, looked up once per overload.
+
+    Cached because the mode pays it on every op (tens of thousands a run): whether an op
+    has a composite (decomposing) kernel, which `OpOverload.decompose` would find out by
+    re-entering the mode, is a property of the overload.
+    """
+    info = _OP_INFO.get(func)
+    if info is None:
+        packet = func.overloadpacket
+        formula = flop_registry.get(packet)
+        if formula is None and packet in _FLOP_ALIASES:
+            formula = flop_registry.get(_FLOP_ALIASES[packet])
+        composite = (
+            formula is None
+            and func is not torch.ops.prim.device.default
+            and torch._C._dispatch_has_kernel_for_dispatch_key(
+                func.name(), "CompositeImplicitAutograd"
+            )
+        )
+        info = _OP_INFO[func] = (func._schema.name, formula, bool(composite))
+    return info
+
+
 def _argument(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], name: str) -> Any:
     """The value of argument `name` of `func`, positional or keyword (None when absent)."""
     if name in kwargs:
@@ -200,18 +227,14 @@ class WorkCounter(TensorMemory):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        packet = func.overloadpacket
-        formula = flop_registry.get(packet)
-        if formula is None and packet in _FLOP_ALIASES:
-            formula = flop_registry.get(_FLOP_ALIASES[packet])
-        if formula is None and func is not torch.ops.prim.device.default:
+        name, formula, composite = _op_info(func)
+        if composite:
             # Count what executes: a composite op runs as the ops it decomposes into.
             with self:
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
         out = func(*args, **kwargs)
-        name = func._schema.name
         self.ops += 1
         self.op_counts[name] += 1
         if formula is not None:
