@@ -132,7 +132,7 @@ class TensorMemory(TorchDispatchMode):
                     self._track(leaf)
 
 
-class _TrackedPlatform(Platform):
+class TrackedPlatform(Platform):
     """A platform whose allocator statistics are a `TensorMemory`'s (for `StageTimer`).
 
     With `stage_memory` true the timer reads and resets the peak at every stage
@@ -204,7 +204,7 @@ def measure_run(pipeline: Callable[[], Any], platform: Platform) -> MemoryRun:
     from perfguard.measurement.timer import StageTimer
 
     memory = TensorMemory(platform.name if platform.name != "rocm" else "cuda")
-    with memory, StageTimer(_TrackedPlatform(platform, memory)) as timer:
+    with memory, StageTimer(TrackedPlatform(platform, memory)) as timer:
         pipeline()
     record = timer.record()
     # The timer reset the tracker's peak at every stage boundary and kept the maximum.

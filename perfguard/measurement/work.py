@@ -49,7 +49,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from perfguard.measurement.memory import MemoryRun, TensorMemory, _TrackedPlatform
+from perfguard.measurement.memory import MemoryRun, TensorMemory, TrackedPlatform
 from perfguard.measurement.platform import Platform
 
 KINDS = ("ops", "flops", "alloc", "syncs")
@@ -253,7 +253,7 @@ class WorkCounter(TensorMemory):
         return out
 
 
-class _CountedPlatform(_TrackedPlatform):
+class _CountedPlatform(TrackedPlatform):
     """A platform whose marks carry a counter snapshot, so spans get their counts.
 
     `StageTimer` marks every stage and step boundary; here a mark is `(base mark,

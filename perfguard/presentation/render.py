@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfguard.decision.counters import is_counter
 from perfguard.decision.paired import UNKNOWN
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -32,6 +33,7 @@ from perfguard.decision.verdict import (
 )
 from perfguard.errors import PerfguardError
 from perfguard.metrics import metric_sort_key, unit
+from perfguard.presentation.work_report import output_summary, work_console_lines, work_markdown
 from perfguard.storage.baseline import BaselineDiff, DiffRow
 from perfguard.storage.jsonio import (
     write_text_atomic,
@@ -45,26 +47,18 @@ from perfguard.storage.reports import Report
 
 def _timed(m: MetricVerdict) -> bool:
     """A time or a peak, not a work counter (those render in `work_report`)."""
-    from perfguard.decision.counters import is_counter
-
     return not is_counter(m.metric)
 
 
 def _work_section(report: Report) -> list[str]:
-    from perfguard.presentation.work_report import work_markdown
-
     return work_markdown(report, escape_md)
 
 
 def _work_console(report: Report) -> list[str]:
-    from perfguard.presentation.work_report import work_console_lines
-
     return work_console_lines(report)
 
 
 def _output_part(report: Report) -> list[str]:
-    from perfguard.presentation.work_report import output_summary
-
     part = output_summary(report.cases)
     return [part] if part else []
 

@@ -223,14 +223,8 @@ def output_summary(cases: Sequence[CaseVerdict]) -> str | None:
     )
 
 
-def counter_verdicts(case: CaseVerdict) -> list[MetricVerdict]:
-    return [m for m in case.metrics if is_counter(m.metric)]
-
-
 __all__ = [
-    "WORK_KINDS",
     "case_lines",
-    "counter_verdicts",
     "fmt_bytes",
     "fmt_flops",
     "output_summary",
