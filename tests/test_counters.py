@@ -467,3 +467,11 @@ def test_the_markdown_opens_with_the_work_and_escapes_what_came_from_files() -> 
     # The timing tables leave the counters out; the JSON keeps every one.
     assert "ops:DenoisingStage" not in md
     assert "ops:DenoisingStage" in report.to_json()["cases"]["<b>x</b>|[y](z)"]["metrics"]
+
+
+def test_baselines_show_prints_the_work_counters_per_stage(setup: Any, pg: Any) -> None:
+    base, _ = setup
+    code, out, err = pg("baselines", "show", str(base))
+    assert code == 0, err
+    assert "tiny: work counters" in out and "TextEncodingStage" in out
+    assert "│ ops " in out or "ops" in out.split("tolerance profiles")[1]
