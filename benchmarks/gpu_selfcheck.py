@@ -872,6 +872,63 @@ def check_flash_varlen(env: Env) -> tuple[str, str, dict[str, Any]]:
     )
 
 
+# ---- row 11: work counters on the device --------------------------------------------------
+
+WORK_VARIANTS = (
+    ("qwen_image_t2i_padded", "qwen_varlen_host_meta"),
+    ("qwen_image_t2i_padded", "qwen_modulation_cache"),
+    ("glm_image_t2i", "glm_prior_drop_inplace"),
+)
+
+
+def check_work_counters(env: Env) -> tuple[str, str, dict[str, Any]]:
+    """The host syncs counted from the op stream against the device's own count.
+
+    `perfguard.measurement.work` counts syncs from the ops a run dispatches, on every
+    platform (a CPU included); on CUDA its counted run also turns on
+    `torch.cuda.set_sync_debug_mode("warn")` and counts what the device reports. Per
+    optimization on and off, per stage, the two must agree: a stage where the device
+    sees syncs the op list does not know (or the reverse) is a gap in the list.
+    """
+    env.require_cuda()
+    from perfguard.measurement.work import counted_run
+
+    figures: dict[str, Any] = {}
+    gaps: list[str] = []
+    for case_id, toggle in WORK_VARIANTS:
+        for on in (True, False):
+            case = env.case(case_id, steps=2).with_toggles(**{toggle: on})
+            pipe = env.build(case)
+            pipe()  # warm-up: first-call caches are not what a build does per call
+            env.sync()
+            work, _ = counted_run(pipe, env.platform, case.dtype)
+            device = dict(work.device_syncs or {})
+            stages = {
+                stage: {"op_stream": counts["syncs"], "device": device.get(stage)}
+                for stage, counts in sorted(work.stages.items())
+                if counts["syncs"] or device.get(stage)
+            }
+            key = f"{toggle}={'on' if on else 'off'}"
+            figures[key] = {
+                "case": case.id,
+                "op_stream_syncs": work.total["syncs"],
+                "device_syncs": device.get("total"),
+                "stages": stages,
+                "sync_ops": {s: dict(c) for s, c in work.sync_ops.items() if c},
+            }
+            gaps += [
+                f"{key} {stage}: op stream {v['op_stream']}, device {v['device']}"
+                for stage, v in stages.items()
+                if v["op_stream"] != v["device"]
+            ]
+    return verdict(
+        not gaps,
+        "op-stream syncs equal the sync debug mode's in every stage, per optimization on and off",
+        "op-stream and device sync counts differ: " + "; ".join(gaps[:4]),
+        **figures,
+    )
+
+
 # ---- the run --------------------------------------------------------------------------------
 
 CHECKS: list[tuple[str, str, Callable[[Env], tuple[str, str, dict[str, Any]]]]] = [
@@ -888,6 +945,7 @@ CHECKS: list[tuple[str, str, Callable[[Env], tuple[str, str, dict[str, Any]]]]] 
     ("8", "timer overhead on the device", check_overhead),
     ("9", "two ranks over NCCL", check_nccl),
     ("10", "flash-attn varlen", check_flash_varlen),
+    ("11", "work counters: op-stream syncs vs the device", check_work_counters),
 ]
 
 

@@ -253,6 +253,8 @@ def check(
     out: str | None = None,
     platform: Platform | None = None,
     echo: Echo = _stderr,
+    allow_output_change: bool = False,
+    counters_only: bool = False,
 ) -> Report:
     """Run the selected cases through the gate and judge them against the baseline.
 
@@ -260,7 +262,14 @@ def check(
     platform, another thread count, an unknown profile) fails before anything runs.
     The gate (`perfguard.decision.gate`) confirms a case over a bound in fresh
     processes, drops contended runs and stops sampling clear cases early; `out` also
-    writes the results it judged.
+    writes the results it judged. The work counters and the output are judged beside
+    the timings (`perfguard.decision.counters`); `allow_output_change` lets outputs
+    differ from the baseline's without failing.
+
+    `counters_only` times nothing: each case is built, run once (its warm-up, whose
+    output is compared) and once counted, and only what is exact is judged: the work
+    counters, the output and, on CPU, the tensor memory. No confirmation, no
+    contention screen: counts do not depend on the runner's speed.
     """
     from perfguard.decision.gate import DEFAULT_MAX_REPEATS, DEFAULT_MAX_RERUNS, run_gate
     from perfguard.measurement.comparable import check_comparable, check_threads
@@ -279,6 +288,10 @@ def check(
 
     # Adaptive sampling needs the verdict after every run, so it applies when the cases
     # run in this process; in workers each measurement is REPEATS runs.
+    if counters_only:
+        return _check_counters(
+            cases, platform, options, base, path, profile, out, allow_output_change, selection
+        )
     in_process = not options.uses_workers(cases)
     cap = max(options.repeats, options.max_repeats or DEFAULT_MAX_REPEATS)
     adaptive = in_process and cap > options.repeats
@@ -305,6 +318,7 @@ def check(
         advisory=advisory,
         max_repeats=cap if adaptive else None,
         on_event=lambda case_id, message: echo(f"perfguard: {case_id}: {message}"),
+        allow_output_change=allow_output_change,
     )
     results = outcome.results
     if out:
@@ -321,6 +335,42 @@ def check(
     return build_against(outcome.judgement, results, base, path, settings=settings)
 
 
+def _check_counters(
+    cases: Sequence[Case],
+    platform: Platform,
+    options: MeasureOptions,
+    base: Baseline,
+    path: str,
+    profile: str,
+    out: str | None,
+    allow_output_change: bool,
+    selection: Selection,
+) -> Report:
+    """`check --counters-only`: one counted run per case, judged on what is exact."""
+    from perfguard.decision.verdict import judge
+    from perfguard.storage.reports import build_against, write_results
+
+    results = run_cases(cases, platform, options.replace(counters_only=True, max_repeats=None))
+    if out:
+        write_results(out, results)
+    timed = {
+        m
+        for cid in results.cases
+        if cid in base.scenarios
+        for m in base.scenarios[cid].metrics
+        if m not in results.cases[cid].samples
+    }
+    judgement = judge(
+        results,
+        base,
+        profile,
+        ignore_missing=sorted(timed),
+        allow_output_change=allow_output_change,
+    )
+    settings = {**_run_settings("run", selection, options), "counters_only": True}
+    return build_against(judgement, results, base, path, settings=settings)
+
+
 def check_results(
     results_file: str,
     selection: Selection | None = None,
@@ -330,6 +380,7 @@ def check_results(
     fail_on_missing: bool = False,
     advisory: bool = False,
     echo: Echo = _stderr,
+    allow_output_change: bool = False,
 ) -> Report:
     """Judge a results file (`perfguard run --out`) against its baseline; no torch."""
     from perfguard.storage.reports import read_results
@@ -348,6 +399,7 @@ def check_results(
         profile=profile,
         fail_on_missing=fail_on_missing,
         advisory=advisory,
+        allow_output_change=allow_output_change,
         settings=settings,
         source=results_file,
         echo=echo,
@@ -364,6 +416,7 @@ def judge_results(
     settings: dict[str, Any] | None = None,
     source: str = "the results",
     echo: Echo = _stderr,
+    allow_output_change: bool = False,
 ) -> Report:
     """Judge `results` measured elsewhere (a results file, a pytest session) against the
     baseline at `baseline` (default: its platform and hardware's); no torch."""
@@ -380,7 +433,14 @@ def judge_results(
         )
     check_comparable(results, base, path)
     _warn_hardware(results, base, echo)
-    judgement = judge(results, base, profile, fail_on_missing=fail_on_missing, advisory=advisory)
+    judgement = judge(
+        results,
+        base,
+        profile,
+        fail_on_missing=fail_on_missing,
+        advisory=advisory,
+        allow_output_change=allow_output_change,
+    )
     return build_against(
         judgement, results, base, path, settings=results.settings if settings is None else settings
     )
@@ -431,6 +491,7 @@ def check_relative(
     out: str | None = None,
     platform: Platform | None = None,
     echo: Echo = _stderr,
+    allow_output_change: bool = False,
 ) -> Report:
     """The relative check: this revision against a base one, side by side, no baseline.
 
@@ -499,6 +560,7 @@ def check_relative(
             fail_on_missing=fail_on_missing,
             advisory=advisory,
             on_block=on_block,
+            allow_output_change=allow_output_change,
         )
     against_info = {**base.to_json(), **outcome.summary()}
     if against.ref is not None:

@@ -17,6 +17,23 @@ stored, reported and gated like the run's peak: a stage that starts holding an e
 buffer shows under its own name, where the run's peak would hide it under the largest
 stage. On CPU both come from one tracked, untimed run per pipeline build (the tensor
 storage the run allocates, `perfguard.measurement.memory`), not from the timed runs.
+
+Work counters: what a run does, counted exactly in one untimed counted run per pipeline
+build (`perfguard.measurement.work`), on every platform. Integers, no noise:
+
+| name                     | unit  | what                                              |
+|--------------------------|-------|---------------------------------------------------|
+| `ops`, `ops:<Stage>`     | ops   | aten ops dispatched (leaf ops: the launch proxy)  |
+| `flops`, `flops:<Stage>` | FLOP  | FLOPs by torch's formulas (`flop_counter`)        |
+| `alloc`, `alloc:<Stage>` | B     | bytes of fresh tensor storage (a total, no peak)  |
+| `syncs`, `syncs:<Stage>` | syncs | ops that make the host wait for the device        |
+| `<kind>_per_step`        |       | the heaviest denoising step's count               |
+
+Each kind is its own tolerance class (`ops`, `flops`, `alloc`, `syncs`).
+The bare name is the whole run (work between stages included). The per-op histogram of
+each stage is kept beside them in results and baselines (`work.op_counts`); it is not a
+metric. The verdict on counters is `perfguard.decision.counters`: exact by default, a
+growth is a regression whatever the timings say.
 """
 
 from __future__ import annotations
@@ -33,22 +50,53 @@ METRIC_CLASSES = (
     "denoise_agg",
     "peak_memory",
 )
+WORK_KINDS = ("ops", "flops", "alloc", "syncs")
+"""The work counter classes (`perfguard.measurement.work.KINDS`), each its own tolerance class."""
+WORK_UNITS = {"ops": "ops", "flops": "FLOP", "alloc": "B", "syncs": "syncs"}
+PER_STEP = "_per_step"
 DENOISING_STAGE = "DenoisingStage"
 STAGE_PEAK_PREFIX = "peak_memory:"
 _METRIC_RE = re.compile(
     r"^(e2e|step_avg|step_median|peak_memory|peak_memory:[A-Za-z0-9_./-]+"
     r"|stage:[A-Za-z0-9_./-]+|step:\d+)$"
 )
+_WORK_RE = re.compile(r"^(ops|flops|alloc|syncs)(_per_step|:[A-Za-z0-9_./-]+)?$")
+
+
+def work_metric(kind: str, stage: str | None = None, *, step: bool = False) -> str:
+    """`ops`, `ops:<Stage>` or `ops_per_step` (kind one of `WORK_KINDS`)."""
+    if kind not in WORK_KINDS:
+        raise ValueError(f"not a work counter: {kind!r}")
+    if step:
+        return kind + PER_STEP
+    return kind if stage is None else f"{kind}:{stage}"
+
+
+def is_work_metric(name: str) -> bool:
+    """Whether `name` is a work counter (`ops:DenoisingStage`), not a time or a peak."""
+    return bool(_WORK_RE.match(name))
+
+
+def work_kind(name: str) -> str:
+    """`ops` for `ops:DenoisingStage` / `ops_per_step` / `ops`."""
+    return name.split(":", 1)[0].removesuffix(PER_STEP)
+
+
+def work_stage(name: str) -> str | None:
+    """`DenoisingStage` for `ops:DenoisingStage`; None for a run total or a per-step figure."""
+    return name.split(":", 1)[1] if ":" in name else None
 
 
 def is_metric_name(name: str) -> bool:
-    return bool(_METRIC_RE.match(name))
+    return bool(_METRIC_RE.match(name)) or is_work_metric(name)
 
 
 def metric_class(name: str) -> str:
     """The tolerance class of a metric name; `ValueError` for a name that is not a metric."""
     if name == "e2e":
         return "e2e"
+    if is_work_metric(name):
+        return work_kind(name)
     if name == "peak_memory" or name.startswith(STAGE_PEAK_PREFIX):
         return "peak_memory"
     if name in ("step_avg", "step_median"):
@@ -62,6 +110,8 @@ def metric_class(name: str) -> str:
 
 
 def unit(name: str) -> str:
+    if is_work_metric(name):
+        return WORK_UNITS[work_kind(name)]
     return "MB" if name == "peak_memory" or name.startswith(STAGE_PEAK_PREFIX) else "ms"
 
 
@@ -75,6 +125,8 @@ def metric_sort_key(name: str) -> tuple[int, int, str]:
         return (2, 0, name)
     if name.startswith("step:"):
         return (3, int(name.split(":", 1)[1]), name)
+    if is_work_metric(name):
+        return (5 + WORK_KINDS.index(work_kind(name)), 0 if ":" not in name else 1, name)
     return (4, 0, name)
 
 

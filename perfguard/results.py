@@ -45,6 +45,12 @@ class CaseResult:
     counters: dict[str, list[int]] | None = None
     arguments: dict[str, Any] | None = None
     """What the pipeline's `__call__` was given (diffusers cases), by argument name."""
+    work: list[dict[str, Any]] | None = None
+    """One entry per counted run (`perfguard.measurement.work.WorkRun` JSON): a build's work."""
+    work_error: str | None = None
+    """Why the run could not be counted (the case's timings still stand)."""
+    output_sketch: dict[str, Any] | None = None
+    """A compact reference of the output (`perfguard.decision.counters.OutputSketch`)."""
 
     def add_counters(self, counts: dict[str, int]) -> None:
         """One measured run's counters; a counter a run did not report counts 0 there."""
@@ -112,6 +118,9 @@ class CaseResult:
             **({"components": self.components} if self.components is not None else {}),
             **({"counters": self.counters} if self.counters is not None else {}),
             **({"arguments": self.arguments} if self.arguments is not None else {}),
+            **({"work": [dict(w) for w in self.work]} if self.work else {}),
+            **({"work_error": self.work_error} if self.work_error else {}),
+            **({"output_sketch": dict(self.output_sketch)} if self.output_sketch else {}),
         }
 
     @classmethod
@@ -144,6 +153,9 @@ class CaseResult:
                 else None
             ),
             arguments=dict(data["arguments"]) if data.get("arguments") is not None else None,
+            work=[dict(w) for w in data["work"]] if data.get("work") else None,
+            work_error=data.get("work_error"),
+            output_sketch=dict(data["output_sketch"]) if data.get("output_sketch") else None,
         )
 
 
@@ -172,7 +184,9 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
     groups: list[int] = []
     reference: list[float] = []
     counters: dict[str, list[int]] | None = None
+    work: list[dict[str, Any]] = []
     for i, part in enumerate(parts):
+        work.extend(part.work or [])
         reference.extend(part.reference)
         for name, values in part.samples.items():
             samples.setdefault(name, []).extend(values)
@@ -199,6 +213,9 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
         components=first.components,
         counters=counters,
         arguments=first.arguments,
+        work=work or None,
+        work_error=next((p.work_error for p in parts if p.work_error), None),
+        output_sketch=first.output_sketch,
     )
 
 

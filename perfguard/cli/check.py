@@ -166,6 +166,18 @@ NEEDS_CASES = ("shard_spec", "devices_spec", "isolate", "factory_spec")
 )
 @click.option("--advisory", is_flag=True, help="Report regressions but never fail on them.")
 @click.option("--all-metrics", is_flag=True, help="Show passing step metrics in the table too.")
+@click.option(
+    "--allow-output-change",
+    is_flag=True,
+    help="A changed output is reported, not failed (a numerics change; a case can say so "
+    "with `output_may_change = true`).",
+)
+@click.option(
+    "--counters-only",
+    is_flag=True,
+    help="Time nothing: build each case, run it once counted and judge only what is exact "
+    "(work counters, output, CPU tensor memory). Seconds on any CPU runner.",
+)
 @relative_options
 def check(
     platform_name: str | None,
@@ -182,6 +194,8 @@ def check(
     fail_on_missing: bool,
     advisory: bool,
     all_metrics: bool,
+    allow_output_change: bool,
+    counters_only: bool,
     against: str | None,
     against_ref: str | None,
     against_subdir: str | None,
@@ -209,9 +223,25 @@ def check(
     fresh processes, and each metric is judged on their paired per-block ratios with the
     same minimum effect, stopping once every metric is clearly different or clearly the
     same, or at --budget-s (docs/relative.md).
+
+    Beside the timings, the work each stage does (ops, FLOPs, bytes allocated, host
+    syncs, counted exactly in one untimed run per build) is compared exactly: a counter
+    that grew is a regression whatever the timings say; and the output must stay
+    bit-identical or within tolerance (PSNR >= 100 dB) unless --allow-output-change.
     """
 
-    verdicts = {"fail_on_missing": fail_on_missing, "advisory": advisory}
+    verdicts = {
+        "fail_on_missing": fail_on_missing,
+        "advisory": advisory,
+        "allow_output_change": allow_output_change,
+    }
+    if counters_only and (
+        against is not None or against_ref is not None or results_file or perf_log
+    ):
+        raise PerfguardError(
+            "--counters-only runs the cases: it cannot apply to --against, --results "
+            "or --sglang-perf-log"
+        )
     if against is not None or against_ref is not None:
         for param, flag in NOT_RELATIVE.items():
             if given(param):
@@ -243,7 +273,12 @@ def check(
                 raise PerfguardError("--sglang-perf-log takes at most one --case")
             case_id = selection.case_ids[0] if selection.case_ids else None
             report = api.check_perf_log(
-                perf_log, baseline=baseline_path, case_id=case_id, profile=profile, **verdicts
+                perf_log,
+                baseline=baseline_path,
+                case_id=case_id,
+                profile=profile,
+                fail_on_missing=fail_on_missing,
+                advisory=advisory,
             )
         else:
             assert results_file is not None
@@ -265,6 +300,7 @@ def check(
             out=out,
             platform=api.probe(platform_name),
             echo=echo_err,
+            counters_only=counters_only,
             **verdicts,
         )
     report, _ = api.write_report(report, report_path, markdown_path)

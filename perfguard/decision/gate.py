@@ -100,6 +100,7 @@ def run_gate(
     on_event: Callable[[str, str], None] | None = None,
     policy: ContentionPolicy = DEFAULT_POLICY,
     sleep: Callable[[float], None] = time.sleep,
+    allow_output_change: bool = False,
 ) -> GateOutcome:
     """Measure `cases`, wait out contention, confirm cases over their bounds, judge once.
 
@@ -114,7 +115,15 @@ def run_gate(
     profile = baseline.profile(profile_name)
 
     def verdict_of(cid: str, result: CaseResult) -> CaseVerdict:
-        return judge_against(baseline, profile, cid, result, rule=rule, policy=policy)
+        return judge_against(
+            baseline,
+            profile,
+            cid,
+            result,
+            rule=rule,
+            policy=policy,
+            allow_output_change=allow_output_change,
+        )
 
     def until_for(case: Case) -> Until | None:
         if not adaptive or case.id not in baseline.scenarios:
@@ -194,6 +203,7 @@ def run_gate(
         ignore_missing=tuple(ignore_missing),
         rule=rule,
         policy=policy,
+        allow_output_change=allow_output_change,
     )
     verdicts = []
     for cv in judgement.cases:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfguard.decision import counters
 from perfguard.decision.stats import summarize, t_quantile
 from perfguard.decision.tolerances import Band, min_effect
 from perfguard.decision.verdict import (
@@ -259,11 +260,14 @@ def judge_blocks(
     latched: Mapping[tuple[str, str], MetricVerdict] | None = None,
     fail_on_missing: bool = False,
     advisory: bool = False,
+    allow_output_change: bool = False,
 ) -> tuple[Judgement, dict[str, dict[str, CaseResult]]]:
     """The judgement on the blocks so far, and each side's results pooled over them.
 
     `latched` holds the verdicts already decided at an earlier look, keyed by (case,
-    metric): they stand as they were decided.
+    metric): they stand as they were decided. The work counters and the output of the
+    head are judged against the base's exactly (`perfguard.decision.counters`): one
+    counted run per side gives the delta, whatever the timings still leave open.
     """
     errors = errors or {}
     latched = latched or {}
@@ -306,14 +310,26 @@ def judge_blocks(
                     final=final,
                 )
             )
+        work, output = counters.judge_exact(
+            head,
+            counters.WorkCounts.from_runs(base.work or []),
+            base.output_hash,
+            base.output_sketch,
+            overrides=[head.case.get("tolerance_overrides") or {}],
+            allow_output_change=allow_output_change,
+        )
+        metrics += [MetricVerdict(**vars(c)) for c in work.metrics]
+        kinds = [m.verdict for m in metrics] + ([REGRESSION] if output and output.failed else [])
         verdicts.append(
             CaseVerdict(
                 cid,
-                worst(m.verdict for m in metrics),
+                worst(kinds),
                 tuple(metrics),
                 output_hash=head.output_hash,
                 baseline_output_hash=base.output_hash,
                 deterministic=head.deterministic,
+                work=work.to_json() or None,
+                output=None if output is None else output.to_json(),
                 sampling={
                     "runs": head.repeats,
                     "groups": len(head.groups) if head.groups else 1,

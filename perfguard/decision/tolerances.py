@@ -20,7 +20,7 @@ from perfguard.decision.stats import (
     Summary,
     log_spread,
 )
-from perfguard.metrics import metric_class
+from perfguard.metrics import WORK_KINDS, metric_class
 
 PROFILE_NAMES = ("pr_test", "long_term")
 
@@ -107,6 +107,15 @@ slower at the rule's confidence; the stored-baseline gate and the relative check
 """
 
 
+WORK_TOLERANCE: dict[str, tuple[float, float]] = {kind: (0.0, 0.0) for kind in WORK_KINDS}
+"""Work counters (`ops`, `flops`, `alloc`, `syncs`) are compared exactly by default.
+
+A count has no noise (`perfguard.decision.counters`): any growth is more work. A profile
+that lacks a counter class (one written before counters, an imported sglang one) gets
+these; a profile or a case may loosen a class or one counter like any other band.
+"""
+
+
 def min_effect(metric: str) -> float:
     """`MIN_EFFECT` of `metric`'s class."""
     return MIN_EFFECT[metric_class(metric)]
@@ -183,7 +192,11 @@ class Profile:
         4. metric-keyed overrides (`"step:0": {...}`): the last word, in the order given.
         """
         cls = metric_class(metric)
-        rel, pad = float(self.rel[cls]), float(self.abs[cls])
+        if cls in WORK_TOLERANCE:
+            rel = float(self.rel.get(cls, WORK_TOLERANCE[cls][0]))
+            pad = float(self.abs.get(cls, WORK_TOLERANCE[cls][1]))
+        else:
+            rel, pad = float(self.rel[cls]), float(self.abs[cls])
         for ov in overrides:
             part = ov.get(cls)
             if part:
@@ -300,6 +313,8 @@ def default_profiles(platform: str) -> dict[str, Profile]:
     where = "cpu" if platform == "cpu" else "device"
     memory = MEASURED_MEMORY_PAD_MB[where]
     pads = {c: (memory if c == "peak_memory" else floor) for c in DEVICE_ABS}
+    pads.update({kind: pad for kind, (_rel, pad) in WORK_TOLERANCE.items()})
+    work_rel = {kind: rel for kind, (rel, _pad) in WORK_TOLERANCE.items()}
     note = (
         f"minimum effects of interest, pads of {NOISE_PAD_K:g} standard errors of the "
         f"baseline median above {floor:g} ms"
@@ -307,7 +322,7 @@ def default_profiles(platform: str) -> dict[str, Profile]:
     return {
         name: Profile(
             name,
-            dict(MEASURED_REL[name]),
+            {**MEASURED_REL[name], **work_rel},
             dict(pads),
             {},
             description=note,

@@ -49,6 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from perfguard.decision import counters
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
 from perfguard.decision.stats import (
     Noise,
@@ -212,6 +213,8 @@ class MetricVerdict:
             "ratio": None if self.ratio is None else round(self.ratio, 4),
             "reason": self.reason,
         }
+        if counters.is_counter(self.metric) and self.measured and self.baseline:
+            out["delta"] = self.measured.median - self.baseline.median
         if self.low is not None and self.high is not None:
             out["ratio_low"] = round(self.low, 4)
             out["ratio_high"] = round(self.high, 4)
@@ -426,8 +429,9 @@ class CaseVerdict:
 
     @property
     def over(self) -> list[str]:
-        """The metrics whose median is over their bound (credible or not)."""
-        return [m.metric for m in self.metrics if m.over]
+        """The timed metrics over their bound (credible or not); not counters: a count is
+        exact, measuring it again in a fresh process (the gate's confirmation) cannot help."""
+        return [m.metric for m in self.metrics if m.over and not counters.is_counter(m.metric)]
 
     components: Mapping[str, Any] | None = None
     counters: Mapping[str, Any] | None = None
@@ -439,6 +443,13 @@ class CaseVerdict:
         """How the measured components differ from those the baseline recorded: a
         changed pipeline directory makes the figures incomparable, whatever they say."""
         return component_changes(self.baseline_components, self.components)
+    work: Mapping[str, Any] | None = None  # counters.WorkJudgement: context, notes, op changes
+    output: Mapping[str, Any] | None = None  # counters.OutputVerdict: output equivalence
+
+    @property
+    def output_failed(self) -> bool:
+        """The output changed and neither the case nor the command allowed it."""
+        return self.output is not None and counters.OutputVerdict.from_json(self.output).failed
 
     @property
     def clear(self) -> bool:
@@ -467,6 +478,10 @@ class CaseVerdict:
             out["arguments"] = dict(self.arguments)
         if self.baseline_components is not None:
             out["baseline_components"] = {k: dict(v) for k, v in self.baseline_components.items()}
+        if self.work is not None:
+            out["work"] = dict(self.work)
+        if self.output is not None:
+            out["output"] = dict(self.output)
         return out
 
     @classmethod
@@ -487,6 +502,8 @@ class CaseVerdict:
             counters=data.get("counters"),
             arguments=data.get("arguments"),
             baseline_components=data.get("baseline_components"),
+            work=data.get("work"),
+            output=data.get("output"),
         )
 
 
@@ -519,6 +536,7 @@ def judge_case(
     ignore_missing: Iterable[str] = (),
     rule: Rule = DEFAULT_RULE,
     policy: ContentionPolicy = DEFAULT_POLICY,
+    allow_output_change: bool = False,
 ) -> CaseVerdict:
     """Judge every metric of one case's result against its baseline scenario.
 
@@ -531,6 +549,9 @@ def judge_case(
     baseline file is hardware-specific and reviewed next to the figures it loosens.
     Metrics in `ignore_missing` are not reported missing (a source that cannot measure
     them, such as sglang's performance.log for memory).
+
+    Work counters and output are judged by `perfguard.decision.counters` (exact): a grown
+    counter or a changed output not allowed fails the case whatever the timings say.
     """
     common = {
         "output_hash": result.output_hash,
@@ -556,10 +577,21 @@ def judge_case(
             for m in sorted(samples, key=metric_sort_key)
         )
         return CaseVerdict(case_id, MISSING_BASELINE, metrics, **common)
+    overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
+    work, output = counters.judge_exact(
+        result,
+        scenario.work,
+        scenario.output_hash,
+        scenario.output_sketch,
+        profile,
+        overrides,
+        allow_output_change=allow_output_change,
+    )
+    common["work"] = work.to_json() or None
+    common["output"] = None if output is None else output.to_json()
     ref = scenario.reference.median if scenario.reference is not None else None
     result, scr = screen(result, ref, policy)
     samples = result.samples
-    overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
     base = scenario.metrics
     steps = gated_steps(scenario.step_count, step_fractions)
     ignored = set(ignore_missing)
@@ -582,9 +614,9 @@ def judge_case(
                 speed=scr.speed,
             )
         )
-    verdict = CaseVerdict(
-        case_id, worst(m.verdict for m in out), tuple(out), runner=scr.to_json(), **common
-    )
+    out.extend(MetricVerdict(**vars(c)) for c in work.metrics)
+    kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
+    verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=scr.to_json(), **common)
     return contended(verdict, scr.reason) if scr.contended else verdict
 
 
@@ -640,6 +672,7 @@ def overall(
     cases = list(cases)
     bad = {REGRESSION, *MISSING} if fail_on_missing else {REGRESSION}
     failing = any(m.verdict in bad for c in cases for m in c.metrics)
+    failing = failing or any(c.output_failed for c in cases)
     if fail_on_missing and any(c.verdict == MISSING_BASELINE for c in cases):
         failing = True
     if failing and not advisory:
@@ -660,11 +693,14 @@ def contended(case: CaseVerdict, why: str) -> CaseVerdict:
     """
     metrics = tuple(
         dataclasses.replace(m, verdict=CONTENDED, reason=f"{why}; {m.reason}")
-        if m.verdict == REGRESSION
+        if m.verdict == REGRESSION and not counters.is_counter(m.metric)
         else m
         for m in case.metrics
     )
-    return dataclasses.replace(case, verdict=CONTENDED, metrics=metrics, error=why)
+    # A count or an output does not depend on how busy the runner was: they still fail.
+    exact = any(m.verdict == REGRESSION and counters.is_counter(m.metric) for m in metrics)
+    verdict = REGRESSION if exact or case.output_failed else CONTENDED
+    return dataclasses.replace(case, verdict=verdict, metrics=metrics, error=why)
 
 
 def judge_against(
@@ -676,6 +712,7 @@ def judge_against(
     ignore_missing: Iterable[str] = (),
     rule: Rule = DEFAULT_RULE,
     policy: ContentionPolicy = DEFAULT_POLICY,
+    allow_output_change: bool = False,
 ) -> CaseVerdict:
     """`judge_case` with the case's scenario, improvement threshold and step fractions
     taken from `baseline`: what `judge` does per case, and the gate after each look."""
@@ -689,6 +726,7 @@ def judge_against(
         ignore_missing=ignore_missing,
         rule=rule,
         policy=policy,
+        allow_output_change=allow_output_change,
     )
 
 
@@ -702,6 +740,7 @@ def judge(
     ignore_missing: Iterable[str] = (),
     rule: Rule = DEFAULT_RULE,
     policy: ContentionPolicy = DEFAULT_POLICY,
+    allow_output_change: bool = False,
 ) -> Judgement:
     """Judge every case of `results` against `baseline` under its profile `profile_name`.
 
@@ -711,7 +750,16 @@ def judge(
     profile = baseline.profile(profile_name)
     ignored = tuple(ignore_missing)
     cases = tuple(
-        judge_against(baseline, profile, cid, res, ignore_missing=ignored, rule=rule, policy=policy)
+        judge_against(
+            baseline,
+            profile,
+            cid,
+            res,
+            ignore_missing=ignored,
+            rule=rule,
+            policy=policy,
+            allow_output_change=allow_output_change,
+        )
         for cid, res in sorted(results.cases.items())
     )
     advisory = advisory or profile.advisory or bool(baseline.metadata.get("advisory", False))

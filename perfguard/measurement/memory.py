@@ -92,13 +92,18 @@ class TensorMemory(TorchDispatchMode):
             ref = weakref.ref(storage, lambda _ref, key=key: self._release(key))
             self._storages[key] = (size, ref)
             self.live_bytes += size
+            self._fresh(size)
         elif entry[0] != size:  # resized in place (an `out=` argument grown by the op)
             self._storages[key] = (size, entry[1])
             self.live_bytes += size - entry[0]
+            self._fresh(max(0, size - entry[0]))
         else:
             return
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
+
+    def _fresh(self, size: int) -> None:
+        """Called with the bytes of each storage allocation seen (a hook for subclasses)."""
 
     def __torch_dispatch__(
         self,
@@ -109,6 +114,11 @@ class TensorMemory(TorchDispatchMode):
     ) -> Any:
         out = func(*args, **(kwargs or {}))
         self.ops += 1
+        self.track_outputs(func, out)
+        return out
+
+    def track_outputs(self, func: Any, out: Any) -> None:
+        """Count the storage of the outputs of `func` that are fresh allocations."""
         schema = getattr(func, "_schema", None)  # every OpOverload has one
         returns = schema.returns if schema is not None else ()
         outputs = out if isinstance(out, (tuple, list)) else (out,)
@@ -120,10 +130,9 @@ class TensorMemory(TorchDispatchMode):
             for leaf in tree_leaves(value):
                 if isinstance(leaf, torch.Tensor) and leaf.device.type == self.device_type:
                     self._track(leaf)
-        return out
 
 
-class _TrackedPlatform(Platform):
+class TrackedPlatform(Platform):
     """A platform whose allocator statistics are a `TensorMemory`'s (for `StageTimer`).
 
     With `stage_memory` true the timer reads and resets the peak at every stage
@@ -195,7 +204,7 @@ def measure_run(pipeline: Callable[[], Any], platform: Platform) -> MemoryRun:
     from perfguard.measurement.timer import StageTimer
 
     memory = TensorMemory(platform.name if platform.name != "rocm" else "cuda")
-    with memory, StageTimer(_TrackedPlatform(platform, memory)) as timer:
+    with memory, StageTimer(TrackedPlatform(platform, memory)) as timer:
         pipeline()
     record = timer.record()
     # The timer reset the tracker's peak at every stage boundary and kept the maximum.

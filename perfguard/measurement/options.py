@@ -20,7 +20,7 @@ from perfguard.errors import PerfguardError
 SYNC_POLICIES = ("none", "stage")
 ENV_FACTORY = "PERFGUARD_FACTORY"
 
-WORKER_FIELDS = ("repeats", "warmup", "timeout", "sync", "inject", "factory")
+WORKER_FIELDS = ("repeats", "warmup", "timeout", "sync", "inject", "factory", "counters_only")
 """What a worker process needs of the options (besides the platform's name): the
 request's `options` object on the wire (`perfguard.measurement.worker`), unchanged since
 worker protocol 1 so that an older base revision of a relative check reads it."""
@@ -48,6 +48,9 @@ class MeasureOptions:
     - `max_repeats`: adaptive sampling's cap (None: exactly `repeats`); a case run in
       this process keeps measuring until its verdicts are clear or the cap is reached.
     - `progress`: a progress bar (None: only on a terminal).
+    - `counters_only`: no timed runs: each build runs its warm-up (at least one run, whose
+      output is the one compared) and one counted run (`perfguard.measurement.work`);
+      seconds on any CPU runner, and exact.
     """
 
     repeats: int = 5
@@ -62,6 +65,7 @@ class MeasureOptions:
     processes: int = 1
     max_repeats: int | None = None
     progress: bool | None = None
+    counters_only: bool = False
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
@@ -105,6 +109,7 @@ class MeasureOptions:
             "timeout": self.timeout,
             "sync": self.sync,
             "inject": describe(dict(self.inject)),
+            **({"counters_only": True} if self.counters_only else {}),
         }
 
     def to_worker_json(self, platform: str) -> dict[str, Any]:
@@ -112,6 +117,8 @@ class MeasureOptions:
         out: dict[str, Any] = {"platform": platform}
         for name in WORKER_FIELDS:
             value = getattr(self, name)
+            if name == "counters_only" and not value:
+                continue  # absent unless asked: the wire stays what older workers read
             out[name] = dict(value) if name == "inject" else value
         return out
 

@@ -468,6 +468,7 @@ def run_relative(
     fail_on_missing: bool = False,
     advisory: bool = False,
     on_block: Callable[[int, Block, int], None] | None = None,
+    allow_output_change: bool = False,
 ) -> RelativeOutcome:
     """Measure blocks until every verdict is clear, `max_blocks`, or the budget; judge.
 
@@ -550,6 +551,7 @@ def run_relative(
         latched=latched,
         fail_on_missing=fail_on_missing,
         advisory=advisory,
+        allow_output_change=allow_output_change,
     )
     return RelativeOutcome(
         judgement=judgement,

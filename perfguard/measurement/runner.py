@@ -48,11 +48,11 @@ import torch
 from perfguard.errors import PerfguardError
 from perfguard.measurement import threads
 from perfguard.measurement.inject import InjectionUnmatched
-from perfguard.measurement.memory import measure_run
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.platform import Platform, fingerprint
 from perfguard.measurement.reference import Reference
 from perfguard.measurement.timer import StageTimer
+from perfguard.measurement.work import counted_run
 from perfguard.results import CaseResult, Results
 from perfguard.storage.cases import DIFFUSERS, Case
 from perfguard.workloads.components import component_info
@@ -66,6 +66,37 @@ def tensor_hash(tensor: torch.Tensor) -> str:
     """A short content hash of an output, to make a change in results visible in reports."""
     data = tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
     return hashlib.sha256(data).hexdigest()[:16]
+
+
+def output_sketch(tensor: torch.Tensor) -> dict[str, Any]:
+    """The compact reference of an output that the output-equivalence check compares.
+
+    The output itself when it has at most `SKETCH_VALUES` elements; else the means of
+    equal blocks of its last two dimensions (an image, downsampled by the smallest
+    integer factor that fits), or of a flattened 1-D view. A fixed function of the
+    output, so two runs' sketches compare value by value (`decision.counters`).
+    """
+    import math
+
+    from perfguard.decision.counters import SKETCH_VALUES, OutputSketch
+
+    t = tensor.detach().to("cpu", torch.float32)
+    shape = tuple(int(x) for x in t.shape)
+    if t.numel() <= SKETCH_VALUES:
+        sketch = t
+    elif t.dim() >= 2 and math.prod(shape[:-2]) * 4 <= SKETCH_VALUES:
+        lead, (h, w) = math.prod(shape[:-2]), shape[-2:]
+        scale = max(1, math.isqrt(h * w * lead // SKETCH_VALUES))
+        while lead * math.ceil(h / scale) * math.ceil(w / scale) > SKETCH_VALUES:
+            scale += 1
+        size = (math.ceil(h / scale), math.ceil(w / scale))
+        pooled = torch.nn.functional.adaptive_avg_pool2d(t.reshape(lead, 1, h, w), size)
+        sketch = pooled.reshape(*shape[:-2], *size)
+    else:
+        flat = t.reshape(1, 1, -1)
+        sketch = torch.nn.functional.adaptive_avg_pool1d(flat, SKETCH_VALUES).reshape(-1)
+    values = tuple(float(x) for x in sketch.reshape(-1).tolist())
+    return OutputSketch(shape, tuple(int(x) for x in sketch.shape), values).to_json()
 
 
 @contextlib.contextmanager
@@ -206,10 +237,14 @@ def run_case(
     first `repeats` until `until(result)` is true or `max_repeats` runs are measured.
     `factory` (a callable, already imported) overrides `options.factory` (a spec).
 
-    Where the platform has no allocator statistics (CPU, `separate_memory_run`), one
-    untimed run after the warm-up measures the tensor memory the pipeline allocates
-    (`perfguard.measurement.memory`): the `peak_memory` and `peak_memory:<Stage>` samples of this
-    build. The tracker costs too much per op to ride along in timed runs.
+    One untimed counted run after the warm-up, on every platform, counts the build's
+    work (`perfguard.measurement.work`: ops, FLOPs, bytes allocated, host syncs per
+    stage and step), kept in `result.work`. Where the platform has no allocator
+    statistics (CPU, `separate_memory_run`) the same run measures the tensor memory the
+    pipeline allocates (`perfguard.measurement.memory`): the `peak_memory` and
+    `peak_memory:<Stage>` samples of this build. The mode costs too much per op to
+    ride along in timed runs. A pipeline that fails under the mode loses its counts
+    (`result.work_error` says why), not its timings.
     """
     options = options or MeasureOptions()
     repeats, warmup = options.repeats, options.warmup
@@ -233,14 +268,28 @@ def run_case(
             arguments = getattr(pipeline, "arguments", None)
             result.arguments = dict(arguments) if isinstance(arguments, dict) else None
             counters = getattr(pipeline, "counters", None)
-            for _ in range(warmup):
-                pipeline()
+            output = None
+            for _ in range(max(warmup, 1 if options.counters_only else 0)):
+                output = pipeline()
+            if options.counters_only and output is not None:
+                # No timed runs: the last warm-up's output is the one compared.
+                result.output_sketch = output_sketch(output)
+                hashes.append(tensor_hash(output))
+                limit = 0
             separate = platform.separate_memory_run
-            if separate:
-                memory = measure_run(pipeline, platform)
-                for name, mb in memory.metrics().items():
-                    result.samples[name] = [mb]
-                result.memory = memory.to_json()
+            try:
+                work, memory = counted_run(pipeline, platform, case.dtype)
+            except (CaseTimeout, InjectionUnmatched):
+                raise
+            except Exception as exc:  # an op the mode cannot see through: no counts
+                first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+                result.work_error = f"the pipeline failed under the counting mode ({first})"
+            else:
+                result.work = [work.to_json()]
+                if memory is not None:
+                    for name, mb in memory.metrics().items():
+                        result.samples[name] = [mb]
+                    result.memory = memory.to_json()
             before = yardstick.time_ms()
             while result.repeats < limit:
                 if result.repeats >= repeats and until is not None and until(result):
@@ -261,6 +310,8 @@ def run_case(
                 if callable(counters):
                     result.add_counters(dict(counters()))
                 hashes.append(tensor_hash(output))
+                if result.output_sketch is None:
+                    result.output_sketch = output_sketch(output)
                 result.repeats += 1
                 if on_run is not None:
                     on_run(result)

@@ -251,6 +251,20 @@ class StageTimer:
         if self._memory:
             self.platform.reset_peak_memory()
 
+    def spans(self) -> list[tuple[str, Any, Any]]:
+        """Each closed stage as (name, start mark, end mark), in the order they ended."""
+        return list(self._spans)
+
+    def step_marks(self) -> list[tuple[Any, Any]]:
+        """Each denoising step's (start mark, end mark), in step order."""
+        return list(self._steps)
+
+    def run_marks(self) -> tuple[Any, Any]:
+        """The run's (start mark, end mark); the run must have finished."""
+        if self._start is None or self._end is None:
+            raise RuntimeError("StageTimer.run_marks() called before the timed run finished")
+        return self._start, self._end
+
     def record(self) -> RunRecord:
         """Resolve the marks (one device sync) into a `RunRecord`."""
         if not self.enabled:

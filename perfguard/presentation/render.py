@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfguard.decision.counters import is_counter
 from perfguard.decision.paired import UNKNOWN
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -32,11 +33,37 @@ from perfguard.decision.verdict import (
 )
 from perfguard.errors import PerfguardError
 from perfguard.metrics import metric_sort_key, unit
+from perfguard.presentation.work_report import output_summary, work_console_lines, work_markdown
 from perfguard.storage.baseline import BaselineDiff, DiffRow
 from perfguard.storage.jsonio import (
     write_text_atomic,
 )
 from perfguard.storage.reports import Report
+
+# ---- work counters and output equivalence (perfguard.presentation.work_report) ------------
+# The counters have their own section (what the code does, before any time); the timing
+# tables below leave them out. These three hooks are the only places render.py meets them.
+
+
+def _timed(m: MetricVerdict) -> bool:
+    """A time or a peak, not a work counter (those render in `work_report`)."""
+    return not is_counter(m.metric)
+
+
+def _work_section(report: Report) -> list[str]:
+    return work_markdown(report, escape_md)
+
+
+def _work_console(report: Report) -> list[str]:
+    return work_console_lines(report)
+
+
+def _output_part(report: Report) -> list[str]:
+    part = output_summary(report.cases)
+    return [part] if part else []
+
+
+# ---- the rest of the rendering ---------------------------------------------------------------
 
 
 def fmt_value(value: float | None, metric: str) -> str:
@@ -152,6 +179,8 @@ def _rows(report: Report, all_metrics: bool) -> list[tuple[CaseVerdict, MetricVe
         if case.verdict == ERROR:
             rows.append((case, None))
         for m in case.metrics:
+            if not _timed(m):
+                continue
             quiet = m.verdict == PASS and m.metric.startswith("step:")
             if all_metrics or not quiet:
                 rows.append((case, m))
@@ -168,7 +197,7 @@ def summary_line(report: Report) -> str:
     """One line: the verdict and what made it (plain text; escape before Markdown)."""
     counts = report.judgement.counts
     n_cases = len(report.cases)
-    parts = [f"{counts[REGRESSION]} regression(s)"]
+    parts = [f"{counts[REGRESSION]} regression(s)", *_output_part(report)]
     errors = sum(1 for c in report.cases if c.verdict == ERROR)
     if errors:
         parts.append(f"{errors} case(s) failed to run")
@@ -255,8 +284,11 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
             Text(fmt_value(m.bound, m.metric)),
             Text(fmt_evidence(m)),
         )
+    for line in _work_console(report):
+        console.print(Text(line))
     console.print(table)
-    hidden = sum(len(c.metrics) for c in report.cases) - sum(1 for _, m in rows if m is not None)
+    timed = sum(1 for c in report.cases for m in c.metrics if _timed(m))
+    hidden = timed - sum(1 for _, m in rows if m is not None)
     if hidden:
         console.print(Text(f"{hidden} passing step metric(s) not shown (see the JSON report)"))
     for i, (case, m) in enumerate(reasons, 1):
@@ -451,6 +483,7 @@ def render_markdown(report: Report) -> str:
     if report.merged_from:
         context.append(f"merged from {len(report.merged_from)} shard(s)")
     lines += [" · ".join(context), ""]
+    lines += _work_section(report)
     runner = runner_text(report)
     if runner:
         lines += [escape_md(runner), ""]
@@ -555,8 +588,9 @@ def render_markdown(report: Report) -> str:
             + (f" · {' · '.join(extra)}" if extra else "")
         )
         lines.append("")
-        if case.metrics:
-            rows = [_metric_row(case, m, True)[1:] for m in case.metrics]
+        timed = [m for m in case.metrics if _timed(m)]
+        if timed:
+            rows = [_metric_row(case, m, True)[1:] for m in timed]
             lines += _md_table(["metric", "verdict", *header[2:]], rows)
             lines.append("")
     lines += ["</details>", ""]

@@ -155,7 +155,7 @@ def ab_table(result: ABResult, pairs: int) -> Table:
 
 def baseline_tables(baseline: Baseline, case_ids: list[str]) -> list[Table]:
     """`perfguard baselines show`: the tolerance profiles, then one table per scenario."""
-    from perfguard.metrics import METRIC_CLASSES
+    from perfguard.metrics import METRIC_CLASSES, WORK_KINDS
 
     b = baseline
     prof = Table(title="tolerance profiles (rel / abs)")
@@ -166,6 +166,14 @@ def baseline_tables(baseline: Baseline, case_ids: list[str]) -> list[Table]:
     for cls in METRIC_CLASSES:
         prof.add_row(
             cls, *(f"{b.profiles[n].rel[cls]:g} / {b.profiles[n].abs[cls]:g}" for n in names)
+        )
+    for kind in WORK_KINDS:  # work counters: exact (0 / 0) unless a profile says otherwise
+        prof.add_row(
+            kind,
+            *(
+                f"{b.profiles[n].rel.get(kind, 0.0):g} / {b.profiles[n].abs.get(kind, 0.0):g}"
+                for n in names
+            ),
         )
     tables = [prof]
 
@@ -189,7 +197,34 @@ def baseline_tables(baseline: Baseline, case_ids: list[str]) -> list[Table]:
                 escape(json.dumps(ov)) if ov else "",
             )
         tables.append(table)
+        if s.work is not None:
+            tables.append(_work_table(cid, s))
     return tables
+
+
+def _work_table(cid: str, s: Any) -> Table:
+    """A scenario's work counters: one row per stage (and the run), min..max where varied."""
+    from perfguard.metrics import WORK_KINDS, work_metric
+
+    w = s.work
+    ctx = ", ".join(f"{k} {v}" for k, v in sorted(w.context.items()))
+    table = Table(title=escape(f"{cid}: work counters ({ctx}; {w.runs} counted run(s))"))
+    table.add_column("stage")
+    for kind in WORK_KINDS:
+        table.add_column(kind, justify="right")
+    stages = sorted({m.split(":", 1)[1] for m in w.counters if ":" in m})
+
+    def cell(metric: str) -> str:
+        pair = w.counters.get(metric)
+        if pair is None:
+            return "-"
+        return f"{pair[0]:,}" if pair[0] == pair[1] else f"{pair[0]:,}..{pair[1]:,}"
+
+    for stage in stages:
+        table.add_row(escape(stage), *(cell(work_metric(k, stage)) for k in WORK_KINDS))
+    table.add_row("(per step, heaviest)", *(cell(work_metric(k, step=True)) for k in WORK_KINDS))
+    table.add_row("(run)", *(cell(work_metric(k)) for k in WORK_KINDS))
+    return table
 
 
 def baseline_diff_table(d: BaselineDiff, old_label: str, new_label: str) -> Table:

@@ -26,6 +26,7 @@ cases into one file do not lose each other's work. Figures are rounded to 3 deci
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import dataclasses
 import hashlib
@@ -40,6 +41,7 @@ from typing import Any
 import filelock
 
 from perfguard import __version__
+from perfguard.decision.counters import OutputSketch, WorkCounts
 from perfguard.decision.stats import (
     Summary,
     log_ratio_noise,
@@ -99,6 +101,10 @@ class Scenario:
     components: Mapping[str, Mapping[str, Any]] | None = None
     """role -> class and parameter count of what was measured: a check whose pipeline
     differs says so (`perfguard.decision.verdict.component_changes`)."""
+    work: WorkCounts | None = None
+    """The work counters of the counted runs (`perfguard.decision.counters`)."""
+    output_sketch: Mapping[str, Any] | None = None
+    """A compact reference of the output, for the output-equivalence check."""
 
     @property
     def step_count(self) -> int:
@@ -148,6 +154,10 @@ class Scenario:
             out["tolerance_overrides"] = {k: dict(v) for k, v in self.tolerance_overrides.items()}
         if self.extra:
             out["sglang_extra"] = dict(self.extra)
+        if self.work is not None:
+            out["work"] = self.work.to_json()
+        if self.output_sketch is not None:
+            out["output_sketch"] = dict(self.output_sketch)
         return out
 
     @classmethod
@@ -185,6 +195,10 @@ class Scenario:
             dropped_runs=data.get("dropped_runs"),
             source=data.get("source"),
             components=data.get("components"),
+            work=None if data.get("work") is None else WorkCounts.from_json(data["work"]),
+            output_sketch=None
+            if data.get("output_sketch") is None
+            else dict(data["output_sketch"]),
         )
 
 
@@ -324,10 +338,12 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
             samples = s.get("samples")
             if samples is not None and len(samples) != s["n"]:
                 yield path, f"n is {s['n']} but there are {len(samples)} samples"
-            if where != ["peak_memory"] and s["median"] == 0:
+            memory = where == ["peak_memory"] or where[0] == "stage_peak_memory"
+            if not memory and s["median"] == 0:
                 # A stage that took no time at all was not measured (a clock that did not
                 # move, a figure lost in a conversion); as a baseline it would flag any
-                # real time as an infinite slowdown.
+                # real time as an infinite slowdown. A stage that allocates nothing (or
+                # under the 1 kB the file keeps) is a measurement: memory can be 0.
                 yield [*path, "median"], "a time of 0 ms is not a measurement"
             lo, hi = s.get("min"), s.get("max")
             if lo is not None and hi is not None and not lo <= s["median"] <= hi:
@@ -336,6 +352,41 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
             for stage in scen.get(key, {}):
                 if not is_metric_name(f"stage:{stage}"):
                     yield ["scenarios", cid, key, stage], "not a valid stage name"
+        if scen.get("work") is not None:
+            yield from _work_errors(["scenarios", cid, "work"], scen["work"])
+        if scen.get("output_sketch") is not None:
+            try:
+                OutputSketch.from_json(scen["output_sketch"])
+            except (ValueError, binascii.Error) as exc:
+                yield ["scenarios", cid, "output_sketch"], str(exc)
+
+
+def _work_errors(path: list[Any], work: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]:
+    """What the schema cannot say of a scenario's work counters.
+
+    A `[min, max]` pair must be ordered, and every stage must have the counters the
+    others have: a stage whose `syncs` are missing would otherwise pass unjudged, as if
+    it had none.
+    """
+    groups = [("total", work.get("total", {})), ("per_step", work.get("per_step"))]
+    groups += [(("stages", s), c) for s, c in work.get("stages", {}).items()]
+    for where, counts in groups:
+        for kind, value in (counts or {}).items():
+            if isinstance(value, list) and len(value) == 2 and value[0] > value[1]:
+                yield [*path, *_parts(where), kind], f"[min, max] is {value}: min > max"
+    stages = work.get("stages", {})
+    kinds = set().union(*(set(c) for c in stages.values())) if stages else set()
+    for stage, counts in sorted(stages.items()):
+        for kind in sorted(kinds - set(counts)):
+            others = sorted(s for s, c in stages.items() if kind in c)
+            yield (
+                [*path, "stages", stage, kind],
+                f"missing, but counted in the other stages ({', '.join(others[:3])})",
+            )
+
+
+def _parts(where: Any) -> list[Any]:
+    return list(where) if isinstance(where, tuple) else [where]
 
 
 def parse(data: Any, source: str) -> Baseline:
@@ -471,6 +522,8 @@ def scenario_from_result(
         reference_version=reference_version if result.reference else None,
         dropped_runs=dropped_runs,
         components=result.components,
+        work=WorkCounts.from_runs(result.work or []),
+        output_sketch=dict(result.output_sketch) if result.output_sketch else None,
     )
 
 
@@ -736,6 +789,8 @@ def diff(a: Baseline, b: Baseline) -> BaselineDiff:
                 rows.append(DiffRow(cid, metric, old, new, change=UNKNOWN))
             else:
                 rows.append(DiffRow(cid, metric, old, new, *judged))
+    for cid in sorted(set(a.scenarios) & set(b.scenarios)):
+        rows += _work_rows(cid, a.scenarios[cid].work, b.scenarios[cid].work)
     tol: list[str] = []
     for name in sorted(set(a.profiles) | set(b.profiles)):
         pa = a.profiles[name].to_json() if name in a.profiles else None
@@ -748,6 +803,30 @@ def diff(a: Baseline, b: Baseline) -> BaselineDiff:
         if a.scenarios[cid].tolerance_overrides != b.scenarios[cid].tolerance_overrides:
             tol.append(f"scenarios.{cid}.tolerance_overrides")
     return BaselineDiff(added, removed, tuple(rows), tuple(tol))
+
+
+def _work_rows(cid: str, a: WorkCounts | None, b: WorkCounts | None) -> list[DiffRow]:
+    """The work counters that differ: exact, so any change is credible (`slower` = more
+    work, `faster` = less); `unknown` where the two were counted under another torch,
+    device type or dtype (their counts mean other ops)."""
+    if a is None or b is None:
+        return []
+    same_context = dict(a.context) == dict(b.context)
+    rows = []
+    for metric in sorted(set(a.counters) | set(b.counters), key=metric_sort_key):
+        va, vb = a.counters.get(metric), b.counters.get(metric)
+        if va == vb:
+            continue
+        old = None if va is None else float(va[1])
+        new = None if vb is None else float(vb[1])
+        if va is None or vb is None:
+            change = ADDED if va is None else REMOVED
+        elif not same_context:
+            change = UNKNOWN
+        else:
+            change = SLOWER if vb[1] > va[1] else FASTER
+        rows.append(DiffRow(cid, metric, old, new, change=change))
+    return rows
 
 
 def slugify(text: str) -> str:

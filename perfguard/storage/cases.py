@@ -56,7 +56,9 @@ class Case:
     are padded, which is what exercises the masked joint-attention path. Optimization
     `toggles` default on; a case turns one off to measure the reference behaviour.
     `threads` is torch's intra-op thread count while it is measured; None takes the
-    platform's default (`perfguard.measurement.threads`: 1 on CPU).
+    platform's default (`perfguard.measurement.threads`: 1 on CPU). `output_may_change`
+    lets the case's output differ from its baseline's without failing the check (a
+    numerics change; `perfguard.decision.counters`).
 
     A `diffusers` case has no preset: it names a `save_pretrained` directory (`model`),
     its `prompt` (and `negative_prompt`) and, with `dit = "perfguard"`, swaps perfguard's
@@ -87,6 +89,7 @@ class Case:
     toggles: dict[str, bool] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     tolerance_overrides: dict[str, dict[str, float]] = field(default_factory=dict)
+    output_may_change: bool = False
     model: str = ""
     prompt: str = ""
     negative_prompt: str | None = None
@@ -125,6 +128,8 @@ class Case:
         data.pop("source")
         data["prompt_lengths"] = list(self.prompt_lengths)
         data["tags"] = list(self.tags)
+        if not self.output_may_change:  # the default: definitions stay as they were
+            data.pop("output_may_change")
         if self.workload != DIFFUSERS:  # keep built-in cases' definitions as they were
             for key in ("model", "prompt", "negative_prompt", "dit"):
                 data.pop(key)
