@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -332,3 +333,10 @@ def component_changes(
         ):
             out.append(f"{role} parameters {old['parameters']} -> {new['parameters']}")
     return out
+
+
+def slugify(text: str) -> str:
+    """`NVIDIA H200` -> `nvidia-h200`; `Ascend910B3` -> `ascend910b3`; safe in file names."""
+    text = re.sub(r"\((r|tm|c)\)", "", text.lower())
+    text = re.sub(r"\b(cpu|processor|with radeon graphics)\b", "", text)
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from perfguard.decision import changes
 from perfguard.errors import PerfguardError
 from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
@@ -233,9 +234,9 @@ def test_diff_lists_added_removed_changed_and_tolerance_changes(tmp_path: Path) 
     data = json.loads(b_path.read_text())
     data["tolerances"]["pr_test"]["rel"]["e2e"] = 0.1
     write(b_path, data)
-    d = store.diff(store.load(a_path), store.load(b_path))
+    d = changes.diff(store.load(a_path), store.load(b_path))
     assert (d.added, d.removed, d.tolerance_changes) == (("new",), ("gone",), ("pr_test",))
     e2e = next(r for r in d.changed if r.metric == "e2e")
     assert (e2e.case_id, e2e.old, e2e.new) == ("keep", 10.2, 11.22)
     assert not any(r.metric == "peak_memory" for r in d.changed)
-    assert store.diff(store.load(a_path), store.load(a_path)).empty
+    assert changes.diff(store.load(a_path), store.load(a_path)).empty

@@ -21,6 +21,7 @@ import torch
 import perfguard.cli
 import perfguard.measurement.platform
 import perfguard.measurement.runner
+from perfguard.decision import changes
 from perfguard.decision.stats import Summary, summarize
 from perfguard.errors import EXIT_USAGE, PerfguardError
 from perfguard.measurement.platform import Platform
@@ -416,20 +417,24 @@ def tight(median: float, n: int = 10, spread: float = 0.005) -> Summary:
     ],
 )
 def test_diff_says_whether_a_change_is_credible(old: Summary, new: Summary, change: str) -> None:
-    low, high, got = store.judge_change("stage:DenoisingStage", old, new)  # type: ignore[misc]
+    low, high, got = changes.judge_change("stage:DenoisingStage", old, new)  # type: ignore[misc]
     assert got == change
     assert low <= new.median / old.median <= high
 
 
 def test_a_change_between_single_figures_has_no_interval() -> None:
     # Imported sglang figures: one request each, no spread on either side.
-    assert store.judge_change("e2e", Summary(10.0, 1), Summary(12.0, 1)) == (None, None, "unknown")
+    assert changes.judge_change("e2e", Summary(10.0, 1), Summary(12.0, 1)) == (
+        None,
+        None,
+        "unknown",
+    )
 
 
 def test_the_diff_interval_widens_with_the_spread_between_processes() -> None:
     old = Summary(10.0, 10, iqr=0.05, samples=(10.0,) * 10, processes=(9.0, 11.0))
     new = Summary(12.0, 10, iqr=0.05, samples=(12.0,) * 10, processes=(11.0, 13.0))
-    low, high, change = store.judge_change("e2e", old, new)  # type: ignore[misc]
+    low, high, change = changes.judge_change("e2e", old, new)  # type: ignore[misc]
     assert change == "noise" and low < 1.0 < high
 
 
@@ -457,7 +462,7 @@ def test_diff_rows_and_counts_in_json_and_markdown(tmp_path: Path, pg: PG) -> No
 
 def test_diff_of_a_file_with_itself_says_nothing_moved(tmp_path: Path) -> None:
     a = store.load(make(tmp_path / "a.json", x=1.0))
-    d = store.diff(a, a)
+    d = changes.diff(a, a)
     assert d.empty and "No scenario, figure or tolerance changed." in (
         render_baseline_diff_markdown(d, "a", "a")
     )

@@ -170,3 +170,14 @@ def test_the_interval_uses_students_t_with_the_process_dof() -> None:
     assert v.noise is not None and v.noise.dof == 1
     # With one degree of freedom the 99 % quantile is 31.8: +10 % is not credible.
     assert v.verdict == PASS and v.low is not None and v.low < 1
+
+
+def test_noise_keeps_both_degrees_of_freedom_through_json() -> None:
+    from perfguard.decision.stats import Noise
+
+    noise = Noise(0.02, 0.01, 0.02, 3, 4, between_dof=5, within_dof=40)
+    again = Noise.from_json(noise.to_json())
+    assert again == noise
+    assert again.dof == 5 and again.source == "between-process spread (5 dof)"
+    old = {k: v for k, v in noise.to_json().items() if not k.endswith("_dof")}
+    assert Noise.from_json(old).within_dof == Noise.from_json(old).between_dof == 5

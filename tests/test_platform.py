@@ -12,7 +12,7 @@ import torch
 
 from perfguard.errors import PerfguardError
 from perfguard.measurement import platform as pf
-from perfguard.storage.baseline import slugify
+from perfguard.results import slugify
 
 
 class _FakeEvent:

@@ -94,10 +94,11 @@ def baselines_diff(a: str, b: str, as_json: bool, fmt: str) -> int:
     unknown (no spread on either side). Also scenarios added / removed and tolerances
     changed.
     """
+    from perfguard.decision.changes import diff
     from perfguard.storage import baseline as store
     from perfguard.storage.jsonio import dumps
 
-    d = store.diff(store.load(a), store.load(b))
+    d = diff(store.load(a), store.load(b))
     if as_json or fmt == "json":
         click.echo(dumps(d.to_json()), nl=False)
         return EXIT_OK

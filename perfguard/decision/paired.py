@@ -15,22 +15,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfguard.decision import counters
+from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate
 from perfguard.decision.stats import summarize, t_quantile
 from perfguard.decision.tolerances import Band, min_effect
 from perfguard.decision.verdict import (
-    DIFFERENT,
     ERROR,
     IMPROVEMENT,
     MISSING_STAGE,
     NEW_STAGE,
     PASS,
     REGRESSION,
-    SAME,
-    UNKNOWN,
     CaseVerdict,
     Judgement,
     MetricVerdict,
-    PairedEstimate,
     worst,
 )
 from perfguard.errors import PerfguardError

@@ -269,7 +269,24 @@ class Noise:
             "processes_baseline": self.processes_baseline,
             "processes_current": self.processes_current,
             "dof": self.dof,
+            "within_dof": self.within_dof,
+            "between_dof": self.between_dof,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Noise:
+        """The inverse of `to_json`; a report written before the two degrees of freedom
+        were kept apart gives its one `dof` to both (the one the verdict used)."""
+        dof = int(data.get("dof", 0))
+        return cls(
+            se=float(data["se"]),
+            within=float(data["within"]),
+            between=float(data["between"]),
+            processes_baseline=int(data["processes_baseline"]),
+            processes_current=int(data["processes_current"]),
+            between_dof=int(data.get("between_dof", dof)),
+            within_dof=int(data.get("within_dof", dof)),
+        )
 
 
 def log_ratio_noise(baseline: Summary, current: Summary) -> Noise:

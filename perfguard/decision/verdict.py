@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.decision import counters
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
+from perfguard.decision.estimate import PairedEstimate
 from perfguard.decision.stats import (
     Noise,
     Summary,
@@ -74,7 +75,7 @@ from perfguard.metrics import metric_class, metric_sort_key, unit
 from perfguard.results import CaseResult, component_changes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from perfguard.results import CaseResult, Results
+    from perfguard.results import Results
     from perfguard.storage.baseline import Baseline, Scenario
 
 # ---- verdict names -------------------------------------------------------------------------
@@ -108,12 +109,6 @@ OVERALL_PASS = "pass"
 OVERALL_FAIL = "fail"
 OVERALL_ERROR = "error"
 OVERALL_CONTENDED = "contended"
-
-# ---- default tolerance profiles --------------------------------------------------------------
-
-
-"""sglang's `improvement_reporting.threshold`: 20 % faster than the baseline is stale."""
-
 
 # ---- the evidence a regression needs -------------------------------------------------------
 
@@ -250,17 +245,7 @@ class MetricVerdict:
             high=opt("ratio_high"),
             significant=data.get("significant"),
             borderline=bool(data.get("borderline", False)),
-            noise=None
-            if noise is None
-            else Noise(
-                se=float(noise["se"]),
-                within=float(noise["within"]),
-                between=float(noise["between"]),
-                processes_baseline=int(noise["processes_baseline"]),
-                processes_current=int(noise["processes_current"]),
-                between_dof=int(noise.get("dof", 0)),
-                within_dof=int(noise.get("dof", 0)),
-            ),
+            noise=None if noise is None else Noise.from_json(noise),
             paired=None
             if paired is None or data.get("ratio_low") is None
             else PairedEstimate(
@@ -443,6 +428,7 @@ class CaseVerdict:
         """How the measured components differ from those the baseline recorded: a
         changed pipeline directory makes the figures incomparable, whatever they say."""
         return component_changes(self.baseline_components, self.components)
+
     work: Mapping[str, Any] | None = None  # counters.WorkJudgement: context, notes, op changes
     output: Mapping[str, Any] | None = None  # counters.OutputVerdict: output equivalence
 
@@ -773,7 +759,6 @@ __all__ = [
     "CaseVerdict",
     "Judgement",
     "MetricVerdict",
-    "PairedEstimate",
     "Rule",
     "contended",
     "gated_steps",
@@ -783,45 +768,3 @@ __all__ = [
     "overall",
     "worst",
 ]
-
-
-SAME = "same"
-
-
-DIFFERENT = "different"
-
-
-UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True)
-class PairedEstimate:
-    """head/base for one metric from per-block log ratios, and what it lets us say.
-
-    `ratio` is the geometric mean of the blocks' median ratios, `low` / `high` its
-    one-sided (1 - alpha) bounds from a t-interval over the blocks (n - 1 degrees of
-    freedom); `decision` is Pinpoint's three answers: `different` (a regression: ratio
-    above 1 + min_effect and low above 1; or an improvement: ratio below 1 / (1 +
-    min_effect) and high below 1), `same` (the interval lies within +-min_effect), or
-    `unknown` (measure more).
-    """
-
-    blocks: int
-    ratio: float
-    low: float
-    high: float
-    min_effect: float
-    alpha: float
-    decision: str
-
-    @property
-    def slower(self) -> bool:
-        return self.decision == DIFFERENT and self.ratio > 1.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "blocks": self.blocks,
-            "decision": self.decision,
-            "min_effect": self.min_effect,
-            "alpha": round(self.alpha, 6),
-        }

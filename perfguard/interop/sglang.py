@@ -36,13 +36,12 @@ from typing import Any
 from perfguard.decision.tolerances import DEFAULT_IMPROVEMENT_THRESHOLD, sglang_profiles
 from perfguard.errors import PerfguardError
 from perfguard.metrics import METRIC_CLASSES, metrics_of_run
-from perfguard.results import CaseResult, Results, RunRecord, utc_now
+from perfguard.results import CaseResult, Results, RunRecord, slugify, utc_now
 from perfguard.storage.baseline import (
     BASELINE_KIND,
     BASELINE_SCHEMA_VERSION,
     Baseline,
     parse,
-    slugify,
 )
 from perfguard.storage.cases import PLATFORM_NAMES
 from perfguard.storage.jsonio import loads, read_json, read_text

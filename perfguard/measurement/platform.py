@@ -34,7 +34,7 @@ import torch
 from perfguard import __version__
 from perfguard.errors import PerfguardError
 from perfguard.measurement.pinning import VISIBLE_DEVICES_ENV
-from perfguard.storage.baseline import slugify
+from perfguard.results import slugify
 from perfguard.storage.cases import PLATFORM_NAMES
 
 ENV_PLATFORM = "PERFGUARD_PLATFORM"

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfguard.decision.changes import BaselineDiff, DiffRow
 from perfguard.decision.counters import is_counter
 from perfguard.decision.paired import UNKNOWN
 from perfguard.decision.verdict import (
@@ -34,7 +35,6 @@ from perfguard.decision.verdict import (
 from perfguard.errors import PerfguardError
 from perfguard.metrics import metric_sort_key, unit
 from perfguard.presentation.work_report import output_summary, work_console_lines, work_markdown
-from perfguard.storage.baseline import BaselineDiff, DiffRow
 from perfguard.storage.jsonio import (
     write_text_atomic,
 )
@@ -624,7 +624,7 @@ def render_baseline_diff_markdown(d: BaselineDiff, old_label: str, new_label: st
     of every changed figure with its interval and verdict, so that figures that moved
     within noise are visible without drowning the ones that matter.
     """
-    from perfguard.storage.baseline import ADDED, FASTER, REMOVED, SLOWER
+    from perfguard.decision.changes import ADDED, FASTER, REMOVED, SLOWER
 
     counts = d.counts()
     conf = f"{d.confidence:.0%}"

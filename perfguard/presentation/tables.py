@@ -18,9 +18,10 @@ from perfguard.storage.cases import Case
 
 if TYPE_CHECKING:
     from perfguard.decision.calibrate import CaseCalibration
+    from perfguard.decision.changes import BaselineDiff
     from perfguard.measurement.ab import ABResult
     from perfguard.results import Results
-    from perfguard.storage.baseline import Baseline, BaselineDiff
+    from perfguard.storage.baseline import Baseline
 
 
 def results_table(results: Results) -> Table:
