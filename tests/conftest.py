@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-PG = Callable[..., tuple[int, str, str]]
+from tests.fake_pipeline import fake  # noqa: F401  (the fixture: fake pipelines, virtual clock)
+from tests.helpers import PG
 
 
 @pytest.fixture(scope="session")

@@ -232,7 +232,7 @@ def test_the_file_commands_run_where_torch_cannot_be_imported(
 
 
 def test_check_of_an_sglang_performance_log_runs_without_torch(tmp_path: Path) -> None:
-    from tests.test_sglang import H100, record, write_log
+    from tests.helpers import H100, record, write_log
 
     base = tmp_path / "h100.json"
     proc = blocked("baselines", "import-sglang", str(H100), "--out", str(base), cwd=tmp_path)

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_history import _report  # a real report made by the library
 
 import perfguard.storage.archive as archive
 from perfguard.errors import PerfguardError
 from perfguard.presentation.history import add_reports, changes, load
 from perfguard.storage.archive import SCHEMA_VERSION, locate
+from tests.helpers import history_report as _report  # a real report made by the library
 
 PG = Any
 

@@ -29,7 +29,7 @@ from perfguard.results import Results
 from perfguard.storage import reports as rep
 from perfguard.storage.baseline import Baseline, scenario_from_result
 from perfguard.storage.cases import load_file, parse_case
-from tests.conftest import PG
+from tests.helpers import PG
 
 STEPS = 2
 README = Path(__file__).resolve().parent.parent / "README.md"

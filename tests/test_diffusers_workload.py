@@ -19,7 +19,7 @@ from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.platform import probe
 from perfguard.measurement.runner import run_case
 from perfguard.storage.cases import parse_case
-from tests.conftest import PG
+from tests.helpers import PG
 
 STEPS = 2
 
@@ -421,7 +421,10 @@ def test_a_glm_image_pipelines_transformer_swaps_for_perfguards_with_its_weights
     import diffusers
 
     from perfguard.interop.diffusers import swap_dit
-    from tests.test_models_vs_diffusers import GLM_TINY, _glm_inputs
+    from perfguard.workloads.presets import get_preset
+    from tests.helpers import glm_dit_inputs
+
+    GLM_TINY = get_preset("glm_image", "tiny")
 
     class GlmImagePipeline:  # what swap_dit needs of the pipeline: its class name, .transformer
         transformer = diffusers.GlmImageTransformer2DModel(**GLM_TINY).eval()
@@ -432,7 +435,7 @@ def test_a_glm_image_pipelines_transformer_swaps_for_perfguards_with_its_weights
     ours = swap_dit(pipe, case)
     assert pipe.transformer is ours and ours.glm_prior_drop_inplace is False
     assert type(ours).__module__ == "perfguard.workloads.glm_image"
-    inputs = _glm_inputs(GLM_TINY)
+    inputs = glm_dit_inputs(GLM_TINY)
     with torch.no_grad(), ours.cache_context("cond"):
         torch.testing.assert_close(
             ours(**inputs, return_dict=False)[0],

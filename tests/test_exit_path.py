@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PG
+from tests.helpers import PG
 
 ROOT = Path(__file__).resolve().parents[1]
 

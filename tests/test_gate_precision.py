@@ -8,8 +8,6 @@ pipelines of tests/test_cli_check.py: nothing here depends on how busy the machi
 from __future__ import annotations
 
 import json
-import math
-import random
 from pathlib import Path
 
 import pytest
@@ -23,14 +21,10 @@ from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.platform import Platform
 from perfguard.measurement.runner import run_case
 from perfguard.storage.cases import Case
-from tests.test_cli_check import CHECK, GEN, PG, fake  # noqa: F401  (the fixture)
+from tests.fake_pipeline import CHECK, GEN
+from tests.helpers import PG, noisy
 
 M = "stage:DenoisingStage"
-
-
-def noisy(median: float, rel_sd: float, n: int, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    return [median * math.exp(rng.gauss(0.0, rel_sd)) for _ in range(n)]
 
 
 # ---- thread policy --------------------------------------------------------------------------
@@ -78,7 +72,7 @@ def test_env_json_records_the_thread_policy_and_the_reference_workload(pg: PG) -
 
 
 def test_a_baseline_of_another_thread_count_is_refused_naming_both(
-    fake: Path,  # noqa: F811
+    fake: Path,
     pg: PG,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -98,7 +92,7 @@ def test_a_baseline_of_another_thread_count_is_refused_naming_both(
     assert code != 2 and code in (0, 1) and "thread" not in err  # matching counts: compared
 
 
-def test_a_baseline_of_another_reference_workload_is_refused(fake: Path, pg: PG) -> None:  # noqa: F811
+def test_a_baseline_of_another_reference_workload_is_refused(fake: Path, pg: PG) -> None:
     assert pg(*GEN)[0] == 0
     data = json.loads(fake.read_text())
     for s in data["scenarios"].values():

@@ -12,15 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from perfguard.cli import cli
-from perfguard.decision.verdict import judge
 from perfguard.errors import PerfguardError
 from perfguard.presentation.changepoints import detect
 from perfguard.presentation.history import add_reports, changes, load
-from perfguard.results import CaseResult, Results
-from perfguard.storage.baseline import new_baseline, scenario_from_result
-from perfguard.storage.reports import build, write_report
-
-ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": None}
+from tests.helpers import history_report
 
 
 def _noisy(n: int, seed: int, level: float = 100.0, noise: float = 0.02) -> np.ndarray:
@@ -77,44 +72,11 @@ def test_pelt_over_cumulative_sums_decides_as_ruptures_pelt() -> None:
         assert pelt_l2(x, pen, size) == want, (seed, n, size, pen)
 
 
-def _report(path: Path, denoise_ms: float, seed: int, baseline_ms: float = 20.0) -> Path:
-    """A real report made by the library from samples around `denoise_ms`."""
-    rng = np.random.default_rng(seed)
-
-    def result(center: float) -> CaseResult:
-        res = CaseResult(case_id="qwen_image_t2i_smoke", repeats=5)
-        den = list(center * (1 + 0.01 * rng.standard_normal(5)))
-        res.samples = {
-            "stage:DenoisingStage": den,
-            "stage:DecodingStage": [2.0, 2.1, 2.0, 1.9, 2.0],
-            "e2e": [d + 3.0 for d in den],
-        }
-        return res
-
-    base = new_baseline(ENV).with_scenario(
-        "qwen_image_t2i_smoke", scenario_from_result(result(baseline_ms))
-    )
-    results = Results(
-        environment=ENV, settings={}, cases={"qwen_image_t2i_smoke": result(denoise_ms)}
-    )
-    judgement = judge(results, base, "pr_test")
-    report = build(
-        judgement,
-        environment=ENV,
-        baseline_info={"path": "b.json", "sha256": "0" * 64, "platform": "cpu"},
-        profile=base.profile("pr_test").to_json(),
-        settings={"source": "results"},
-        improvement_threshold=base.improvement_threshold,
-    )
-    write_report(path, report)
-    return path
-
-
 def test_archive_finds_the_commit_where_denoising_slowed(tmp_path: Path) -> None:
     db = tmp_path / "h.sqlite"
     levels = [20.0] * 12 + [23.0] * 10
     for i, level in enumerate(levels):
-        rep = _report(tmp_path / f"r{i}.json", level, seed=i)
+        rep = history_report(tmp_path / f"r{i}.json", level, seed=i)
         add_reports(db, [rep], commit=f"c{i:03d}", date=f"2026-11-{i + 1:02d}")
     frame = load(db, case="qwen_image_t2i_smoke", metric="stage:DenoisingStage")
     assert list(frame["commit_sha"]) == [f"c{i:03d}" for i in range(len(levels))]
@@ -131,7 +93,7 @@ def test_archive_finds_the_commit_where_denoising_slowed(tmp_path: Path) -> None
 
 def test_the_same_report_is_stored_once(tmp_path: Path) -> None:
     db = tmp_path / "h.sqlite"
-    rep = _report(tmp_path / "r.json", 20.0, seed=0)
+    rep = history_report(tmp_path / "r.json", 20.0, seed=0)
     assert add_reports(db, [rep]) == (1, 0)
     assert add_reports(db, [rep, rep]) == (0, 2)
     assert len(load(db, metric="e2e")) == 1
@@ -142,12 +104,12 @@ def test_the_same_report_is_stored_once(tmp_path: Path) -> None:
 )
 def test_a_malformed_report_is_refused_and_nothing_is_written(tmp_path: Path, content: str) -> None:
     db = tmp_path / "h.sqlite"
-    good = _report(tmp_path / "good.json", 20.0, seed=0)
+    good = history_report(tmp_path / "good.json", 20.0, seed=0)
     add_reports(db, [good])
     before = db.read_bytes()
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    other = _report(tmp_path / "other.json", 21.0, seed=1)
+    other = history_report(tmp_path / "other.json", 21.0, seed=1)
     with pytest.raises(PerfguardError, match=r"bad\.json"):
         add_reports(db, [other, bad])
     assert db.read_bytes() == before
@@ -170,7 +132,7 @@ def test_history_cli_end_to_end_with_real_smoke_reports(tmp_path: Path, monkeypa
     for i in range(2):
         pg("check", *common, "--baseline", "b.json", "--report", f"real{i}.json")
     synthetic = [
-        _report(tmp_path / f"s{i}.json", 20.0 if i < 8 else 26.0, seed=i) for i in range(14)
+        history_report(tmp_path / f"s{i}.json", 20.0 if i < 8 else 26.0, seed=i) for i in range(14)
     ]
     for i, path in enumerate(synthetic):
         assert (
@@ -263,7 +225,7 @@ def test_the_trend_plot_draws_and_labels_the_baseline_and_never_repeats_a_tick(
 
     db = tmp_path / "h.sqlite"
     for i in range(3):  # the second and third reports measured the same commit
-        rep = _report(tmp_path / f"r{i}.json", 20.0, seed=i)
+        rep = history_report(tmp_path / f"r{i}.json", 20.0, seed=i)
         add_reports(db, [rep], commit="abcdef123" if i else "0123456789", date=f"2026-01-0{i + 1}")
     seen: dict[str, list[str]] = {}
 
@@ -284,7 +246,7 @@ def test_the_trend_plot_draws_and_labels_the_baseline_and_never_repeats_a_tick(
 
 
 def test_bad_date_is_a_usage_error(tmp_path: Path) -> None:
-    rep = _report(tmp_path / "r.json", 20.0, seed=0)
+    rep = history_report(tmp_path / "r.json", 20.0, seed=0)
     res = CliRunner().invoke(
         cli,
         ["history", "add", str(rep), "--db", str(tmp_path / "h.sqlite"), "--date", "soon"],

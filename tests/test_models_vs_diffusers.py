@@ -13,6 +13,13 @@ diffusers = pytest.importorskip("diffusers")
 from perfguard.workloads.glm_image import GlmImageTransformer2DModel  # noqa: E402
 from perfguard.workloads.presets import get_preset, init_weights_  # noqa: E402
 from perfguard.workloads.qwen_image import QwenImageTransformer2DModel  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    GLM_BATCH,
+    GLM_GLYPH_LEN,
+    GLM_LAT_H,
+    GLM_LAT_W,
+)
+from tests.helpers import glm_dit_inputs as _glm_inputs  # noqa: E402
 
 ATOL = 1e-5
 # Larger than build_model's 0.02 so activations are O(1) and a mismatch cannot hide.
@@ -150,25 +157,8 @@ def test_qwen_block_valid_rows_match_diffusers() -> None:
 # ----------------------------------------------------------------------------------------
 
 GLM_TINY = get_preset("glm_image", "tiny")
-LAT_H, LAT_W, GLYPH_LEN = 8, 12, 5
-
-
-def _glm_inputs(config: dict, seed: int = 2) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    seq = (LAT_H // 2) * (LAT_W // 2)
-    prior_ids = torch.randint(0, config["prior_vq_quantizer_codebook_size"], (B, seq), generator=g)
-    # As the pipeline's CFG pair, folded into one batch: row 0 keeps every prior token
-    # (cond, all False), row 1 drops them all (uncond, all True).
-    drop = torch.tensor([[False], [True]]).expand(B, seq).contiguous()
-    return dict(
-        hidden_states=torch.randn(B, config["in_channels"], LAT_H, LAT_W, generator=g),
-        encoder_hidden_states=torch.randn(B, GLYPH_LEN, config["text_embed_dim"], generator=g),
-        prior_token_id=prior_ids,
-        prior_token_drop=drop,
-        timestep=torch.tensor([999.0, 499.0]),
-        target_size=torch.tensor([[64.0, 96.0]] * B),
-        crop_coords=torch.zeros(B, 2),
-    )
+LAT_H, LAT_W, GLYPH_LEN = GLM_LAT_H, GLM_LAT_W, GLM_GLYPH_LEN
+assert GLM_BATCH == B
 
 
 def test_glm_state_dict_loads_strictly_from_diffusers() -> None:

@@ -14,7 +14,6 @@ import functools
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,10 +29,8 @@ from perfguard.results import Results
 from perfguard.storage import baseline as store
 from perfguard.storage.cases import load_registry
 from perfguard.storage.reports import read_report, read_results, write_results
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_history import _report  # a real report made by the library
-from test_sglang import H100, NPU, record, write_log
+from tests.helpers import H100, NPU, record, write_log
+from tests.helpers import history_report as _report  # a real report made by the library
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("PERFGUARD_HYPOTHESIS_EXAMPLES", "30")),  # 400 to search harder

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from perfguard.presentation import render
-from tests.test_render_reasons import _report
+from tests.helpers import reasons_report as _report
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import sqlite3
-import sys
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -25,12 +24,8 @@ import perfguard.presentation.history
 import perfguard.storage.archive
 from perfguard.cli import main
 from perfguard.errors import EXIT_INTERNAL, EXIT_TERMINATED, EXIT_USAGE
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_history import _report  # a real report made by the library
-
-PG = Any
-from tests.test_sglang import H100  # noqa: E402
+from tests.helpers import H100, PG
+from tests.helpers import history_report as _report  # a real report made by the library
 
 FAST_PIPES = """
 import torch

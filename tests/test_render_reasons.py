@@ -14,56 +14,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from perfguard.decision.stats import Summary
-from perfguard.decision.tolerances import default_profiles
-from perfguard.decision.verdict import Judgement, component_changes, judge
+from perfguard.decision.verdict import Judgement, component_changes
 from perfguard.presentation import render
-from perfguard.results import CaseResult, Results
 from perfguard.storage import reports as rep
-from perfguard.storage.baseline import Baseline, Scenario
 from perfguard.storage.jsonio import validate
-
-
-def _report(
-    measured: list[float],
-    reference: list[float],
-    *,
-    baseline_components: dict | None = None,
-    components: dict | None = None,
-) -> rep.Report:
-    """One case: e2e baseline 200 ms (3 % band: bound 206 ms), reference 1.0 ms."""
-    baseline = Baseline(
-        metadata={"platform": "cpu", "hardware": "test-cpu", "created": "t", "updated": "t"},
-        profiles=default_profiles("cpu"),
-        scenarios={
-            "glm": Scenario(
-                metrics={"e2e": Summary(200.0, 5)},
-                reference=Summary(1.0, 5),
-                components=baseline_components,
-            )
-        },
-    )
-    results = Results(
-        environment={"platform": "cpu", "hardware": "test-cpu"},
-        settings={},
-        cases={
-            "glm": CaseResult(
-                case_id="glm",
-                samples={"e2e": measured},
-                reference=reference,
-                repeats=len(measured),
-                components=components,
-            )
-        },
-    )
-    return rep.build(
-        judge(results, baseline),
-        environment=results.environment,
-        baseline_info={"path": "b.json", "sha256": "0" * 64},
-        profile=baseline.profile("pr_test").to_json(),
-        settings={"source": "run", "inject": None},
-        improvement_threshold=0.2,
-    )
+from tests.helpers import reasons_report
 
 
 def _table(report: rep.Report) -> str:
@@ -76,7 +31,7 @@ def test_a_slowdown_the_runners_speed_explains_is_no_verdict_and_says_why() -> N
     # 210 ms > bound 206 ms, credibly; the runner is 1.1x slower: 190.9 ms divided by it.
     # The reference cannot predict the pipeline to 3 % (docs/verdicts.md): no verdict,
     # where it used to pass in silence.
-    report = _report([210.0] * 5, [1.1] * 5)
+    report = reasons_report([210.0] * 5, [1.1] * 5)
     (m,) = report.cases[0].metrics
     assert m.verdict == "contended" and m.over
     assert (report.verdict, report.exit_code) == ("contended", 4)
@@ -92,25 +47,25 @@ def test_a_slowdown_the_runners_speed_explains_is_no_verdict_and_says_why() -> N
 
 
 def test_a_slowdown_beyond_the_runners_speed_is_still_a_regression() -> None:
-    report = _report([240.0] * 5, [1.1] * 5)  # 218.2 ms divided by 1.1: over 206
+    report = reasons_report([240.0] * 5, [1.1] * 5)  # 218.2 ms divided by 1.1: over 206
     assert report.cases[0].metrics[0].verdict == "regression"
     assert report.exit_code == 1
 
 
 def test_a_faster_runner_excuses_nothing() -> None:
-    report = _report([210.0] * 5, [0.9] * 5)
+    report = reasons_report([210.0] * 5, [0.9] * 5)
     assert report.cases[0].metrics[0].verdict == "regression"
 
 
 def test_a_pass_within_its_bound_needs_no_reason_but_the_runner_speed_is_shown() -> None:
-    report = _report([201.0] * 5, [1.0] * 5)
+    report = reasons_report([201.0] * 5, [1.0] * 5)
     table = _table(report)
     assert "(1)" not in table and "Reasons" not in render.render_markdown(report)
     assert "glm 1.000x" in table
 
 
 def test_a_regression_gives_its_evidence_under_the_table() -> None:
-    report = _report([230.0] * 5, [1.0] * 5)
+    report = reasons_report([230.0] * 5, [1.0] * 5)
     table = _table(report)
     assert "regression (1)" in table
     assert "(1) glm e2e regression: median 230.000 ms > bound 206.000 ms" in table
@@ -125,7 +80,7 @@ def _confirmed(report: rep.Report, n: int) -> rep.Report:
 
 
 def test_a_case_confirmed_within_bounds_does_not_read_like_a_confirmed_regression() -> None:
-    report = _confirmed(_report([201.0] * 5, [1.0] * 5), 2)
+    report = _confirmed(reasons_report([201.0] * 5, [1.0] * 5), 2)
     note = render.evidence_note(report)
     assert "glm: over a bound at first, re-measured in 2 fresh processes: within bounds" in note
     assert "confirmed" not in note
@@ -133,7 +88,7 @@ def test_a_case_confirmed_within_bounds_does_not_read_like_a_confirmed_regressio
 
 
 def test_a_confirmed_regression_says_so_and_names_the_metrics() -> None:
-    report = _confirmed(_report([230.0] * 5, [1.0] * 5), 1)
+    report = _confirmed(reasons_report([230.0] * 5, [1.0] * 5), 1)
     note = render.evidence_note(report)
     assert "glm: over a bound, re-measured in 1 fresh process: regression confirmed (e2e)" in note
 
@@ -143,7 +98,7 @@ def test_ratios_keep_three_significant_digits_of_the_change() -> None:
     assert render.fmt_ratio(1.0) == "1.000x"
     assert render.fmt_ratio(0.95) == "0.950x"
     assert render.fmt_ratio(12.34) == "12.3x"
-    report = _report([230.0] * 5, [1.0] * 5)
+    report = reasons_report([230.0] * 5, [1.0] * 5)
     m = report.cases[0].metrics[0]
     m = dataclasses.replace(m, low=1.004, high=1.204, ratio=1.104)
     assert render.fmt_evidence(m) == "1.104x (1.004-1.204)"
@@ -163,7 +118,7 @@ def test_a_changed_pipeline_is_named_against_the_baselines_components(tmp_path: 
         "vae added (AutoencoderKL)",
     ]
     assert component_changes(old, old) == [] and component_changes(None, new) == []
-    report = _report([201.0] * 5, [1.0] * 5, baseline_components=old, components=new)
+    report = reasons_report([201.0] * 5, [1.0] * 5, baseline_components=old, components=new)
     expected = (
         "glm: the pipeline differs from the one the baseline measured (transformer "
         "parameters 1000 -&gt; 2000; vae added (AutoencoderKL))"
@@ -181,7 +136,7 @@ def test_a_changed_pipeline_is_named_against_the_baselines_components(tmp_path: 
 
 def test_judgement_of_unchanged_components_adds_no_hint() -> None:
     same = {"transformer": {"class": TRANSFORMER, "parameters": 1000}}
-    report = _report([201.0] * 5, [1.0] * 5, baseline_components=same, components=same)
+    report = reasons_report([201.0] * 5, [1.0] * 5, baseline_components=same, components=same)
     assert "differs from the one the baseline" not in render.render_markdown(report)
     assert isinstance(report.judgement, Judgement)
 

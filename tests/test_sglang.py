@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +13,8 @@ import pytest
 from perfguard.errors import PerfguardError
 from perfguard.interop.sglang import import_data, import_file, perf_log_results, read_perf_log
 from perfguard.storage import baseline as store
+from tests.helpers import H100, NPU, PG, record, write_log
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"  # sglang's own files
-H100 = FIXTURES / "h100_excerpt.json"
-NPU = FIXTURES / "perf_baselines_npu.json"
-PG = Callable[..., tuple[int, str, str]]  # the `pg` fixture (conftest): perfguard in process
 SGLANG_CLASSES = {"e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg"}
 
 
@@ -147,32 +144,6 @@ def test_bad_sglang_figures_are_refused_naming_the_place(scenario: Any, message:
 
 
 # ---- performance.log -----------------------------------------------------------------------
-
-
-def record(tag: str | None, scale: float = 1.0, denoise: float = 1.0, **kw: Any) -> dict[str, Any]:
-    """A request record in the runtime's format, near h100's qwen_image_t2i figures."""
-    scen = json.loads(H100.read_text())["scenarios"]["qwen_image_t2i"]
-    stages = [
-        {"name": n, "execution_time_ms": ms * scale * (denoise if n == "DenoisingStage" else 1)}
-        for n, ms in scen["stages_ms"].items()
-    ]
-    steps = [ms * scale for ms in scen["denoise_step_ms"].values()]
-    total = scen["expected_e2e_ms"] * scale + scen["stages_ms"]["DenoisingStage"] * (denoise - 1)
-    rec = {
-        "request_id": "r1",
-        "commit_hash": "deadbeef",
-        "tag": tag,
-        "stages": stages,
-        "steps": steps,
-        "total_duration_ms": total,
-    }
-    rec.update(kw)
-    return rec
-
-
-def write_log(path: Path, records: list[Any]) -> Path:
-    path.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
-    return path
 
 
 @pytest.fixture

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_history import _report  # a real report made by the library
 
 import perfguard.presentation.site as site_mod
 from perfguard.presentation.history import add_reports
 from perfguard.presentation.html import script_json
 from perfguard.storage.archive import ReportRecord, add_records
+from tests.helpers import history_report as _report  # a real report made by the library
 
 PG = Any
 HOSTILE = '</script><script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'

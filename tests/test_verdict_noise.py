@@ -31,14 +31,10 @@ from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.baseline import Baseline, Scenario, new_baseline, scenario_from_result
 from perfguard.storage.cases import Case
 from perfguard.storage.jsonio import validate
+from tests.helpers import noisy
 
 M = "stage:DenoisingStage"
 BAND = Band(0.10, 0.0)
-
-
-def noisy(median: float, rel_sd: float, n: int, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    return [median * math.exp(rng.gauss(0.0, rel_sd)) for _ in range(n)]
 
 
 def processes(medians: Sequence[float], n: int = 10, rel_sd: float = 0.01) -> list[float]:

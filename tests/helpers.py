@@ -1,0 +1,169 @@
+"""Builders the test modules share: real reports, sglang request records, noisy samples.
+
+Each is built by the library itself (a report is judged and written by perfguard, not
+typed in), so a test that reads one tests what users get. Fixtures live in conftest.py;
+the virtual-clock fake pipelines in fake_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from perfguard.decision.stats import Summary
+from perfguard.decision.tolerances import default_profiles
+from perfguard.decision.verdict import judge
+from perfguard.results import CaseResult, Results
+from perfguard.storage import reports as rep
+from perfguard.storage.baseline import Baseline, Scenario, new_baseline, scenario_from_result
+from perfguard.storage.reports import build, write_report
+
+PG = Callable[..., tuple[int, str, str]]
+"""The `pg` fixture (conftest): `perfguard ARGS` in process -> (exit code, stdout, stderr)."""
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"  # sglang's own files
+H100 = FIXTURES / "h100_excerpt.json"
+NPU = FIXTURES / "perf_baselines_npu.json"
+
+GLM_LAT_H, GLM_LAT_W, GLM_GLYPH_LEN, GLM_BATCH = 8, 12, 5, 2
+
+ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": None}
+
+
+def noisy(median: float, rel_sd: float, n: int, seed: int) -> list[float]:
+    """`n` log-normal samples around `median` with a relative spread of `rel_sd`."""
+    rng = random.Random(seed)
+    return [median * math.exp(rng.gauss(0.0, rel_sd)) for _ in range(n)]
+
+
+def history_report(path: Path, denoise_ms: float, seed: int, baseline_ms: float = 20.0) -> Path:
+    """A real report made by the library from samples around `denoise_ms`."""
+    rng = np.random.default_rng(seed)
+
+    def result(center: float) -> CaseResult:
+        res = CaseResult(case_id="qwen_image_t2i_smoke", repeats=5)
+        den = list(center * (1 + 0.01 * rng.standard_normal(5)))
+        res.samples = {
+            "stage:DenoisingStage": den,
+            "stage:DecodingStage": [2.0, 2.1, 2.0, 1.9, 2.0],
+            "e2e": [d + 3.0 for d in den],
+        }
+        return res
+
+    base = new_baseline(ENV).with_scenario(
+        "qwen_image_t2i_smoke", scenario_from_result(result(baseline_ms))
+    )
+    results = Results(
+        environment=ENV, settings={}, cases={"qwen_image_t2i_smoke": result(denoise_ms)}
+    )
+    judgement = judge(results, base, "pr_test")
+    report = build(
+        judgement,
+        environment=ENV,
+        baseline_info={"path": "b.json", "sha256": "0" * 64, "platform": "cpu"},
+        profile=base.profile("pr_test").to_json(),
+        settings={"source": "results"},
+        improvement_threshold=base.improvement_threshold,
+    )
+    write_report(path, report)
+    return path
+
+
+def reasons_report(
+    measured: list[float],
+    reference: list[float],
+    *,
+    baseline_components: dict | None = None,
+    components: dict | None = None,
+) -> rep.Report:
+    """One case: e2e baseline 200 ms (3 % band: bound 206 ms), reference 1.0 ms."""
+    baseline = Baseline(
+        metadata={"platform": "cpu", "hardware": "test-cpu", "created": "t", "updated": "t"},
+        profiles=default_profiles("cpu"),
+        scenarios={
+            "glm": Scenario(
+                metrics={"e2e": Summary(200.0, 5)},
+                reference=Summary(1.0, 5),
+                components=baseline_components,
+            )
+        },
+    )
+    results = Results(
+        environment={"platform": "cpu", "hardware": "test-cpu"},
+        settings={},
+        cases={
+            "glm": CaseResult(
+                case_id="glm",
+                samples={"e2e": measured},
+                reference=reference,
+                repeats=len(measured),
+                components=components,
+            )
+        },
+    )
+    return rep.build(
+        judge(results, baseline),
+        environment=results.environment,
+        baseline_info={"path": "b.json", "sha256": "0" * 64},
+        profile=baseline.profile("pr_test").to_json(),
+        settings={"source": "run", "inject": None},
+        improvement_threshold=0.2,
+    )
+
+
+def record(tag: str | None, scale: float = 1.0, denoise: float = 1.0, **kw: Any) -> dict[str, Any]:
+    """A request record in the runtime's format, near h100's qwen_image_t2i figures."""
+    scen = json.loads(H100.read_text())["scenarios"]["qwen_image_t2i"]
+    stages = [
+        {"name": n, "execution_time_ms": ms * scale * (denoise if n == "DenoisingStage" else 1)}
+        for n, ms in scen["stages_ms"].items()
+    ]
+    steps = [ms * scale for ms in scen["denoise_step_ms"].values()]
+    total = scen["expected_e2e_ms"] * scale + scen["stages_ms"]["DenoisingStage"] * (denoise - 1)
+    rec = {
+        "request_id": "r1",
+        "commit_hash": "deadbeef",
+        "tag": tag,
+        "stages": stages,
+        "steps": steps,
+        "total_duration_ms": total,
+    }
+    rec.update(kw)
+    return rec
+
+
+def write_log(path: Path, records: list[Any]) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
+    return path
+
+
+def glm_dit_inputs(config: dict, seed: int = 2) -> dict:
+    """Inputs of the GLM-Image DiT at tiny sizes: a CFG pair folded into one batch."""
+    g = torch.Generator().manual_seed(seed)
+    seq = (GLM_LAT_H // 2) * (GLM_LAT_W // 2)
+    prior_ids = torch.randint(
+        0, config["prior_vq_quantizer_codebook_size"], (GLM_BATCH, seq), generator=g
+    )
+    # As the pipeline's CFG pair, folded into one batch: row 0 keeps every prior token
+    # (cond, all False), row 1 drops them all (uncond, all True).
+    drop = torch.tensor([[False], [True]]).expand(GLM_BATCH, seq).contiguous()
+    return dict(
+        hidden_states=torch.randn(
+            GLM_BATCH, config["in_channels"], GLM_LAT_H, GLM_LAT_W, generator=g
+        ),
+        encoder_hidden_states=torch.randn(
+            GLM_BATCH, GLM_GLYPH_LEN, config["text_embed_dim"], generator=g
+        ),
+        prior_token_id=prior_ids,
+        prior_token_drop=drop,
+        timestep=torch.tensor([999.0, 499.0]),
+        target_size=torch.tensor([[64.0, 96.0]] * GLM_BATCH),
+        crop_coords=torch.zeros(GLM_BATCH, 2),
+    )
