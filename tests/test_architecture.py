@@ -137,6 +137,34 @@ def test_no_module_is_over_the_size_limit() -> None:
     assert not long, long
 
 
+def test_each_test_module_stands_alone() -> None:
+    """Tests share builders through tests/helpers.py, tests/fake_pipeline.py and conftest,
+    never by importing another test module (whose collection would then run twice) or by
+    editing sys.path."""
+    shared = {"tests.helpers", "tests.fake_pipeline", "tests.pg_server", "tests.conftest"}
+    bad = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                local = name.startswith("tests.") or name.startswith("test_")
+                if local and name not in shared:
+                    bad.append(f"{path.name}:{node.lineno} imports {name}")
+            func = node.func if isinstance(node, ast.Call) else None
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr in ("insert", "append")
+                and ast.unparse(func.value) == "sys.path"
+            ):
+                bad.append(f"{path.name}:{node.lineno} edits sys.path")
+    assert not bad, bad
+
+
 def test_the_baseline_and_verdict_modules_share_their_bands_through_one_module() -> None:
     g = graph()
     for user in ("perfguard.storage.baseline", "perfguard.decision.verdict"):
