@@ -113,8 +113,10 @@ class T2IPipeline:
             seed=case.seed,
             toggles={name: case.toggle(name) for name in self.toggle_names},
         )
-        from diffusers import FlowMatchEulerDiscreteScheduler
         from diffusers.image_processor import VaeImageProcessor
+        from diffusers.schedulers.scheduling_flow_match_euler_discrete import (
+            FlowMatchEulerDiscreteScheduler,
+        )
 
         self.scheduler = FlowMatchEulerDiscreteScheduler.from_config(
             SCHEDULER_CONFIGS[case.workload]
@@ -687,7 +689,9 @@ class GlmImagePipeline(T2IPipeline):
 
 
 def _diffusers_glm_pipeline() -> Any:
-    from diffusers import GlmImagePipeline as DiffusersGlmImagePipeline
+    from diffusers.pipelines.glm_image.pipeline_glm_image import (
+        GlmImagePipeline as DiffusersGlmImagePipeline,
+    )
 
     return DiffusersGlmImagePipeline
 
