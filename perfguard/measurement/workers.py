@@ -560,13 +560,13 @@ def _env_for(
 
 def preload_modules(cases: Sequence[Case], factory: str | None = None) -> list[str]:
     """What a warm server imports for `cases`: perfguard's runner and the workloads'
-    modules (`perfguard.workloads.modules.preload`), then the factory's module."""
-    from perfguard.workloads.modules import preload
+    modules (`perfguard.workloads.modules.preload`); with a factory, the runner and the
+    factory's module (it builds the pipelines, not perfguard's workloads)."""
+    from perfguard.workloads.modules import RUNNER, preload
 
-    out = preload(cases)
     if factory:
-        out.append(factory.partition(":")[0])
-    return out
+        return [RUNNER[0], factory.partition(":")[0]]
+    return preload(cases)
 
 
 def run_cases(
