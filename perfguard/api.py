@@ -489,9 +489,10 @@ def check_relative(
             looked = f", {open_metrics} metric(s) unresolved" if open_metrics >= 0 else ""
             echo(f"perfguard: block {index + 1} ({block.order}) took {block.seconds:.1f} s{looked}")
 
+        blocks = stack.enter_context(relative.process_blocks(sides, platform.name, options.devices))
         outcome = relative.run_relative(
             cases,
-            relative.process_blocks(sides, platform.name, options.devices),
+            blocks,
             min_blocks=against.min_blocks,
             max_blocks=against.max_blocks,
             budget_s=against.budget_s,

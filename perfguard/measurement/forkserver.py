@@ -169,9 +169,13 @@ def serve_forks(root: str, control_fd: int, preload: list[str]) -> int:
     started = time.perf_counter()
     done: list[str] = []
     for name in preload:
+        optional = name.startswith("?")  # "?module": import it where it exists
+        name = name.lstrip("?")
         try:
             importlib.import_module(name)
         except BaseException as exc:  # a worker could not import it either: say so, once
+            if optional and isinstance(exc, ImportError):
+                continue
             text = f"cannot import {name}: {type(exc).__name__}: {exc}".splitlines()[0][:400]
             _send(sock, {"ready": False, "error": text})
             return 1
