@@ -563,6 +563,8 @@ def _run_settings(source: str, selection: Selection, options: MeasureOptions) ->
         "inject": describe(dict(options.inject)),
         "shard": selection.shard,
         "devices": ",".join(options.devices) if options.devices else None,
+        # How worker processes (confirmations, baselines, relative blocks) started.
+        "start_method": options.start_method,
     }
 
 
