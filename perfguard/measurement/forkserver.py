@@ -180,7 +180,15 @@ def serve_forks(root: str, control_fd: int, preload: list[str]) -> int:
             _send(sock, {"ready": False, "error": text})
             return 1
         done.append(name)
-    # Importing must not have started what a fork cannot copy: threads, a device runtime.
+    # Importing must not have started what a fork cannot copy: a device runtime. (The
+    # parent sets PYTORCH_NVML_BASED_CUDA_CHECK, so that a library asking
+    # `torch.cuda.is_available()` at import does not initialise the driver.)
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        _send(sock, {"ready": False, "error": "importing the modules initialised CUDA, which "
+                     "a forked worker cannot use: use --start-method spawn"})  # fmt: skip
+        return 1
     _send(
         sock,
         {

@@ -190,7 +190,9 @@ class WarmServer:
                  json.dumps(list(preload))],
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd(),
-                env=dict(env),
+                # `torch.cuda.is_available()` through NVML: it must not initialise the
+                # driver in a process that forks workers which use the device.
+                env={**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},
                 cwd=cwd,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,
