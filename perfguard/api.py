@@ -120,11 +120,13 @@ def run_cases(
     *,
     on_case: Callable[[CaseResult], None] | None = None,
     until_for: Callable[[Case], Callable[[CaseResult], bool] | None] | None = None,
+    warm: Any = None,
 ) -> Results:
-    """Run `cases` here or in worker processes, as `options` say (`workers.execute`)."""
+    """Run `cases` here or in worker processes, as `options` say (`workers.execute`);
+    `warm` (a `workers.WarmPool`) keeps warm servers for later calls."""
     from perfguard.measurement.workers import execute
 
-    return execute(cases, platform, options, on_case=on_case, until_for=until_for)
+    return execute(cases, platform, options, on_case=on_case, until_for=until_for, warm=warm)
 
 
 # ---- run and gen-baselines ------------------------------------------------------------------
@@ -287,25 +289,30 @@ def check(
     def measure_cases(todo: Any, until_for: Any) -> Results:
         return run_cases(list(todo), platform, first, until_for=until_for if adaptive else None)
 
+    from perfguard.measurement.workers import WarmPool
+
+    warm = WarmPool()  # one warm server for every confirmation, not one each
+
     def confirm(todo: Any, until_for: Any) -> Results:
         # A fresh process for each confirmation: the process, not the run, is the unit
         # whose spread the verdict's interval needs (perfguard.decision.gate).
         again = options.replace(isolate=True, processes=1, max_repeats=None)
-        return run_cases(list(todo), platform, again)
+        return run_cases(list(todo), platform, again, warm=warm)
 
-    outcome = run_gate(
-        cases,
-        base,
-        profile,
-        measure_cases,
-        confirm=confirm if in_process else None,
-        adaptive=adaptive,
-        max_reruns=reruns,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        max_repeats=cap if adaptive else None,
-        on_event=lambda case_id, message: echo(f"perfguard: {case_id}: {message}"),
-    )
+    with warm:
+        outcome = run_gate(
+            cases,
+            base,
+            profile,
+            measure_cases,
+            confirm=confirm if in_process else None,
+            adaptive=adaptive,
+            max_reruns=reruns,
+            fail_on_missing=fail_on_missing,
+            advisory=advisory,
+            max_repeats=cap if adaptive else None,
+            on_event=lambda case_id, message: echo(f"perfguard: {case_id}: {message}"),
+        )
     results = outcome.results
     if out:
         write_results(out, results)

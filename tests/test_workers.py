@@ -523,3 +523,53 @@ def test_forked_workers_start_in_a_fraction_of_a_spawned_start(fake: Path) -> No
     finally:
         forks.close()
     assert took["fork"] < took["spawn"]
+
+
+def test_a_warm_pool_serves_several_calls_from_one_server(fake: Path, tmp_path: Path) -> None:
+    """A check's confirmations run one at a time: each must not pay a server's imports."""
+    (tmp_path / "pg_parent_pipes.py").write_text(
+        "import os\nimport pg_fake_pipes\n\n"
+        "def pipeline(case, platform):\n"
+        "    with open(os.environ['PG_FAKE_LOG'], 'a') as fh:\n"
+        "        fh.write(f'{case.id} parent {os.getppid()} -\\n')\n"
+        "    return pg_fake_pipes.pipeline(case, platform)\n"
+    )
+    options = MeasureOptions(
+        isolate=True, repeats=1, warmup=0, factory="pg_parent_pipes:pipeline",
+        start_method="forkserver",
+    )  # fmt: skip
+    with workers.WarmPool() as warm:
+        for i in range(2):
+            res = workers.run_cases([fake_case(f"c{i}")], CPU, options, warm=warm)
+            assert res.cases[f"c{i}"].status == "ok", res.cases[f"c{i}"].error
+        (server,) = {pid for _, pid, _ in log_lines(fake, "parent")}
+        assert not gone(server) and server != os.getpid()
+    deadline = time.monotonic() + 10
+    while not gone(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(server)  # closing the pool ended it
+
+
+def test_a_parent_killed_outright_leaves_no_warm_server_nor_worker(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys, time\n"
+        "from perfguard.measurement.workers import WorkerStarter\n"
+        "s = WorkerStarter(dict(os.environ), 'worker', 'forkserver', ['json'])\n"
+        "w, why = s.new()\n"
+        "print(s.server.proc.pid, w.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    server, worker = (int(x) for x in proc.stdout.readline().split())
+    assert not gone(server) and not gone(worker)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while not (gone(server) and gone(worker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(server) and gone(worker)

@@ -33,8 +33,8 @@ the parent sends `{"fork": ID, "module", "argv"}` with two file descriptors atta
 the server answers `{"forked": ID, "pid"}` and, when a worker exits,
 `{"exited": PID, "returncode"}` (negative: killed by that signal, as `subprocess`
 says). Each worker starts a session of its own (its process group is killed as one)
-and dies with the server (`PR_SET_PDEATHSIG`), which dies with the parent; when the
-parent closes the socket the server kills its workers and exits.
+and dies with the server (`PR_SET_PDEATHSIG`); when the parent closes the socket or
+dies, the server kills its workers and exits.
 """
 
 from __future__ import annotations
@@ -162,8 +162,14 @@ def _child(sock: socket.socket, msg: dict[str, Any], fds: list[int]) -> None:
 
 
 def serve_forks(root: str, control_fd: int, preload: list[str]) -> int:
-    """The warm server: import `preload`, then fork a worker per request until EOF."""
-    _die_with_parent()
+    """The warm server: import `preload`, then fork a worker per request until EOF.
+
+    It ends when the parent closes the socket or dies (the socket then reads EOF; the
+    parent's pid is watched as well). Not `PR_SET_PDEATHSIG`: that fires when the parent
+    *thread* that started the server exits, and a pool keeps one server for several
+    calls made from threads that come and go.
+    """
+    parent = os.getppid()
     _set_root(root)
     sock = socket.socket(fileno=control_fd)
     started = time.perf_counter()
@@ -208,6 +214,8 @@ def serve_forks(root: str, control_fd: int, preload: list[str]) -> int:
                 children.discard(pid)
                 _send(sock, {"exited": pid, "returncode": _returncode(status)})
             ready, _, _ = select.select([sock], [], [], 0.1)
+            if os.getppid() != parent:
+                return 1  # the parent died: the finally below ends the workers
             if not ready:
                 continue
             data, fds, _, _ = socket.recv_fds(sock, MAX_PACKET, 2)

@@ -411,6 +411,37 @@ class WorkerStarter:
             self.server = None
 
 
+class WarmPool:
+    """Warm servers kept across several `run_cases` calls of one command (a check's
+    confirmations, one at a time): each worker environment's server is started once and
+    ended by `close`, instead of once per call."""
+
+    def __init__(self) -> None:
+        self.starters: dict[tuple[str, tuple[tuple[str, str], ...]], WorkerStarter] = {}
+        self.lock = threading.Lock()
+
+    def starter(
+        self, env: dict[str, str], label: str, method: str, preload: Sequence[str]
+    ) -> WorkerStarter:
+        key = (method, tuple(sorted(env.items())))
+        with self.lock:
+            if key not in self.starters:
+                self.starters[key] = WorkerStarter(env, label, method, preload)
+            return self.starters[key]
+
+    def close(self) -> None:
+        with self.lock:
+            for starter in self.starters.values():
+                starter.close()
+            self.starters.clear()
+
+    def __enter__(self) -> WarmPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # ---- torchrun --------------------------------------------------------------------------------
 
 TORCHRUN_STARTUP_S = 300.0
@@ -575,6 +606,7 @@ def run_cases(
     options: MeasureOptions | None = None,
     *,
     on_case: Callable[[CaseResult], None] | None = None,
+    warm: WarmPool | None = None,
 ) -> Results:
     """Run `cases` in worker processes; a `Results` like `perfguard.measurement.runner`'s.
 
@@ -582,7 +614,8 @@ def run_cases(
     worker). Single-device cases go to whichever worker is free, longest first; then the
     multi-device cases run one at a time through torchrun on the first devices listed.
     With `options.processes` K > 1 every case is measured in K fresh processes and
-    `on_case` sees the pooled result once all K are done.
+    `on_case` sees the pooled result once all K are done. `warm` keeps the warm servers
+    for later calls (else they end with this one).
     """
     options = options or MeasureOptions()
     devices, processes = options.devices, options.processes
@@ -634,7 +667,10 @@ def run_cases(
         if cores:
             label += f" (cores {_cpu_list(cores)})"
         env = _env_for(platform, slot, len(slots), cores, options.threads)
-        starter = WorkerStarter(env, label, options.start_method, preload)
+        if warm is not None:
+            starter = warm.starter(env, label, options.start_method, preload)
+        else:
+            starter = WorkerStarter(env, label, options.start_method, preload)
         worker: Worker | None = None
         try:
             while True:
@@ -665,7 +701,8 @@ def run_cases(
         finally:
             if worker is not None:
                 worker.close()
-            starter.close()
+            if warm is None:
+                starter.close()
 
     threads = [
         threading.Thread(target=drive, args=(slot, pins[i] if pins else None), daemon=True)
@@ -710,6 +747,7 @@ def execute(
     *,
     on_case: Callable[[CaseResult], None] | None = None,
     until_for: Callable[[Case], Callable[[CaseResult], bool] | None] | None = None,
+    warm: WarmPool | None = None,
 ) -> Results:
     """Run `cases` in this process, or in workers when the options ask for them or a
     case needs more than one device (`MeasureOptions.uses_workers`); otherwise through
@@ -721,7 +759,7 @@ def execute(
     """
     options = options or MeasureOptions()
     if options.uses_workers(cases):
-        return run_cases(cases, platform, options, on_case=on_case)
+        return run_cases(cases, platform, options, on_case=on_case, warm=warm)
     from perfguard.measurement.runner import run_cases as run_in_process
 
     return run_in_process(cases, platform, options, on_case=on_case, until_for=until_for)
