@@ -88,10 +88,13 @@ from perfguard.measurement.threads import case_threads
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 
-DEFAULT_BUDGET_S = 150.0
-"""Measurement time a relative check may spend: the smoke suite's check then ends inside
-three minutes, start-up included (136-162 s measured on the 2-core runner). Clear
-verdicts stop it sooner."""
+DEFAULT_BUDGET_S = 50.0
+"""Measurement time a relative check may spend. With workers forked from warm servers a
+block of the two smoke cases costs its builds and runs (a few seconds on the 2-core
+runner) instead of two interpreters' imports (12-18 s a block when every worker was
+spawned, when this was 150 s for 8-12 blocks): 50 s buys more blocks than 150 s did,
+and the smoke check ends inside a minute, start-up included. Clear verdicts stop it
+sooner."""
 
 DEFAULT_MIN_BLOCKS = 4
 """Two mirrored pairs: the fewest blocks with which the between-block spread (3 degrees
