@@ -23,7 +23,7 @@ reasons:
   renew is the address-space layout and the string-hash seed, which every worker of a
   server shares: `benchmarks/noise.py --start-methods spawn forkserver` measures
   whether that narrows the spread between processes (docs/verdicts.md has the
-  figures). Python's random module is reseeded in each worker.
+  figures). Python's and numpy's global generators are reseeded in each worker.
 
 Protocol of the server (`serve-forks ROOT CONTROL_FD PRELOAD_JSON`): the control socket
 is an `AF_UNIX` `SOCK_SEQPACKET` pair, one JSON object per packet. The server sends
@@ -149,7 +149,12 @@ def _child(sock: socket.socket, msg: dict[str, Any], fds: list[int]) -> None:
         sys.stdin = os.fdopen(0, "r", encoding="utf-8", closefd=False)
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-        random.seed()  # what a fresh interpreter would draw, not the server's state
+        # What a fresh interpreter would draw, not the server's state (numpy seeds its
+        # global generator from the OS at import; torch's default seed is fixed anyway).
+        random.seed()
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed()
         argv = [str(a).replace("{result_fd}", str(result_fd)) for a in msg["argv"]]
         code = run_module(str(msg["module"]), argv)
     except BaseException:
