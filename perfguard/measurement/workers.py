@@ -37,6 +37,13 @@ they share the interconnect and would disturb each other's figures. On CPU the r
 processes on the same cores, with torchrun's default of one thread each: the figures
 show the launch, the collectives and the parallel pipeline working, not a speed-up.
 
+How a worker starts (`MeasureOptions.start_method`, `perfguard.measurement.launch`):
+`forkserver` (the default on Linux) forks it from a warm server of its slot that
+imported torch, transformers, diffusers and perfguard once (`WorkerStarter`; a dead
+server's cases are errors and the next case gets a new server), `spawn` starts a fresh
+interpreter. Either way it imports the perfguard this process runs, never a folder of
+that name in the working directory, and one that cannot start says why in one line.
+
 Pipelines come from `perfguard.workloads.pipeline.build_pipeline` unless a factory is
 named as `module:function` (`--factory`, `$PERFGUARD_FACTORY`): a callable taking
 `(case, platform)` and returning the zero-argument pipeline, so that your own pipeline
@@ -363,17 +370,17 @@ class WorkerStarter:
         self.root = root or import_root()
         self.server: WarmServer | None = None
 
-    def warm_up(self) -> str | None:
-        """Start the warm server now (so that several start together); why not, or None."""
+    def warm_up(self) -> None:
+        """Start the warm server now, without waiting for it (so that several start
+        together); `ready` waits. A server that died is replaced."""
         if self.method != "forkserver" or (self.server is not None and self.server.alive):
-            return None
+            return
         if self.server is not None:
             self.server.kill()
         self.server = WarmServer(
             self.env, f"warm server of the {self.label}", preload=self.preload,
             root=self.root, cwd=self.cwd,
         )  # fmt: skip
-        return None
 
     def ready(self) -> str | None:
         """Wait for the server started by `warm_up`; the reason it could not start, or None."""
