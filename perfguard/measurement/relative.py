@@ -648,7 +648,10 @@ class ProcessBlocks:
             failed: dict[str, str] = {}
             try:
                 for s in order:
-                    worker, reason = starters[s].new()
+                    try:
+                        worker, reason = starters[s].new()
+                    except OSError as exc:  # a server that died between blocks
+                        worker, reason = None, f"{SIDES[s]} worker: {exc}"
                     if worker is None:
                         failed[s] = reason or "did not start"
                     else:
