@@ -648,10 +648,7 @@ class ProcessBlocks:
             failed: dict[str, str] = {}
             try:
                 for s in order:
-                    try:
-                        worker, reason = starters[s].new()
-                    except OSError as exc:  # a server that died between blocks
-                        worker, reason = None, f"{SIDES[s]} worker: {exc}"
+                    worker, reason = starters[s].new()
                     if worker is None:
                         failed[s] = reason or "did not start"
                     else:

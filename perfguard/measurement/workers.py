@@ -401,9 +401,12 @@ class WorkerStarter:
         reason = self.ready()
         if reason is not None:
             return None, reason
-        worker = Worker(
-            self.env, self.label, self.cwd, self.module, root=self.root, server=self.server
-        )
+        try:
+            worker = Worker(
+                self.env, self.label, self.cwd, self.module, root=self.root, server=self.server
+            )
+        except OSError as exc:  # cannot start a process, or the server died meanwhile
+            return None, f"{self.label}: {exc}"
         reason = worker.start()
         return (None, reason) if reason is not None else (worker, None)
 
