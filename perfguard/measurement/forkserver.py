@@ -7,9 +7,9 @@ reasons:
 - **The right perfguard, whatever the working directory holds.** `python -m MODULE`
   puts the working directory first on the import path, so a folder named `perfguard`
   there (the parent of a clone, say) shadowed the package the parent runs, and the
-  worker died with an ImportError. `-c` puts `''` first instead, and the code below
-  replaces it with the import root it is given: the directory holding the parent's
-  own `perfguard` (the head side), or the base revision's (the relative check's base).
+  worker died with an ImportError. `-c` puts `''` first too, and the code below puts
+  the import root it is given ahead of it: the directory holding the parent's own
+  `perfguard` (the head side), or the base revision's (the relative check's base).
   The base revision's worker module is then run with `runpy`, whatever its version.
 - **Warm starts** (`--start-method forkserver`). A fresh interpreter spends seconds
   importing torch, transformers and diffusers before it measures anything; on the
@@ -75,11 +75,10 @@ def _die_with_parent() -> None:
 
 
 def _set_root(root: str) -> None:
-    """Import from `root` first, instead of the working directory (`''`) `-c` puts there."""
-    if sys.path and sys.path[0] in ("", os.getcwd()):
-        sys.path[0] = root
-    else:
-        sys.path.insert(0, root)
+    """Import from `root` first, ahead of the working directory (`''`) that `-c` puts
+    first: perfguard comes from `root`, and a module of the working directory (a
+    `--factory` module beside the caller, as `python -m` found it before) still imports."""
+    sys.path.insert(0, root)
 
 
 def _result_fd(argv: list[str]) -> int | None:
