@@ -7,6 +7,15 @@ the within-process IQR/median, and the same spread of the stage divided by the
 reference workload timed beside it (`perfguard.measurement.reference`).
 
     python benchmarks/noise.py --case qwen_image_t2i_smoke --processes 16 --threads 1 2
+
+`--start-methods spawn forkserver` compares how worker processes start instead (threads
+fixed at the first `--threads`): each round measures the case once in a spawned worker
+(a fresh interpreter) and once in a worker forked from one warm server that lives for
+the whole benchmark (`perfguard.measurement.launch`), in alternating order. The forked
+workers share the server's address-space layout and hash seed, so if either is a
+source of between-process drift, their spread comes out narrower than the spawned ones'.
+
+    python benchmarks/noise.py --processes 24 --start-methods spawn forkserver
 """
 
 from __future__ import annotations
@@ -42,6 +51,54 @@ def one_process(case: str, repeats: int, threads: int, out: Path, extra: list[st
     return json.loads(out.read_text())["cases"][case]
 
 
+def start_method_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, float, float]]]:
+    """Per-process (median, reference median, IQR/median) of each start method, and the
+    seconds each worker took from the request to ready (printed as it goes)."""
+    import time
+
+    from perfguard.measurement.options import MeasureOptions
+    from perfguard.measurement.platform import probe
+    from perfguard.measurement.workers import WorkerStarter, _env_for, preload_modules
+    from perfguard.storage.cases import load_registry
+
+    platform = probe("cpu")
+    (case,) = [c for c in load_registry(platform.name, args.cases) if c.id == args.case]
+    options = MeasureOptions(repeats=args.repeats, threads=args.threads[0], progress=False)
+    env = _env_for(platform, None, 1, threads=args.threads[0])
+    starters = {
+        m: WorkerStarter(env, f"{m} worker", m, preload_modules([case])) for m in args.start_methods
+    }
+    rows: dict[str, list[tuple[float, float, float]]] = {m: [] for m in args.start_methods}
+    starts: dict[str, list[float]] = {m: [] for m in args.start_methods}
+    try:
+        for i in range(args.processes):
+            order = args.start_methods if i % 2 == 0 else list(reversed(args.start_methods))
+            for m in order:
+                t0 = time.perf_counter()
+                worker, why = starters[m].new()
+                if worker is None:
+                    raise SystemExit(f"{m}: {why}")
+                starts[m].append(time.perf_counter() - t0)
+                res = worker.run(case, options, platform.name)
+                worker.close()
+                if res.status != "ok":
+                    raise SystemExit(f"{m}: {res.error}")
+                rows[m].append(summarize_process(res.samples[args.metric], res.reference))
+            print(f"process {i + 1}/{args.processes}", file=sys.stderr, flush=True)
+    finally:
+        for starter in starters.values():
+            starter.close()
+    for m, xs in starts.items():
+        print(f"{m}: start to ready, median {statistics.median(xs):.2f} s (first {xs[0]:.2f} s)")
+    return rows
+
+
+def summarize_process(xs: list[float], ref: list[float]) -> tuple[float, float, float]:
+    q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    med = statistics.median(xs)
+    return med, statistics.median(ref), (q3 - q1) / med
+
+
 def log_sd(values: list[float]) -> float:
     logs = [math.log(v) for v in values]
     return statistics.stdev(logs) if len(logs) > 1 else 0.0
@@ -55,24 +112,36 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--json", default=None, help="Write the per-process figures here.")
+    ap.add_argument("--cases", default="cases", help="The case registry (start-method mode).")
+    ap.add_argument(
+        "--start-methods",
+        nargs="+",
+        default=None,
+        choices=("spawn", "forkserver"),
+        help="Compare how worker processes start instead of thread counts.",
+    )
     args = ap.parse_args()
-    rows: dict[int, list[tuple[float, float, float]]] = {t: [] for t in args.threads}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.processes):
-            order = args.threads if i % 2 == 0 else list(reversed(args.threads))
-            for t in order:
-                res = one_process(args.case, args.repeats, t, Path(tmp) / "r.json", [])
-                xs = res["samples"][args.metric]
-                ref = res["reference"]
-                q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
-                med = statistics.median(xs)
-                rows[t].append((med, statistics.median(ref), (q3 - q1) / med))
+    rows: dict[str, list[tuple[float, float, float]]]
+    if args.start_methods:
+        rows = start_method_rows(args)
+        label = "start method"
+    else:
+        label = "threads"
+        rows = {str(t): [] for t in args.threads}
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(args.processes):
+                order = args.threads if i % 2 == 0 else list(reversed(args.threads))
+                for t in order:
+                    res = one_process(args.case, args.repeats, t, Path(tmp) / "r.json", [])
+                    rows[str(t)].append(
+                        summarize_process(res["samples"][args.metric], res["reference"])
+                    )
     print(
         f"{args.case} {args.metric}: {args.processes} fresh processes per setting, "
         f"{args.repeats} runs each, interleaved"
     )
     print(
-        "| threads | median (ms) | sd of process medians | range (ms) | within IQR/median "
+        f"| {label} | median (ms) | sd of process medians | range (ms) | within IQR/median "
         "| reference median (ms) | sd of reference | sd of stage/reference |"
     )
     print("|---|---|---|---|---|---|---|---|")
@@ -86,7 +155,7 @@ def main() -> None:
             f"{statistics.median(refs):.3f} | {log_sd(refs):.1%} | {log_sd(norm):.1%} |"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({str(k): v for k, v in rows.items()}, indent=1))
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -120,11 +120,13 @@ def run_cases(
     *,
     on_case: Callable[[CaseResult], None] | None = None,
     until_for: Callable[[Case], Callable[[CaseResult], bool] | None] | None = None,
+    warm: Any = None,
 ) -> Results:
-    """Run `cases` here or in worker processes, as `options` say (`workers.execute`)."""
+    """Run `cases` here or in worker processes, as `options` say (`workers.execute`);
+    `warm` (a `workers.WarmPool`) keeps warm servers for later calls."""
     from perfguard.measurement.workers import execute
 
-    return execute(cases, platform, options, on_case=on_case, until_for=until_for)
+    return execute(cases, platform, options, on_case=on_case, until_for=until_for, warm=warm)
 
 
 # ---- run and gen-baselines ------------------------------------------------------------------
@@ -300,26 +302,31 @@ def check(
     def measure_cases(todo: Any, until_for: Any) -> Results:
         return run_cases(list(todo), platform, first, until_for=until_for if adaptive else None)
 
+    from perfguard.measurement.workers import WarmPool
+
+    warm = WarmPool()  # one warm server for every confirmation, not one each
+
     def confirm(todo: Any, until_for: Any) -> Results:
         # A fresh process for each confirmation: the process, not the run, is the unit
         # whose spread the verdict's interval needs (perfguard.decision.gate).
         again = options.replace(isolate=True, processes=1, max_repeats=None)
-        return run_cases(list(todo), platform, again)
+        return run_cases(list(todo), platform, again, warm=warm)
 
-    outcome = run_gate(
-        cases,
-        base,
-        profile,
-        measure_cases,
-        confirm=confirm if in_process else None,
-        adaptive=adaptive,
-        max_reruns=reruns,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        max_repeats=cap if adaptive else None,
-        on_event=lambda case_id, message: echo(f"perfguard: {case_id}: {message}"),
-        allow_output_change=allow_output_change,
-    )
+    with warm:
+        outcome = run_gate(
+            cases,
+            base,
+            profile,
+            measure_cases,
+            confirm=confirm if in_process else None,
+            adaptive=adaptive,
+            max_reruns=reruns,
+            fail_on_missing=fail_on_missing,
+            advisory=advisory,
+            max_repeats=cap if adaptive else None,
+            on_event=lambda case_id, message: echo(f"perfguard: {case_id}: {message}"),
+            allow_output_change=allow_output_change,
+        )
     results = outcome.results
     if out:
         write_results(out, results)
@@ -550,9 +557,10 @@ def check_relative(
             looked = f", {open_metrics} metric(s) unresolved" if open_metrics >= 0 else ""
             echo(f"perfguard: block {index + 1} ({block.order}) took {block.seconds:.1f} s{looked}")
 
+        blocks = stack.enter_context(relative.process_blocks(sides, platform.name, options.devices))
         outcome = relative.run_relative(
             cases,
-            relative.process_blocks(sides, platform.name, options.devices),
+            blocks,
             min_blocks=against.min_blocks,
             max_blocks=against.max_blocks,
             budget_s=against.budget_s,
@@ -624,6 +632,8 @@ def _run_settings(source: str, selection: Selection, options: MeasureOptions) ->
         "inject": describe(dict(options.inject)),
         "shard": selection.shard,
         "devices": ",".join(options.devices) if options.devices else None,
+        # How worker processes (confirmations, baselines, relative blocks) started.
+        "start_method": options.start_method,
     }
 
 

@@ -235,3 +235,18 @@ def test_outside_a_checkout_the_default_registry_is_the_projects_cases_folder(
     root = Path(__file__).resolve().parents[1]
     assert default_cases_dir() == root / "cases"
     assert (root / "cases" / "common.toml").is_file()
+
+
+def test_prior_tokens_is_glm_only_and_covers_the_target_grid(tmp_path: Path) -> None:
+    glm = (
+        '[[case]]\nid = "g"\nworkload = "glm_image"\npreset = "tiny"\nheight = 64\n'
+        "width = 64\noptions = {{ prior_tokens = {n} }}\n"
+    )
+    assert load_registry("cpu", _registry(tmp_path, common=glm.format(n=4)))[0].options == {
+        "prior_tokens": 4
+    }
+    with pytest.raises(PerfguardError, match=r"options.prior_tokens: 3 is fewer than the 4"):
+        load_registry("cpu", _registry(tmp_path, common=glm.format(n=3)))
+    qwen = glm.format(n=8).replace("glm_image", "qwen_image")
+    with pytest.raises(PerfguardError, match=r"options.prior_tokens: only GLM-Image"):
+        load_registry("cpu", _registry(tmp_path, common=qwen))

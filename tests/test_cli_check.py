@@ -48,6 +48,7 @@ def test_gen_baselines_then_check_passes_and_writes_every_output(
     assert "perfguard PASS" in out
     report = report_of(tmp_path / "r.json")
     assert report["verdict"] == "pass" and report["settings"]["inject"] is None
+    assert report["settings"]["start_method"] == "forkserver"  # Linux's default
     assert report["baseline"]["path"] == "baselines/cpu/test-cpu.json"
     metrics = report["cases"]["alpha"]["metrics"]
     assert metrics["stage:DenoisingStage"]["baseline"]["median"] == pytest.approx(41.0, abs=0.5)

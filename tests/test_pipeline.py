@@ -303,7 +303,7 @@ def test_counters_report_modulation_cache_hits_per_call(
 
 
 def test_glm_counters_report_in_place_drops_and_prior_tokens() -> None:
-    case = SMOKE["glm_image"]
+    case = replace(SMOKE["glm_image"], options={})  # the full prior, as diffusers samples it
     pipe = build_pipeline(case, CPU)
     pipe()
     # cond + uncond pass per step; tokens: 2x2 target grid + 16x16 preview + 1 (64x64).
@@ -314,6 +314,19 @@ def test_glm_counters_report_in_place_drops_and_prior_tokens() -> None:
     off = build_pipeline(case.with_toggles(glm_prior_drop_inplace=False), CPU)
     off()
     assert off.counters()["glm_prior_drops_inplace"] == 0
+
+
+def test_the_glm_smoke_case_samples_its_capped_prior_and_the_pr_tier_the_full_one() -> None:
+    smoke = SMOKE["glm_image"]
+    assert smoke.options == {"prior_tokens": 8}
+    pipe = build_pipeline(smoke, CPU)
+    image = pipe()
+    assert pipe.counters()["glm_prior_tokens_generated"] == 8
+    assert torch.isfinite(image).all()
+    # The target grid's ids are the last ones sampled: a 2x2 grid, upsampled 2x.
+    assert pipe.prior_token_ids.shape == (smoke.batch, 16)
+    pr = [c for c in load_registry("cpu", REPO / "cases") if "pr" in c.tags]
+    assert pr and all("prior_tokens" not in c.options for c in pr)
 
 
 @pytest.mark.parametrize(

@@ -431,3 +431,56 @@ def test_the_report_shows_the_evidence_and_the_reruns_and_round_trips() -> None:
     assert "c: over a bound, re-measured in 2 fresh processes: regression confirmed" in md
     again = Report.from_json(data).to_json()
     assert again["cases"] == data["cases"]
+
+
+# ---- the futility stop on realistic noise ----------------------------------------------------
+
+
+def test_unchanged_code_is_clear_after_the_minimum_runs_though_processes_drift() -> None:
+    """Was: with a 3-process baseline (t at 2 dof is 6.96) the interval never fit inside a
+    3 % band, so unchanged code always ran to --max-repeats. More runs of this process
+    cannot shrink the baseline's or the between-process part: only the median's own
+    reach decides whether sampling may stop."""
+    band = Band(0.03, 0.0)
+    base = summarize(processes([10.0, 10.25, 9.8], n=5, rel_sd=0.01), groups=[5] * 3)
+    v = judge_metric(M, noisy(10.05, 0.01, 5, seed=11), base, band)
+    assert v.verdict == PASS and v.clear and not v.over
+    assert v.noise is not None and v.noise.between > v.noise.within  # the old escape failed
+    assert v.high is not None and v.high * base.median > v.bound  # the interval is wider
+
+
+def test_a_median_near_its_bound_or_over_it_is_not_a_reason_to_stop() -> None:
+    band = Band(0.03, 0.0)
+    base = summarize(processes([10.0, 10.25, 9.8], n=5, rel_sd=0.01), groups=[5] * 3)
+    near = judge_metric(M, noisy(10.25, 0.01, 5, seed=12), base, band)  # 0.5 % under the bound
+    assert not near.over and not near.clear
+    slow = judge_metric(M, noisy(11.0, 0.01, 5, seed=13), base, band)  # +10 %
+    assert slow.over  # the gate never stops a case over its bound: it confirms it
+
+
+def test_a_figure_that_more_runs_cannot_move_is_clear_either_way() -> None:
+    """Memory peaks come from one untimed run per build: one sample, no spread."""
+    v = judge_metric("peak_memory", [3.42], summarize([3.42]), Band(0.0, 0.1))
+    assert v.clear and not v.over
+
+
+def test_the_gate_stops_unchanged_code_at_the_minimum_on_a_drifting_baseline() -> None:
+    res = pool([_result(noisy(m, 0.01, 5, seed=40 + i)) for i, m in enumerate([10.0, 10.25, 9.8])])
+    baseline = new_baseline({"platform": "cpu", "hardware": "x"}).with_scenario(
+        "c", dataclasses.replace(scenario_from_result(res), tolerance_overrides={M: {"rel": 0.03}})
+    )
+
+    def measure(cases: Sequence[Case], until_for: Any) -> Results:
+        return run_cases(
+            cases,
+            VirtualClock(),
+            MeasureOptions(repeats=5, warmup=0, max_repeats=20, progress=False),
+            until_for=until_for,
+            factory=_factory(lambda i: 10.0),
+        )
+
+    outcome = run_gate([CASE], baseline, "pr_test", measure, max_reruns=0, max_repeats=20)
+    (case,) = outcome.judgement.cases
+    assert {m.metric: m.verdict for m in case.metrics}[M] == PASS
+    assert case.sampling is not None and case.sampling["runs"] == 5
+    assert case.sampling["stopped_early"] is True

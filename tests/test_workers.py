@@ -43,6 +43,12 @@ def pipeline(case, platform):
     with open(os.environ["PG_FAKE_LOG"], "a") as fh:
         fh.write(f"{case.id} cores {os.getpid()} {','.join(map(str, cores))}\\n")
 
+    if behaviour == "kill_server":  # the warm server dies while this worker builds
+        with open(os.environ["PG_FAKE_LOG"], "a") as fh:
+            fh.write(f"{case.id} server {os.getppid()} -\\n{case.id} worker {os.getpid()} -\\n")
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(60)
+
     def run():
         if behaviour == "crash" or (behaviour == "crash_rank1" and os.environ.get("RANK") == "1"):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -374,3 +380,196 @@ def test_run_with_devices_and_isolate_from_the_command_line(
     assert results.cases["fine"].status == "ok"
     assert (results.cases["hangs"].error or "").startswith("timeout: killed after")
     assert results.settings["devices"] == ["0", "1"] and results.settings["isolate"] is True
+
+
+# ---- how workers start -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_gen_baselines_from_a_directory_holding_a_perfguard_folder(
+    method: str, fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: `python -m` put the working directory first on the workers' import path, so
+    the clone's top folder (`perfguard/`, no `__init__`) shadowed the package and every
+    worker died: "worker died while starting (killed by SIGKILL)", exit 3."""
+    from perfguard.cli import main
+    from perfguard.storage.baseline import load
+
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "cpu.toml").write_text(
+        '[[case]]\nid = "fine"\nworkload = "qwen_image"\npreset = "tiny"\n'
+    )
+    (tmp_path / "perfguard" / "perfguard").mkdir(parents=True)  # a clone, seen from above
+    (tmp_path / "perfguard" / "README.md").write_text("a clone\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["gen-baselines", "--platform", "cpu", "--cases", "registry", "--repeats", "2",
+              "--warmup", "0", "--processes", "2", "--factory", FACTORY,
+              "--baseline", "b.json", "--start-method", method, "--no-progress"])  # fmt: skip
+    assert info.value.code == 0
+    scenario = load(tmp_path / "b.json").scenarios["fine"]
+    assert scenario.metrics["e2e"].n == 4
+    pids = {pid for _, pid, _ in log_lines(fake, "build")}
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_worker_that_cannot_import_perfguard_says_why_in_one_line(
+    method: str, tmp_path: Path
+) -> None:
+    broken = tmp_path / "root" / "perfguard"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("broken on purpose")\n')
+    starter = workers.WorkerStarter(
+        dict(os.environ), "worker", method, ["perfguard.measurement.runner"],
+        root=str(tmp_path / "root"),
+    )  # fmt: skip
+    try:
+        worker, why = starter.new()
+    finally:
+        starter.close()
+    assert worker is None and why is not None
+    assert "could not start" in why and "ImportError: broken on purpose" in why
+    assert "SIGKILL" not in why and "\n" not in why
+
+
+def test_a_warm_server_that_dies_fails_the_case_it_was_running_and_leaves_no_process(
+    fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfguard.cli import main
+
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "cpu.toml").write_text(
+        '[[case]]\nid = "a_dies"\nworkload = "qwen_image"\npreset = "tiny"\n\n'
+        '[[case]]\nid = "b_fine"\nworkload = "qwen_image"\npreset = "tiny"\n'
+    )
+    (tmp_path / "pg_die_pipes.py").write_text(
+        "import dataclasses\nimport pg_fake_pipes\n\n"
+        "def pipeline(case, platform):\n"
+        "    fake = 'kill_server' if case.id == 'a_dies' else 'ok'\n"
+        "    return pg_fake_pipes.pipeline(dataclasses.replace(case, options={'fake': fake}), "
+        "platform)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--platform", "cpu", "--cases", "registry", "--repeats", "1",
+              "--warmup", "0", "--isolate", "--start-method", "forkserver",
+              "--factory", "pg_die_pipes:pipeline", "--out", "results.json"])  # fmt: skip
+    assert info.value.code == 3  # an error, never a pass or a regression
+    from perfguard.storage.reports import read_results
+
+    results = read_results(tmp_path / "results.json")
+    dead = results.cases["a_dies"]
+    assert dead.status == "error"
+    assert "its warm server died (killed by SIGKILL)" in (dead.error or "")
+    assert results.cases["b_fine"].status == "ok"  # a fresh server took the next case
+    assert results.settings["start_method"] == "forkserver"
+    lines = fake.read_text().splitlines()
+    server = [int(ln.split()[2]) for ln in lines if ln.split()[1] == "server"]
+    worker = [int(ln.split()[2]) for ln in lines if ln.split()[1] == "worker"]
+    assert server and worker
+    deadline = time.monotonic() + 10
+    while not all(gone(p) for p in server + worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(gone(p) for p in server + worker)
+
+
+def test_an_unknown_start_method_or_one_the_platform_lacks_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from perfguard.measurement import launch
+
+    with pytest.raises(PerfguardError, match=r"--start-method 'fork': expected one of spawn"):
+        MeasureOptions(start_method="fork")
+    monkeypatch.setattr(launch.sys, "platform", "darwin")
+    with pytest.raises(PerfguardError, match=r"--start-method forkserver: .*darwin.*use spawn"):
+        MeasureOptions(start_method="forkserver")
+    assert MeasureOptions().start_method == "spawn"  # the default where forking is unsafe
+
+
+def test_an_unknown_start_method_exits_2_naming_the_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from perfguard.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--platform", "cpu", "--start-method", "fork"])
+    assert info.value.code == 2
+    assert "--start-method" in capsys.readouterr().err
+
+
+def test_forked_workers_start_in_a_fraction_of_a_spawned_start(fake: Path) -> None:
+    """Not a timing target (benchmarks/noise.py prints those): the second and later
+    workers of a warm server skip the imports, so they report ready sooner than a
+    spawned worker, which imports torch first."""
+    env = dict(os.environ)
+    forks = workers.WorkerStarter(env, "worker", "forkserver", ["perfguard.measurement.runner"])
+    spawns = workers.WorkerStarter(env, "worker", "spawn", [])
+    try:
+        assert forks.ready() is None
+        took: dict[str, float] = {}
+        for name, starter in (("fork", forks), ("spawn", spawns)):
+            t0 = time.monotonic()
+            worker, why = starter.new()
+            assert worker is not None, why
+            res = worker.run(
+                fake_case("c"), MeasureOptions(repeats=1, warmup=0, factory=FACTORY), "cpu"
+            )
+            took[name] = time.monotonic() - t0
+            worker.close()
+            assert res.status == "ok"
+    finally:
+        forks.close()
+    assert took["fork"] < took["spawn"]
+
+
+def test_a_warm_pool_serves_several_calls_from_one_server(fake: Path, tmp_path: Path) -> None:
+    """A check's confirmations run one at a time: each must not pay a server's imports."""
+    (tmp_path / "pg_parent_pipes.py").write_text(
+        "import os\nimport pg_fake_pipes\n\n"
+        "def pipeline(case, platform):\n"
+        "    with open(os.environ['PG_FAKE_LOG'], 'a') as fh:\n"
+        "        fh.write(f'{case.id} parent {os.getppid()} -\\n')\n"
+        "    return pg_fake_pipes.pipeline(case, platform)\n"
+    )
+    options = MeasureOptions(
+        isolate=True, repeats=1, warmup=0, factory="pg_parent_pipes:pipeline",
+        start_method="forkserver",
+    )  # fmt: skip
+    with workers.WarmPool() as warm:
+        for i in range(2):
+            res = workers.run_cases([fake_case(f"c{i}")], CPU, options, warm=warm)
+            assert res.cases[f"c{i}"].status == "ok", res.cases[f"c{i}"].error
+        (server,) = {pid for _, pid, _ in log_lines(fake, "parent")}
+        assert not gone(server) and server != os.getpid()
+    deadline = time.monotonic() + 10
+    while not gone(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(server)  # closing the pool ended it
+
+
+def test_a_parent_killed_outright_leaves_no_warm_server_nor_worker(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys, time\n"
+        "from perfguard.measurement.workers import WorkerStarter\n"
+        "s = WorkerStarter(dict(os.environ), 'worker', 'forkserver', ['json'])\n"
+        "w, why = s.new()\n"
+        "print(s.server.proc.pid, w.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    server, worker = (int(x) for x in proc.stdout.readline().split())
+    assert not gone(server) and not gone(worker)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while not (gone(server) and gone(worker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(server) and gone(worker)

@@ -18,6 +18,7 @@ import click
 from rich.console import Console
 
 from perfguard.measurement.inject import inject_from
+from perfguard.measurement.launch import START_METHODS
 from perfguard.measurement.options import SYNC_POLICIES, MeasureOptions, factory_from, parse_devices
 from perfguard.storage.cases import PLATFORM_NAMES, Selection
 
@@ -189,6 +190,7 @@ def measurement_options(
                 factory=factory_from(kwargs.pop("factory_spec")),
                 devices=tuple(devices) if devices is not None else None,
                 isolate=kwargs.pop("isolate", False),
+                start_method=kwargs.pop("start_method", None),
                 processes=kwargs.pop("processes", 1),
                 max_repeats=kwargs.pop("max_repeats", None),
                 progress=kwargs.pop("progress", None),
@@ -268,6 +270,14 @@ def measurement_options(
                     "--isolate",
                     is_flag=True,
                     help="Run each case in a fresh subprocess; --timeout kills it (process tree).",
+                ),
+                click.option(
+                    "--start-method",
+                    default=None,
+                    type=click.Choice(START_METHODS),
+                    help="How worker processes start: forkserver forks them from a server "
+                    "that imported torch, transformers and diffusers once; spawn starts "
+                    "a fresh interpreter each (default: forkserver on Linux, else spawn).",
                 ),
             ]
         if processes is not None:

@@ -318,6 +318,27 @@ def log_ratio_noise(baseline: Summary, current: Summary) -> Noise:
     return Noise(max(within, between), within, between, kb, kc, dof, within_dof)
 
 
+def median_reach(current: Summary, other: Summary | None, alpha: float) -> float:
+    """How far (a factor >= 1) more runs of the process that measured `current` could
+    still move its median: exp(t x its own standard error), one-sided at `alpha`.
+
+    The futility stop of adaptive sampling asks this, not the verdict's interval: the
+    interval also holds the baseline's noise and the between-process spread, which no
+    number of further runs of this process can shrink, so a stop that waits for the
+    interval to clear the bound waits for ever (unchanged code ran every case to
+    `--max-repeats`). The per-sample noise is `current`'s (`log_spread`), else
+    `other`'s; with neither known (one sample each: a memory figure, an exact count)
+    the median cannot move and the reach is 1.
+    """
+    spread = log_spread(current)
+    if spread is None and other is not None:
+        spread = log_spread(other)
+    if not spread or current.n < 1:
+        return 1.0
+    se = MEDIAN_SE_FACTOR * spread / math.sqrt(current.n)
+    return math.exp(t_quantile(alpha, max(1, current.n - 1)) * se)
+
+
 @functools.lru_cache(maxsize=256)
 def t_quantile(alpha: float, dof: int) -> float:
     """The one-sided Student t quantile for `alpha` with `dof` degrees of freedom.

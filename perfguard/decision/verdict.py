@@ -37,8 +37,9 @@ CPU runner we measured episodes of ~1 s in which the same stage runs 70 % slower
 no other process visible in the guest: a check whose samples all fall into one looks
 exactly like a regression, and only a second measurement at another time tells them
 apart. A real regression is confirmed at the cost of one more measurement; a check
-that passes never pays it. Verdicts whose confidence interval lies wholly on one side
-of the bound are "clear", and the gate stops sampling a case once all its verdicts are.
+that passes never pays it. Verdicts whose median more runs of the same process could
+not carry across the bound are "clear", and the gate stops sampling a case once all its
+verdicts are clear and within their bounds.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from perfguard.decision.stats import (
     Noise,
     Summary,
     log_ratio_noise,
+    median_reach,
     summarize,
     t_quantile,
 )
@@ -156,8 +158,8 @@ class MetricVerdict:
     `significant` says whether `low` > 1 (slower beyond noise); `borderline` flags a
     verdict the next process could flip (reported); `clear` says more runs of the same
     process would not change the verdict (the bound lies outside [low, high] x
-    baseline, or the between-process spread dominates the interval); `noise` is where
-    the interval came from.
+    baseline, or outside the reach of the median's own standard error,
+    `stats.median_reach`); `noise` is where the interval came from.
     """
 
     metric: str
@@ -333,9 +335,15 @@ def judge_metric(
     borderline = (over and (not significant or excess <= rule.borderline or one_process)) or (
         significant and not over and excess > 1.0 / rule.borderline
     )
-    # More runs of this process cannot narrow an interval that the between-process
-    # spread dominates: then the verdict is as clear as this process can make it.
-    clear = not (low * b <= bound < high * b) or noise.within < noise.between / 2
+    # Clear: more runs of this process would not move the median across the bound. The
+    # test is on the median's own reach (`median_reach`: this process's standard error),
+    # not on the interval, which also holds the baseline's noise and the between-process
+    # spread that no further run can shrink: a stop waiting for the interval to clear a
+    # 3 % band never fired for unchanged code. Stopping on this is safe for the
+    # false-alarm rate: the gate only stops a case that is within its bounds, and a
+    # stop for futility removes rejections of the one final test, never adds one.
+    reach = median_reach(measured, baseline, rule.alpha)
+    clear = not (low * b <= bound < high * b) or m * reach <= bound or m / reach > bound
     figures = f"baseline {_fmt(b, metric)}, rel {band.rel:g}, abs {band.abs:g}"
     evidence = (
         f"{1 - rule.alpha:.0%} lower bound {low:.3f}x from the {noise.source}"

@@ -51,6 +51,11 @@ class MeasureOptions:
     - `counters_only`: no timed runs: each build runs its warm-up (at least one run, whose
       output is the one compared) and one counted run (`perfguard.measurement.work`);
       seconds on any CPU runner, and exact.
+    - `start_method`: how worker processes start (`perfguard.measurement.launch`):
+      `spawn`, a fresh interpreter that imports everything, or `forkserver`, a fork of a
+      server that imported torch, transformers, diffusers and perfguard once (None: the
+      platform's default, `forkserver` on Linux). Either way a worker is a new process
+      that has measured nothing; docs/verdicts.md has the spread of each.
     """
 
     repeats: int = 5
@@ -66,6 +71,7 @@ class MeasureOptions:
     max_repeats: int | None = None
     progress: bool | None = None
     counters_only: bool = False
+    start_method: str | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
@@ -78,6 +84,9 @@ class MeasureOptions:
             raise PerfguardError(f"--sync must be one of {', '.join(SYNC_POLICIES)}")
         if self.timeout is not None and self.timeout <= 0:
             raise PerfguardError("--timeout must be > 0")
+        from perfguard.measurement.launch import resolve_start_method
+
+        object.__setattr__(self, "start_method", resolve_start_method(self.start_method))
         # Plain, hashable-enough values, whatever the caller passed.
         object.__setattr__(self, "inject", dict(self.inject))
         if self.devices is not None:

@@ -88,10 +88,13 @@ from perfguard.measurement.threads import case_threads
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 
-DEFAULT_BUDGET_S = 150.0
-"""Measurement time a relative check may spend: the smoke suite's check then ends inside
-three minutes, start-up included (136-162 s measured on the 2-core runner). Clear
-verdicts stop it sooner."""
+DEFAULT_BUDGET_S = 50.0
+"""Measurement time a relative check may spend. With workers forked from warm servers a
+block of the two smoke cases costs its builds and runs (a few seconds on the 2-core
+runner) instead of two interpreters' imports (12-18 s a block when every worker was
+spawned, when this was 150 s for 8-12 blocks): 50 s buys more blocks than 150 s did,
+and the smoke check ends inside a minute, start-up included. Clear verdicts stop it
+sooner."""
 
 DEFAULT_MIN_BLOCKS = 4
 """Two mirrored pairs: the fewest blocks with which the between-block spread (3 degrees
@@ -580,49 +583,78 @@ class Side:
     encode_case: Callable[[Case], dict[str, Any]]
     options_json: dict[str, Any]
     worker_module: str = "perfguard.measurement.worker"
+    root: str | None = None
+    """The directory the side's workers import perfguard from (None: this process's)."""
 
 
-def process_blocks(
-    sides: Mapping[str, Side],
-    platform: str,
-    devices: Sequence[str] | None = None,
-) -> MeasureBlock:
-    """A `MeasureBlock` that runs each block in fresh worker processes (`Worker`).
+class ProcessBlocks:
+    """A `MeasureBlock` that runs each block in new worker processes (`Worker`).
 
-    Cases with the same thread count share a pair of processes, started together (they
-    import torch at the same time) and closed after the cases ran; the sides alternate
-    case by case in the block's order, mirrored on every other case.
+    Cases with the same thread count share a pair of processes, started together and
+    closed after the cases ran; the sides alternate case by case in the block's order,
+    mirrored on every other case. With `--start-method forkserver` each side (and thread
+    count) has one warm server for the whole check, started with the first block, and
+    every block's workers are forks of it: a block then costs the builds and the runs,
+    not two interpreters' imports, and the time saved buys more blocks within the budget
+    while a verdict is open. Call `close` (or use it in a `with`) to end the servers.
     """
-    from perfguard.measurement.workers import Worker, error_result, worker_environment
 
-    def env_for(side: Side, threads: int) -> dict[str, str]:
-        env = worker_environment(side.env, platform, devices, side.options.threads)
+    def __init__(
+        self, sides: Mapping[str, Side], platform: str, devices: Sequence[str] | None = None
+    ) -> None:
+        self.sides, self.platform, self.devices = sides, platform, devices
+        self.starters: dict[tuple[str, int], Any] = {}
+
+    def env_for(self, side: Side, threads: int) -> dict[str, str]:
+        from perfguard.measurement.workers import worker_environment
+
+        env = worker_environment(side.env, self.platform, self.devices, side.options.threads)
         # Two sides start together: one OpenMP thread per core each would make them fight.
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         return env
 
-    def measure(index: int, order: str, cases: Sequence[Case]) -> dict[str, dict[str, CaseResult]]:
+    def starter(self, s: str, threads: int, cases: Sequence[Case], index: int) -> Any:
+        from perfguard.measurement.workers import WorkerStarter, preload_modules
+
+        side = self.sides[s]
+        label = f"{SIDES[s]} worker"
+        key = (s, threads)
+        if side.options.start_method != "forkserver":
+            label += f" (block {index + 1})"
+        if key not in self.starters:
+            preload = preload_modules(cases, side.options.factory)
+            if s == BASE:  # the base revision may lack a module: import what it has
+                preload = ["?" + name for name in preload]
+            self.starters[key] = WorkerStarter(
+                self.env_for(side, threads), label, side.options.start_method, preload,
+                cwd=side.cwd, module=side.worker_module, root=side.root,
+            )  # fmt: skip
+        return self.starters[key]
+
+    def __call__(
+        self, index: int, order: str, cases: Sequence[Case]
+    ) -> dict[str, dict[str, CaseResult]]:
+        from perfguard.measurement.workers import Worker, error_result
+
+        sides, platform = self.sides, self.platform
         out: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
         groups: dict[int, list[Case]] = {}
         for case in cases:
             threads = case_threads(case, platform, sides[HEAD].options.threads)
             groups.setdefault(threads, []).append(case)
         for threads, group in groups.items():
+            starters = {s: self.starter(s, threads, group, index) for s in order}
+            for s in order:  # both servers (or both spawned workers) start together
+                starters[s].warm_up()
             workers: dict[str, Worker] = {}
             failed: dict[str, str] = {}
             try:
                 for s in order:
-                    label = f"{SIDES[s]} worker (block {index + 1})"
-                    workers[s] = Worker(
-                        env_for(sides[s], threads),
-                        label,
-                        cwd=sides[s].cwd,
-                        module=sides[s].worker_module,
-                    )
-                for s in order:
-                    reason = workers[s].start()
-                    if reason is not None:
-                        failed[s] = reason
+                    worker, reason = starters[s].new()
+                    if worker is None:
+                        failed[s] = reason or "did not start"
+                    else:
+                        workers[s] = worker
                 for i, case in enumerate(group):
                     for s in order if i % 2 == 0 else order[::-1]:
                         side = sides[s]
@@ -645,7 +677,25 @@ def process_blocks(
                 worker.close()
         return out
 
-    return measure
+    def close(self) -> None:
+        for starter in self.starters.values():
+            starter.close()
+        self.starters.clear()
+
+    def __enter__(self) -> ProcessBlocks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def process_blocks(
+    sides: Mapping[str, Side],
+    platform: str,
+    devices: Sequence[str] | None = None,
+) -> ProcessBlocks:
+    """A `MeasureBlock` running each block in new worker processes (`ProcessBlocks`)."""
+    return ProcessBlocks(sides, platform, devices)
 
 
 def head_side(options: MeasureOptions, platform: str, env: Mapping[str, str] | None = None) -> Side:
@@ -669,4 +719,5 @@ def base_side(
         encode_case=lambda c: case_for_base(c, base),
         options_json=options_for_base(base_options, base, platform),
         worker_module=base.worker_module,
+        root=str(base.import_dir),
     )

@@ -37,6 +37,13 @@ they share the interconnect and would disturb each other's figures. On CPU the r
 processes on the same cores, with torchrun's default of one thread each: the figures
 show the launch, the collectives and the parallel pipeline working, not a speed-up.
 
+How a worker starts (`MeasureOptions.start_method`, `perfguard.measurement.launch`):
+`forkserver` (the default on Linux) forks it from a warm server of its slot that
+imported torch, transformers, diffusers and perfguard once (`WorkerStarter`; a dead
+server's cases are errors and the next case gets a new server), `spawn` starts a fresh
+interpreter. Either way it imports the perfguard this process runs, never a folder of
+that name in the working directory, and one that cannot start says why in one line.
+
 Pipelines come from `perfguard.workloads.pipeline.build_pipeline` unless a factory is
 named as `module:function` (`--factory`, `$PERFGUARD_FACTORY`): a callable taking
 `(case, platform)` and returning the zero-argument pipeline, so that your own pipeline
@@ -61,6 +68,13 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.errors import PerfguardError
+from perfguard.measurement.launch import (
+    ForkedProcess,
+    WarmServer,
+    describe_exit,
+    import_root,
+    spawn_worker,
+)
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.pinning import ENV_CPU_AFFINITY, die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
 from perfguard.measurement.platform import Platform, fingerprint
@@ -115,17 +129,6 @@ def error_result(case: Case, message: str, options: MeasureOptions) -> CaseResul
 # ---- process plumbing ------------------------------------------------------------------------
 
 
-def describe_exit(returncode: int | None) -> str:
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
-
-
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid`, from /proc (Linux); [] where /proc is not available."""
     children: dict[int, list[int]] = {}
@@ -151,7 +154,7 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def kill_tree(proc: subprocess.Popen[Any]) -> None:
+def kill_tree(proc: subprocess.Popen[Any] | ForkedProcess) -> None:
     """SIGKILL `proc`, its process group and every descendant, then reap it.
 
     The group kill reaches what the worker started; the descendant walk reaches what
@@ -165,14 +168,6 @@ def kill_tree(proc: subprocess.Popen[Any]) -> None:
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-
-
-def _log_fd() -> int | None:
-    """Where a worker's stdout goes: our stderr, so that our stdout (JSON) stays clean."""
-    try:
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return None
 
 
 class _LineReader:
@@ -200,11 +195,14 @@ class _LineReader:
 
 
 class Worker:
-    """One `python -m perfguard.measurement.worker serve` process, pinned by the variables in `env`.
+    """One `perfguard.measurement.worker serve` process, pinned by the variables in `env`.
 
     Requests (a case and the options) go in on its stdin, one JSON line each; results
     come back on a pipe of their own, so whatever the pipeline prints cannot corrupt
-    them. The worker's stdout and stderr go to our stderr.
+    them. The worker's stdout and stderr go to our stderr. It is a fresh interpreter
+    (`spawn_worker`), or a fork of `server` (`WarmServer`); either way it imports
+    perfguard from `root` (default: the directory of the perfguard this process runs),
+    never from the working directory.
     """
 
     def __init__(
@@ -213,23 +211,40 @@ class Worker:
         label: str,
         cwd: str | None = None,
         module: str = WORKER_MODULE,
+        *,
+        root: str | None = None,
+        server: WarmServer | None = None,
     ) -> None:
         self.label = label
-        read_fd, write_fd = os.pipe()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, "serve", "--result-fd", str(write_fd)],
-                stdin=subprocess.PIPE,
-                stdout=_log_fd(),
-                env=env,
-                cwd=cwd,  # `-m` puts the working directory first on the import path
-                pass_fds=(write_fd,),
-                start_new_session=True,  # its own process group, killed as one
-            )
-        finally:
-            os.close(write_fd)
+        self.proc: subprocess.Popen[bytes] | ForkedProcess
+        if server is not None:
+            self.proc, read_fd = server.fork(module, ["serve", "--result-fd", "{result_fd}"])
+        else:
+            read_fd, write_fd = os.pipe()
+            try:
+                self.proc = spawn_worker(
+                    module,
+                    ["serve", "--result-fd", str(write_fd)],
+                    env=env,
+                    cwd=cwd,
+                    root=root or import_root(),
+                    pass_fds=(write_fd,),
+                )
+            except BaseException:
+                os.close(read_fd)
+                raise
+            finally:
+                os.close(write_fd)
         self.reader = _LineReader(read_fd)
         self.alive = True
+
+    def how(self) -> str:
+        """How the process ended, once it has (waits a few seconds for its status)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        if isinstance(self.proc, ForkedProcess):
+            return self.proc.describe()
+        return describe_exit(self.proc.poll())
 
     def start(self) -> str | None:
         """Wait for the worker to report ready; the reason it did not, else None."""
@@ -238,9 +253,17 @@ class Worker:
         except TimeoutError:
             self.kill()
             return f"{self.label} did not start within {STARTUP_TIMEOUT_S:g} s"
-        if msg is None or not msg.get("ready"):
+        except ValueError as exc:  # not JSON: something else wrote on the result pipe
             self.kill()
-            return f"{self.label} died while starting ({describe_exit(self.proc.poll())})"
+            return f"{self.label} sent a garbled start message ({exc})"
+        if msg is not None and msg.get("fatal"):
+            self.kill()
+            return f"{self.label} could not start: {msg['fatal']}"
+        if msg is None or not msg.get("ready"):
+            # Its own exit status, not our SIGKILL, is what the message reports.
+            why = f"{self.label} died while starting ({self.how()})"
+            self.kill()
+            return why
         return None
 
     def run(
@@ -290,11 +313,12 @@ class Worker:
         if msg is None:
             # The result pipe closed: the worker is exiting. Let it finish so that its own
             # exit status (not our SIGKILL) is what the message reports.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=5)
+            how = self.how()
             self.kill()
-            how = describe_exit(self.proc.returncode)
             return error_result(case, f"{self.label} died while running this case ({how})", options)
+        if msg.get("fatal"):
+            self.kill()
+            return error_result(case, f"{self.label} failed: {msg['fatal']}", options)
         if "usage_error" in msg:  # e.g. an --inject that matched no stage: exit 2, not a case
             raise PerfguardError(str(msg["usage_error"]))
         return CaseResult.from_json(case.id, msg["result"])
@@ -323,6 +347,109 @@ class Worker:
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
+
+
+class WorkerStarter:
+    """Starts the workers of one slot (one environment): fresh interpreters (`spawn`), or
+    forks of one warm server (`forkserver`), started on first use and replaced when it
+    has died; a dead server's workers are errors of the cases they were running."""
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        label: str,
+        method: str,
+        preload: Sequence[str],
+        *,
+        cwd: str | None = None,
+        module: str = WORKER_MODULE,
+        root: str | None = None,
+    ) -> None:
+        self.env, self.label, self.method = env, label, method
+        self.preload, self.cwd, self.module = list(preload), cwd, module
+        self.root = root or import_root()
+        self.server: WarmServer | None = None
+
+    def warm_up(self) -> None:
+        """Start the warm server now, without waiting for it (so that several start
+        together); `ready` waits. A server that died is replaced."""
+        if self.method != "forkserver" or (self.server is not None and self.server.alive):
+            return
+        if self.server is not None:
+            self.server.kill()
+        self.server = WarmServer(
+            self.env, f"warm server of the {self.label}", preload=self.preload,
+            root=self.root, cwd=self.cwd,
+        )  # fmt: skip
+
+    def ready(self) -> str | None:
+        """Wait for the server started by `warm_up`; the reason it could not start, or None."""
+        if self.method != "forkserver":
+            return None
+        if self.server is None or not self.server.alive:
+            self.warm_up()
+        assert self.server is not None
+        if self.server.ready is not None and self.server.ready.get("ready"):
+            return None
+        reason = self.server.start(STARTUP_TIMEOUT_S)
+        if reason is not None:
+            self.server = None
+        return reason
+
+    def new(self) -> tuple[Worker | None, str | None]:
+        """A started worker, or None and the reason it could not start."""
+        reason = self.ready()
+        if reason is not None:
+            return None, reason
+        try:
+            worker = Worker(
+                self.env, self.label, self.cwd, self.module, root=self.root, server=self.server
+            )
+        except OSError as exc:  # cannot start a process, or the server died meanwhile
+            return None, f"{self.label}: {exc}"
+        reason = worker.start()
+        return (None, reason) if reason is not None else (worker, None)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def kill(self) -> None:
+        if self.server is not None:
+            self.server.kill()
+            self.server = None
+
+
+class WarmPool:
+    """Warm servers kept across several `run_cases` calls of one command (a check's
+    confirmations, one at a time): each worker environment's server is started once and
+    ended by `close`, instead of once per call."""
+
+    def __init__(self) -> None:
+        self.starters: dict[tuple[str, tuple[tuple[str, str], ...]], WorkerStarter] = {}
+        self.lock = threading.Lock()
+
+    def starter(
+        self, env: dict[str, str], label: str, method: str, preload: Sequence[str]
+    ) -> WorkerStarter:
+        key = (method, tuple(sorted(env.items())))
+        with self.lock:
+            if key not in self.starters:
+                self.starters[key] = WorkerStarter(env, label, method, preload)
+            return self.starters[key]
+
+    def close(self) -> None:
+        with self.lock:
+            for starter in self.starters.values():
+                starter.close()
+            self.starters.clear()
+
+    def __enter__(self) -> WarmPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # ---- torchrun --------------------------------------------------------------------------------
@@ -472,12 +599,24 @@ def _env_for(
     return env
 
 
+def preload_modules(cases: Sequence[Case], factory: str | None = None) -> list[str]:
+    """What a warm server imports for `cases`: perfguard's runner and the workloads'
+    modules (`perfguard.workloads.modules.preload`); with a factory, the runner and the
+    factory's module (it builds the pipelines, not perfguard's workloads)."""
+    from perfguard.workloads.modules import RUNNER, preload
+
+    if factory:
+        return [RUNNER[0], factory.partition(":")[0]]
+    return preload(cases)
+
+
 def run_cases(
     cases: Sequence[Case],
     platform: Platform,
     options: MeasureOptions | None = None,
     *,
     on_case: Callable[[CaseResult], None] | None = None,
+    warm: WarmPool | None = None,
 ) -> Results:
     """Run `cases` in worker processes; a `Results` like `perfguard.measurement.runner`'s.
 
@@ -485,7 +624,8 @@ def run_cases(
     worker). Single-device cases go to whichever worker is free, longest first; then the
     multi-device cases run one at a time through torchrun on the first devices listed.
     With `options.processes` K > 1 every case is measured in K fresh processes and
-    `on_case` sees the pooled result once all K are done.
+    `on_case` sees the pooled result once all K are done. `warm` keeps the warm servers
+    for later calls (else they end with this one).
     """
     options = options or MeasureOptions()
     devices, processes = options.devices, options.processes
@@ -506,10 +646,12 @@ def run_cases(
             "devices": list(devices) if devices is not None else None,
             **({"cpu_pins": [_cpu_list(p) for p in pins]} if pins else {}),
             "isolate": isolate,
+            "start_method": options.start_method,
             "factory": options.factory,
             **({"processes": processes} if processes > 1 else {}),
         },
     )
+    preload = preload_modules(single, options.factory)
     lock = threading.Lock()
     parts: dict[str, list[CaseResult]] = {}
     fatal: list[PerfguardError] = []  # a usage error from a worker ends the whole command
@@ -535,6 +677,10 @@ def run_cases(
         if cores:
             label += f" (cores {_cpu_list(cores)})"
         env = _env_for(platform, slot, len(slots), cores, options.threads)
+        if warm is not None:
+            starter = warm.starter(env, label, options.start_method, preload)
+        else:
+            starter = WorkerStarter(env, label, options.start_method, preload)
         worker: Worker | None = None
         try:
             while True:
@@ -544,10 +690,8 @@ def run_cases(
                     return
                 try:
                     if worker is None:
-                        worker = Worker(env, label)
-                        reason = worker.start()
+                        worker, reason = starter.new()
                         if reason is not None:
-                            worker = None
                             record(error_result(case, reason, options))
                             continue
                     record(worker.run(case, options, platform.name))
@@ -567,6 +711,8 @@ def run_cases(
         finally:
             if worker is not None:
                 worker.close()
+            if warm is None:
+                starter.close()
 
     threads = [
         threading.Thread(target=drive, args=(slot, pins[i] if pins else None), daemon=True)
@@ -611,6 +757,7 @@ def execute(
     *,
     on_case: Callable[[CaseResult], None] | None = None,
     until_for: Callable[[Case], Callable[[CaseResult], bool] | None] | None = None,
+    warm: WarmPool | None = None,
 ) -> Results:
     """Run `cases` in this process, or in workers when the options ask for them or a
     case needs more than one device (`MeasureOptions.uses_workers`); otherwise through
@@ -622,7 +769,7 @@ def execute(
     """
     options = options or MeasureOptions()
     if options.uses_workers(cases):
-        return run_cases(cases, platform, options, on_case=on_case)
+        return run_cases(cases, platform, options, on_case=on_case, warm=warm)
     from perfguard.measurement.runner import run_cases as run_in_process
 
     return run_in_process(cases, platform, options, on_case=on_case, until_for=until_for)

@@ -190,6 +190,21 @@ def parse_case(raw: dict[str, Any], source: str) -> Case:
         raise PerfguardError(
             f"{source}: case {case_id!r}: options.cuda_graph: not supported with num_devices > 1"
         )
+    prior = data.get("options", {}).get("prior_tokens")
+    if prior is not None:
+        if data.get("workload") != "glm_image":
+            raise PerfguardError(
+                f"{source}: case {case_id!r}: options.prior_tokens: only GLM-Image samples "
+                f"prior tokens, not {data.get('workload')}"
+            )
+        # The target grid's ids are the last ones sampled: at least one per grid cell.
+        grid = (data.get("height", 1024) // 32) * (data.get("width", 1024) // 32)
+        if prior < grid:
+            raise PerfguardError(
+                f"{source}: case {case_id!r}: options.prior_tokens: {prior} is fewer than "
+                f"the {grid} tokens of the {data.get('height', 1024)}x"
+                f"{data.get('width', 1024)} target grid"
+            )
     return Case(**data, source=source)
 
 

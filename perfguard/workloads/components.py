@@ -379,7 +379,7 @@ def qwen_tokenizer() -> Any:
     """
     import json
 
-    from transformers import Qwen2Tokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     shell = Qwen2Tokenizer()
@@ -425,7 +425,11 @@ def glm_processor(vision_vocab_size: int, image_start: int, image_end: int) -> A
     import json
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import GlmImageImageProcessorPil, GlmImageProcessor, PreTrainedTokenizerFast
+    from transformers.models.glm_image.image_processing_pil_glm_image import (
+        GlmImageImageProcessorPil,
+    )
+    from transformers.models.glm_image.processing_glm_image import GlmImageProcessor
+    from transformers.tokenization_utils_tokenizers import PreTrainedTokenizerFast
 
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trained = json.loads(_train_bpe(pre, _corpus(""), ()).to_str())["model"]
@@ -471,8 +475,11 @@ def qwen_components(
     seed: int,
 ) -> dict[str, Any]:
     """Qwen-Image's `tokenizer`, `text_encoder` (Qwen2.5-VL) and `vae` at `preset`."""
-    from diffusers import AutoencoderKLQwenImage
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from diffusers.models.autoencoders.autoencoder_kl_qwenimage import AutoencoderKLQwenImage
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+        Qwen2_5_VLForConditionalGeneration,
+    )
 
     cfg = COMPONENT_CONFIGS["qwen_image"][preset]
     tokenizer = qwen_tokenizer()
@@ -526,14 +533,12 @@ def glm_components(
 ) -> dict[str, Any]:
     """GLM-Image's `processor`, `vision_language_encoder` (the AR model), `tokenizer`,
     `text_encoder` (ByT5) and `vae` at `preset`."""
-    from diffusers import AutoencoderKL
-    from transformers import (
-        ByT5Tokenizer,
-        GlmImageConfig,
-        GlmImageForConditionalGeneration,
-        T5Config,
-        T5EncoderModel,
-    )
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+    from transformers.models.byt5.tokenization_byt5 import ByT5Tokenizer
+    from transformers.models.glm_image.configuration_glm_image import GlmImageConfig
+    from transformers.models.glm_image.modeling_glm_image import GlmImageForConditionalGeneration
+    from transformers.models.t5.configuration_t5 import T5Config
+    from transformers.models.t5.modeling_t5 import T5EncoderModel
 
     cfg = COMPONENT_CONFIGS["glm_image"][preset]
     ar = cfg["ar"]

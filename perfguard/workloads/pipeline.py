@@ -113,8 +113,10 @@ class T2IPipeline:
             seed=case.seed,
             toggles={name: case.toggle(name) for name in self.toggle_names},
         )
-        from diffusers import FlowMatchEulerDiscreteScheduler
         from diffusers.image_processor import VaeImageProcessor
+        from diffusers.schedulers.scheduling_flow_match_euler_discrete import (
+            FlowMatchEulerDiscreteScheduler,
+        )
 
         self.scheduler = FlowMatchEulerDiscreteScheduler.from_config(
             SCHEDULER_CONFIGS[case.workload]
@@ -602,6 +604,12 @@ class GlmImagePipeline(T2IPipeline):
         ).to(self.device)
         grids = inputs["image_grid_thw"][: int(inputs["images_per_sample"][0])]
         max_new, offset, token_h, token_w = pipe_cls._compute_generation_params(grids, True)
+        cap = self.case.options.get("prior_tokens")
+        if cap is not None and cap < max_new:
+            # A smoke case's cap: the AR model samples `cap` tokens (the same loop, the same
+            # cost per token) instead of the 16x16 preview grid plus the target grid that
+            # diffusers samples at any image size; the target's ids are the last ones.
+            max_new, offset = int(cap), int(cap) - token_h * token_w
         # generate() takes no generator: seed the global RNG as diffusers does, inside
         # fork_rng so the caller's RNG state is left as it was.
         devices = [self.device] if self.device.type == "cuda" else []
@@ -687,7 +695,9 @@ class GlmImagePipeline(T2IPipeline):
 
 
 def _diffusers_glm_pipeline() -> Any:
-    from diffusers import GlmImagePipeline as DiffusersGlmImagePipeline
+    from diffusers.pipelines.glm_image.pipeline_glm_image import (
+        GlmImagePipeline as DiffusersGlmImagePipeline,
+    )
 
     return DiffusersGlmImagePipeline
 

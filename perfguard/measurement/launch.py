@@ -1,0 +1,313 @@
+"""The parent's side of starting worker processes: `spawn`, or forks of a warm server.
+
+`perfguard.measurement.forkserver` is the code that runs in the new process (by path,
+with `python -c`, so that the working directory cannot shadow perfguard); this module
+starts it and keeps the handles: `spawn_worker` starts a fresh interpreter as before,
+`WarmServer` starts one server per worker environment and forks workers from it.
+
+Why a server of our own rather than `multiprocessing`'s forkserver: a worker is pinned by
+its environment (the visible-devices variable, cores, threads), which must be in place
+before torch is imported, so each worker environment gets its own server started with
+it; the relative check's base side needs a server that imports the base revision's
+perfguard, which `multiprocessing` (one server per interpreter, importing the parent's
+modules) cannot give; and the workers keep speaking the JSON-lines protocol of
+`perfguard.measurement.worker`, so a forked worker and a spawned one are the same
+worker, measured the same way.
+
+Pure standard library: the parent imports this without torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from perfguard.errors import PerfguardError
+
+START_METHODS = ("spawn", "forkserver")
+"""`spawn`: every worker is a fresh interpreter (imports included); `forkserver`: workers
+are forked from a server that imported torch, transformers, diffusers and perfguard."""
+
+BOOT_PATH = Path(__file__).with_name("forkserver.py")
+BOOT = f"import runpy; runpy.run_path({str(BOOT_PATH)!r}, run_name='__main__')"
+"""What `python -c` runs: `forkserver.py` by path (its directory is not put on sys.path)."""
+
+FORK_TIMEOUT_S = 30.0
+"""How long a server may take to answer a fork request (it forks in milliseconds)."""
+
+
+def default_start_method() -> str:
+    """`forkserver` where it is available (Linux), else `spawn`."""
+    return "forkserver" if _forkserver_missing() is None else "spawn"
+
+
+def _forkserver_missing() -> str | None:
+    """Why this platform cannot fork warm workers, or None."""
+    if not sys.platform.startswith("linux"):
+        return (
+            f"forking a process that has imported torch is not safe on {sys.platform} "
+            "(only Linux has it)"
+        )
+    if not hasattr(socket, "send_fds") or not hasattr(socket, "SOCK_SEQPACKET"):
+        return "this Python lacks socket.send_fds / SOCK_SEQPACKET"
+    return None
+
+
+def resolve_start_method(name: str | None) -> str:
+    """The start method asked for, checked; None: the platform's default.
+
+    An unknown name, or `forkserver` where the platform lacks it, is a usage error
+    (exit 2) naming the option. A parent that has initialised CUDA does not matter: the
+    server is a fresh interpreter that never touches a device.
+    """
+    if name is None:
+        return default_start_method()
+    if name not in START_METHODS:
+        raise PerfguardError(f"--start-method {name!r}: expected one of {', '.join(START_METHODS)}")
+    if name == "forkserver":
+        missing = _forkserver_missing()
+        if missing is not None:
+            raise PerfguardError(f"--start-method forkserver: {missing}; use spawn")
+    return name
+
+
+def import_root() -> str:
+    """The directory holding the `perfguard` package this process runs: a worker of this
+    revision imports from there, whatever its working directory holds."""
+    import perfguard
+
+    return str(Path(perfguard.__file__).resolve().parent.parent)
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def log_fd() -> int | None:
+    """Where a worker's stdout goes: our stderr, so that our stdout (JSON) stays clean."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def spawn_worker(
+    module: str,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    root: str,
+    pass_fds: Sequence[int],
+) -> subprocess.Popen[bytes]:
+    """A fresh interpreter running `module argv...`, importing from `root` first."""
+    return subprocess.Popen(
+        [sys.executable, "-c", BOOT, "boot", root, module, *argv],
+        stdin=subprocess.PIPE,
+        stdout=log_fd(),
+        env=dict(env),
+        cwd=cwd,
+        pass_fds=tuple(pass_fds),
+        start_new_session=True,  # its own process group, killed as one
+    )
+
+
+class ForkedProcess:
+    """A worker forked by a `WarmServer`: the part of `subprocess.Popen` a `Worker` uses.
+
+    It is the server's child, not ours, so its exit status comes from the server; when
+    the server itself is gone the worker died with it (`PR_SET_PDEATHSIG`).
+    """
+
+    def __init__(self, server: WarmServer, pid: int, stdin: IO[bytes]) -> None:
+        self.server = server
+        self.pid = pid
+        self.stdin: IO[bytes] | None = stdin
+
+    @property
+    def returncode(self) -> int | None:
+        return self.server.exits.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.server.cond:
+            while self.pid not in self.server.exits and not self.server.dead:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+                self.server.cond.wait(left if left is None else min(left, 0.5))
+        return self.returncode
+
+    def describe(self) -> str:
+        """How it ended, in the words of `describe_exit`, or that its server died."""
+        if self.returncode is not None:
+            return describe_exit(self.returncode)
+        if self.server.dead:
+            return f"its warm server died ({self.server.describe()})"
+        return "still running"
+
+
+class WarmServer:
+    """One warm server (`forkserver.serve_forks`) for workers of one environment."""
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        label: str,
+        *,
+        preload: Sequence[str],
+        root: str,
+        cwd: str | None = None,
+    ) -> None:
+        self.label = label
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", BOOT, "serve-forks", root, str(theirs.fileno()),
+                 json.dumps(list(preload))],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd(),
+                # `torch.cuda.is_available()` through NVML: it must not initialise the
+                # driver in a process that forks workers which use the device.
+                env={**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},
+                cwd=cwd,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.cond = threading.Condition()
+        self.exits: dict[int, int] = {}
+        self.forked: dict[int, dict[str, Any]] = {}
+        self.ready: dict[str, Any] | None = None
+        self.dead = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            with self.cond:
+                if not data:
+                    self.dead = True
+                    self.cond.notify_all()
+                    return
+                msg = json.loads(data)
+                if "ready" in msg:
+                    self.ready = msg
+                elif "forked" in msg:
+                    self.forked[int(msg["forked"])] = msg
+                elif "exited" in msg:
+                    self.exits[int(msg["exited"])] = int(msg["returncode"])
+                self.cond.notify_all()
+
+    def describe(self) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        return describe_exit(self.proc.poll())
+
+    def start(self, timeout: float) -> str | None:
+        """Wait until the server has imported its modules; the reason it did not, else None."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.ready is None and not self.dead:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(min(left, 0.5))
+            ready = self.ready
+        if ready is None:
+            if self.dead:
+                why = f"{self.label} died while starting ({self.describe()})"
+            else:
+                why = f"{self.label} did not start within {timeout:g} s"
+            self.kill()
+            return why
+        if not ready.get("ready"):
+            self.kill()
+            return f"{self.label} could not start: {ready.get('error')}"
+        return None
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def fork(self, module: str, argv: Sequence[str]) -> tuple[ForkedProcess, int]:
+        """A new worker running `module argv...` (`{result_fd}` names its result pipe):
+        its process and the read end of its result pipe. `OSError` when the server is gone."""
+        stdin_r, stdin_w = os.pipe()
+        result_r, result_w = os.pipe()
+        ident = next(self._ids)
+        try:
+            msg = json.dumps({"fork": ident, "module": module, "argv": list(argv)}).encode()
+            socket.send_fds(self.sock, [msg], [stdin_r, result_w])
+        except BaseException:
+            for fd in (stdin_w, result_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(stdin_r)
+            os.close(result_w)
+        deadline = time.monotonic() + FORK_TIMEOUT_S
+        with self.cond:
+            while ident not in self.forked and not self.dead and time.monotonic() < deadline:
+                self.cond.wait(0.5)
+            reply = self.forked.pop(ident, None)
+        if reply is None or "pid" not in reply:
+            os.close(stdin_w)
+            os.close(result_r)
+            if self.dead:
+                raise OSError(f"{self.label} died ({self.describe()})")
+            why = reply.get("error") if reply else f"no answer within {FORK_TIMEOUT_S:g} s"
+            raise OSError(f"{self.label} could not fork a worker: {why}")
+        return ForkedProcess(self, int(reply["pid"]), os.fdopen(stdin_w, "wb")), result_r
+
+    def close(self) -> None:
+        """End the server: closing the socket makes it kill its workers and exit."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group; its workers die with it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        with contextlib.suppress(OSError):
+            self.sock.close()

@@ -1,0 +1,58 @@
+"""The library modules each workload imports, named once (no torch here).
+
+Why direct modules: `from transformers import X` and `from diffusers import X` go
+through the packages' lazy export tables, which resolve a name to its module on first
+use; importing the defining module (`transformers.models.t5.modeling_t5`) skips the
+table and states what a case costs to import. A package's own `__init__` still runs
+(Python imports parents first): diffusers' `models.autoencoders` imports every
+autoencoder, and diffusers' `utils` imports `torch._dynamo`; those are the import bill
+that remains, paid once per command by the warm server (`--start-method forkserver`,
+`perfguard.measurement.forkserver`), which preloads `preload(cases)` before it forks
+any worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+SCHEDULER = "diffusers.schedulers.scheduling_flow_match_euler_discrete"
+IMAGE_PROCESSOR = "diffusers.image_processor"
+TORCH_UTILS = "diffusers.utils.torch_utils"
+
+QWEN_IMAGE = (
+    "transformers.models.qwen2.tokenization_qwen2",
+    "transformers.models.qwen2_5_vl.configuration_qwen2_5_vl",
+    "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
+    "diffusers.models.autoencoders.autoencoder_kl_qwenimage",
+    "diffusers.pipelines.qwenimage.pipeline_qwenimage",
+)
+GLM_IMAGE = (
+    "transformers.tokenization_utils_tokenizers",
+    "transformers.models.byt5.tokenization_byt5",
+    "transformers.models.glm_image.configuration_glm_image",
+    "transformers.models.glm_image.image_processing_pil_glm_image",
+    "transformers.models.glm_image.modeling_glm_image",
+    "transformers.models.glm_image.processing_glm_image",
+    "transformers.models.t5.configuration_t5",
+    "transformers.models.t5.modeling_t5",
+    "diffusers.models.autoencoders.autoencoder_kl",
+    "diffusers.pipelines.glm_image.pipeline_glm_image",
+)
+DIFFUSERS = ("diffusers.pipelines.pipeline_utils",)
+
+BY_WORKLOAD = {"qwen_image": QWEN_IMAGE, "glm_image": GLM_IMAGE, "diffusers": DIFFUSERS}
+
+RUNNER = ("perfguard.measurement.runner", "perfguard.workloads.pipeline")
+"""perfguard's own measuring modules (torch, the timer, the runner, the pipelines)."""
+
+
+def preload(cases: Iterable[Any]) -> list[str]:
+    """What a warm server imports before forking workers for `cases`: perfguard's runner,
+    the shared diffusers modules, and each case's workload modules (each once)."""
+    out = [*RUNNER, SCHEDULER, IMAGE_PROCESSOR, TORCH_UTILS]
+    for case in cases:
+        for name in BY_WORKLOAD.get(getattr(case, "workload", ""), ()):
+            if name not in out:
+                out.append(name)
+    return out
