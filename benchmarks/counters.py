@@ -170,10 +170,10 @@ import json, statistics, sys, time
 import torch
 torch.set_num_threads(1)
 from perfguard.measurement.memory import measure_run
-from perfguard.measurement.platform import Platform
+from perfguard.device.platform import Platform
 from perfguard.measurement.work import counted_run
 from perfguard.storage.cases import load_registry
-from perfguard.workloads.pipeline import build_pipeline
+from perfguard.workloads.registry import build_pipeline
 
 repeats = int(sys.argv[1])
 cpu = Platform()

@@ -22,9 +22,9 @@ prints a table and writes a JSON file with one row per check, each `passed`, `fa
 | 9   | two ranks over NCCL, when two GPUs are visible |
 | 10  | the flash-attn varlen branch against the packed torch path (flash-attn from a wheel) |
 
-Every row is a composition of library calls (`perfguard.measurement.timer`,
+Every row is a composition of library calls (`perfguard.device.timer`,
 `perfguard.measurement.ab.run_ab`, `perfguard.measurement.workers.run_cases`,
-`perfguard.decision.calibrate.calibrate_case`, `perfguard.workloads.pipeline.build_pipeline`).
+`perfguard.decision.calibrate.calibrate_case`, `perfguard.workloads.registry.build_pipeline`).
 On a machine without a GPU every device row is skipped with its reason, which is how the
 test suite keeps the script from rotting (`tests/test_gpu_selfcheck.py` also makes each
 row fail on purpose with a fake device).
@@ -59,11 +59,11 @@ from typing import Any
 
 import torch
 
+from perfguard.device.platform import Platform, fingerprint, probe
+from perfguard.device.timer import MB, StageTimer, stage
 from perfguard.errors import EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, PerfguardError
 from perfguard.measurement.ab import run_ab
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.platform import Platform, fingerprint, probe
-from perfguard.measurement.timer import MB, StageTimer, stage
 from perfguard.metrics import STAGE_PEAK_PREFIX, metrics_of_run
 from perfguard.storage.cases import Case, load_registry
 from perfguard.storage.jsonio import write_json_atomic
@@ -215,7 +215,7 @@ class Env:
         return dataclasses.replace(found[0], **{**base, **changes})
 
     def build(self, case: Case) -> Any:
-        from perfguard.workloads.pipeline import build_pipeline
+        from perfguard.workloads.registry import build_pipeline
 
         return (self.factory or build_pipeline)(case, self.platform)
 
@@ -239,7 +239,7 @@ def context_snapshot(env: Env) -> dict[str, Any]:
 
 def _compute_pids() -> list[int] | None:
     """Processes holding a context on any GPU (nvidia-smi), None where it cannot say."""
-    from perfguard.measurement.platform import nvidia_smi
+    from perfguard.device.platform import nvidia_smi
 
     lines, _ = nvidia_smi("--query-compute-apps=pid", "--format=csv,noheader", timeout=20)
     return None if lines is None else [int(p) for p in lines if p.isdigit()]

@@ -23,11 +23,11 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=["qwen_image_t2i_smoke", "glm_image_t2i_smoke"])
     args = ap.parse_args()
 
-    from perfguard.measurement import threads
-    from perfguard.measurement.inject import parse_inject
-    from perfguard.measurement.platform import probe
+    from perfguard.device import threads
+    from perfguard.device.inject import parse_inject
+    from perfguard.device.platform import probe
+    from perfguard.device.timer import StageTimer
     from perfguard.measurement.runner import _default_factory
-    from perfguard.measurement.timer import StageTimer
     from perfguard.metrics import metrics_of_run
     from perfguard.storage.cases import load_registry, select
 

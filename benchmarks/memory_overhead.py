@@ -18,12 +18,12 @@ import time
 
 import torch
 
+from perfguard.device.platform import Platform
+from perfguard.device.timer import StageTimer
 from perfguard.measurement.ab import abba_order
 from perfguard.measurement.memory import TensorMemory, measure_run
-from perfguard.measurement.platform import Platform
-from perfguard.measurement.timer import StageTimer
 from perfguard.storage.cases import load_registry
-from perfguard.workloads.pipeline import build_pipeline
+from perfguard.workloads.registry import build_pipeline
 
 SMOKE = ("qwen_image_t2i_smoke", "glm_image_t2i_smoke")
 

@@ -4,7 +4,7 @@ Runs `perfguard run` for one case in fresh processes, the settings interleaved r
 round (so a slow spell of the machine hits every setting alike), and prints for each
 setting: the stage's median, the sd of the per-process medians (log scale, ~relative),
 the within-process IQR/median, and the same spread of the stage divided by the
-reference workload timed beside it (`perfguard.measurement.reference`).
+reference workload timed beside it (`perfguard.device.reference`).
 
     python benchmarks/noise.py --case qwen_image_t2i_smoke --processes 16 --threads 1 2
 
@@ -56,8 +56,8 @@ def start_method_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, f
     seconds each worker took from the request to ready (printed as it goes)."""
     import time
 
+    from perfguard.device.platform import probe
     from perfguard.measurement.options import MeasureOptions
-    from perfguard.measurement.platform import probe
     from perfguard.measurement.workers import WorkerStarter, _env_for, preload_modules
     from perfguard.storage.cases import load_registry
 

@@ -338,10 +338,10 @@ def bench_pipeline(args: argparse.Namespace, device: torch.device) -> list[Row]:
     """
     from pathlib import Path
 
-    from perfguard.measurement.platform import Platform
-    from perfguard.measurement.timer import StageTimer
+    from perfguard.device.platform import Platform
+    from perfguard.device.timer import StageTimer
     from perfguard.storage.cases import load_registry
-    from perfguard.workloads.pipeline import build_pipeline
+    from perfguard.workloads.registry import build_pipeline
 
     platform = Platform(name="cuda" if device.type == "cuda" else "cpu")
     cases = {c.id: c for c in load_registry(platform.name, Path(__file__).parent.parent / "cases")}

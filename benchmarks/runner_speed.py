@@ -70,7 +70,7 @@ def _neighbours(load: str) -> tuple[Any, list[Any]]:
 
 
 def _measure(pipes: dict[str, Any], yardstick: Any, platform: Any, runs: int) -> dict[str, Any]:
-    from perfguard.measurement.timer import StageTimer
+    from perfguard.device.timer import StageTimer
 
     out: dict[str, Any] = {"reference": []}
     for _ in range(runs):
@@ -94,9 +94,9 @@ def main() -> None:
     ap.add_argument("--loads", nargs="+", default=list(LOADS), choices=LOADS)
     args = ap.parse_args()
 
-    from perfguard.measurement import threads
-    from perfguard.measurement.platform import probe
-    from perfguard.measurement.reference import Reference
+    from perfguard.device import threads
+    from perfguard.device.platform import probe
+    from perfguard.device.reference import Reference
     from perfguard.measurement.runner import _default_factory
     from perfguard.storage.cases import load_registry, select
 

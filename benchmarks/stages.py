@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from perfguard.measurement.platform import Platform
-from perfguard.measurement.timer import StageTimer
+from perfguard.device.platform import Platform
+from perfguard.device.timer import StageTimer
 from perfguard.storage.cases import load_registry
-from perfguard.workloads.pipeline import build_pipeline
+from perfguard.workloads.registry import build_pipeline
 
 DEFAULT_CASES = (
     "qwen_image_t2i_smoke",

@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-from perfguard.measurement.timer import StageTimer, stage
+from perfguard.device.timer import StageTimer, stage
 
 
 def _block(n: int, body: str) -> float:

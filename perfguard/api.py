@@ -38,7 +38,7 @@ from perfguard.storage.reports import Report
 
 if TYPE_CHECKING:
     from perfguard.decision.calibrate import CaseCalibration, CheckSetup
-    from perfguard.measurement.platform import Platform
+    from perfguard.device.platform import Platform
     from perfguard.measurement.relative import RelativeOptions
 
 Echo = Callable[[str], None]
@@ -53,7 +53,7 @@ def _stderr(message: str) -> None:
 
 def probe(name: str | None = None) -> Platform:
     """The platform to measure on: `name`, `$PERFGUARD_PLATFORM`, else the probed one."""
-    from perfguard.measurement import platform
+    from perfguard.device import platform
 
     return platform.probe(name)
 
@@ -193,8 +193,8 @@ def gen_baselines(
     it is saved (or why it was not).
     """
     from perfguard.decision.contention import screen
-    from perfguard.measurement.inject import ENV_INJECT, inject_from
-    from perfguard.measurement.platform import fingerprint
+    from perfguard.device.inject import ENV_INJECT, inject_from
+    from perfguard.device.platform import fingerprint
     from perfguard.storage import baseline as store
 
     if options.inject or inject_from(None):
@@ -510,8 +510,8 @@ def check_relative(
     nothing.
     """
     from perfguard.decision.paired import BASE, HEAD
+    from perfguard.device.platform import fingerprint
     from perfguard.measurement import relative
-    from perfguard.measurement.platform import fingerprint
     from perfguard.measurement.runner import import_factory
     from perfguard.storage import baseline as store
     from perfguard.storage.reports import build_relative, write_results
@@ -622,7 +622,7 @@ def filter_results(results: Results, selection: Selection) -> Results:
 
 def _run_settings(source: str, selection: Selection, options: MeasureOptions) -> dict[str, Any]:
     """What a report of cases run here records of how they ran (`settings`)."""
-    from perfguard.measurement.inject import describe
+    from perfguard.device.inject import describe
 
     return {
         "source": source,
@@ -718,7 +718,7 @@ def calibrate(
     """
     from perfguard.decision import calibrate as calibration
     from perfguard.decision.tolerances import default_profiles
-    from perfguard.measurement.inject import ENV_INJECT, inject_from
+    from perfguard.device.inject import ENV_INJECT, inject_from
     from perfguard.storage import baseline as store
 
     runs = options.processes

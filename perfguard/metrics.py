@@ -12,7 +12,7 @@ A run of a case yields flat metrics, named so that they sort and read well in re
 | `peak_memory:<Stage>` | MB | `peak_memory`       |
 
 `peak_memory:<Stage>` is the device allocator's peak while that stage ran (CUDA, ROCm,
-NPU; see `perfguard.measurement.timer`). The timer pays for it at every stage boundary, so it is
+NPU; see `perfguard.device.timer`). The timer pays for it at every stage boundary, so it is
 stored, reported and gated like the run's peak: a stage that starts holding an extra
 buffer shows under its own name, where the run's peak would hide it under the largest
 stage. On CPU both come from one tracked, untimed run per pipeline build (the tensor

@@ -3,14 +3,14 @@
 Installed with perfguard (entry point `pytest11`), so any test suite can use it::
 
     import pytest
-    from perfguard.measurement.timer import stage
+    from perfguard.device.timer import stage
 
     @pytest.mark.perfguard(case="unet_512")
     def test_unet_speed(perfguard_timer):
         pipe = build_my_pipeline()
         perfguard_timer.measure(pipe, repeats=5, warmup=1)  # or: with perfguard_timer.run(): ...
 
-Inside a measured run the timer is the ambient one, so `perfguard.measurement.timer.stage()` and
+Inside a measured run the timer is the ambient one, so `perfguard.device.timer.stage()` and
 `step()` calls in the code under test are recorded, exactly as in `perfguard run`; the
 run's wall time is `e2e`. Each test is one case (its id is the marker's `case`, else the
 test's name); its samples become a results file (`--perfguard-results`), and with
@@ -42,8 +42,8 @@ import pytest
 from perfguard.errors import EXIT_REGRESSION, PerfguardError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from perfguard.measurement.platform import Platform
-    from perfguard.measurement.timer import StageTimer
+    from perfguard.device.platform import Platform
+    from perfguard.device.timer import StageTimer
     from perfguard.results import CaseResult, Results
 
 # perfguard's timer, runner and platform import torch; they are imported when a test first
@@ -126,7 +126,7 @@ class PerfguardTimer:
         On CPU a run by hand records no peak memory: the figure there comes from a
         tracked run of its own (`perfguard.measurement.memory`), which only `measure` can make.
         """
-        from perfguard.measurement.timer import StageTimer
+        from perfguard.device.timer import StageTimer
 
         track = not self.platform.separate_memory_run
         with StageTimer(self.platform, track_memory=track) as timer:
@@ -171,18 +171,18 @@ class PerfguardTimer:
             self.result.deterministic = len(set(hashes)) == 1
         return output
 
-    # The ambient helpers, for tests that do not import perfguard.measurement.timer themselves.
+    # The ambient helpers, for tests that do not import perfguard.device.timer themselves.
     @staticmethod
     def stage(name: str) -> Any:
         """`with perfguard_timer.stage("DenoisingStage"): ...` (see `timer.stage`)."""
-        from perfguard.measurement.timer import stage
+        from perfguard.device.timer import stage
 
         return stage(name)
 
     @staticmethod
     def step(index: int) -> Any:
-        """`with perfguard_timer.step(i): ...` (= `perfguard.measurement.timer.step`)."""
-        from perfguard.measurement.timer import step
+        """`with perfguard_timer.step(i): ...` (= `perfguard.device.timer.step`)."""
+        from perfguard.device.timer import step
 
         return step(index)
 
@@ -214,7 +214,7 @@ class _Session:
     @property
     def platform(self) -> Platform:
         if self._platform is None:
-            from perfguard.measurement.platform import probe
+            from perfguard.device.platform import probe
 
             self._platform = probe(self.option("platform"))
         return self._platform
@@ -250,7 +250,7 @@ class _Session:
         result.error = lines[0][:500] if lines else "the test failed"
 
     def to_results(self) -> Results:
-        from perfguard.measurement.platform import fingerprint
+        from perfguard.device.platform import fingerprint
         from perfguard.results import Results
 
         return Results(

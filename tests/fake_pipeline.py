@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-import perfguard.measurement.platform
+import perfguard.device.platform
 import perfguard.measurement.runner
-from perfguard.measurement.platform import Platform
-from perfguard.measurement.timer import stage, step
+from perfguard.device.platform import Platform
+from perfguard.device.timer import stage, step
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = """
@@ -114,7 +114,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     # process that costs ~0.1 s a case, and the fake pipelines hold nothing.
     monkeypatch.setattr(perfguard.measurement.runner.gc, "collect", lambda *a: 0)
     monkeypatch.setattr(
-        perfguard.measurement.platform, "probe", lambda name=None: VirtualClockPlatform()
+        perfguard.device.platform, "probe", lambda name=None: VirtualClockPlatform()
     )
     yield tmp_path / "baselines" / "cpu" / "test-cpu.json"
 

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from perfguard.decision.stats import ratio_of_medians, slower_p_value, summarize
+from perfguard.device.platform import Platform
+from perfguard.device.timer import stage
 from perfguard.errors import PerfguardError
 from perfguard.measurement.ab import (
     abba_order,
@@ -17,8 +19,6 @@ from perfguard.measurement.ab import (
     run_ab,
     toggle_variants,
 )
-from perfguard.measurement.platform import Platform
-from perfguard.measurement.timer import stage
 from perfguard.storage.cases import load_registry, select
 
 REPO = Path(__file__).resolve().parent.parent

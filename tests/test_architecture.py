@@ -33,13 +33,14 @@ RANKS = {
     "perfguard.storage": 2,
     "perfguard.presentation": 3,
     "perfguard.interop.sglang": 3,
-    "perfguard.measurement": 4,
-    "perfguard.workloads": 4,
-    "perfguard.interop.diffusers": 4,
-    "perfguard.api": 5,
-    "perfguard.cli": 6,
-    "perfguard.pytest_plugin": 6,
-    "perfguard.__main__": 6,
+    "perfguard.device": 4,
+    "perfguard.workloads": 5,
+    "perfguard.interop.diffusers": 6,
+    "perfguard.measurement": 7,
+    "perfguard.api": 8,
+    "perfguard.cli": 9,
+    "perfguard.pytest_plugin": 9,
+    "perfguard.__main__": 9,
 }
 
 

@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import perfguard.cli
-import perfguard.measurement.platform
+import perfguard.device.platform
 import perfguard.measurement.runner
 from perfguard.decision import changes
 from perfguard.decision.stats import Summary, summarize
+from perfguard.device.platform import Platform
+from perfguard.device.timer import stage, step
 from perfguard.errors import EXIT_USAGE, PerfguardError
-from perfguard.measurement.platform import Platform
-from perfguard.measurement.timer import stage, step
 from perfguard.presentation.render import render_baseline_diff_markdown
 from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
@@ -517,7 +517,7 @@ def shard_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     monkeypatch.setattr(perfguard.measurement.runner, "_default_factory", virtual_pipeline)
     monkeypatch.setattr(perfguard.measurement.runner.gc, "collect", lambda *a: 0)
-    monkeypatch.setattr(perfguard.measurement.platform, "probe", lambda name=None: VirtualCPU())
+    monkeypatch.setattr(perfguard.device.platform, "probe", lambda name=None: VirtualCPU())
     yield tmp_path
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfguard.measurement.platform import probe
+from perfguard.device.platform import probe
 from perfguard.storage.cases import TOGGLES, Case, load_registry, select
 from perfguard.workloads import glm_image, qwen_image
-from perfguard.workloads.pipeline import build_pipeline
+from perfguard.workloads.registry import build_pipeline
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 PLATFORMS = ("cuda", "rocm", "npu", "cpu")

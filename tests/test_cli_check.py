@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from perfguard.measurement.platform import Platform
+from perfguard.device.platform import Platform
 from perfguard.storage.jsonio import validate
 from tests.fake_pipeline import (
     BEHAVIOUR,
@@ -362,7 +362,7 @@ import time
 
 import torch
 
-from perfguard.measurement.timer import stage, step
+from perfguard.device.timer import stage, step
 
 
 def pipeline(case, platform):

@@ -28,7 +28,7 @@ from perfguard.decision.counters import (
     judge_work,
 )
 from perfguard.decision.tolerances import default_profiles
-from perfguard.measurement.timer import stage, step
+from perfguard.device.timer import stage, step
 from perfguard.results import CaseResult
 
 PROFILE = default_profiles("cpu")["pr_test"]

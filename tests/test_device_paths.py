@@ -21,8 +21,8 @@ import torch
 from perfguard.decision.stats import Summary
 from perfguard.decision.tolerances import default_profiles
 from perfguard.decision.verdict import REGRESSION, judge_metric
+from perfguard.device import platform as pf
 from perfguard.measurement import ab
-from perfguard.measurement import platform as pf
 from perfguard.measurement.runner import tensor_hash
 from perfguard.metrics import is_metric_name, metric_class, metrics_of_run, unit
 from perfguard.results import CaseResult
@@ -30,8 +30,8 @@ from perfguard.storage.baseline import Scenario, parse
 from perfguard.storage.cases import load_registry, select
 from perfguard.storage.jsonio import validate
 from perfguard.workloads import graphs, qwen_image
-from perfguard.workloads.pipeline import build_pipeline
 from perfguard.workloads.presets import build_model
+from perfguard.workloads.registry import build_pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 CPU = pf.Platform()

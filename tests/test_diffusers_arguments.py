@@ -20,8 +20,8 @@ from rich.console import Console
 
 from perfguard.decision.tolerances import default_profiles
 from perfguard.decision.verdict import judge
+from perfguard.device.platform import probe
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.platform import probe
 from perfguard.measurement.runner import run_case
 from perfguard.presentation import render
 from perfguard.presentation.tables import cases_table

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from perfguard.device.platform import probe
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.platform import probe
 from perfguard.measurement.runner import run_case
 from perfguard.storage.cases import parse_case
 from tests.helpers import PG

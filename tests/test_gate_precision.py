@@ -16,9 +16,9 @@ import torch
 from perfguard.decision.stats import summarize, t_quantile, z_quantile
 from perfguard.decision.tolerances import MIN_EFFECT, Band, default_profiles, sglang_profiles
 from perfguard.decision.verdict import PASS, REGRESSION, judge_metric
-from perfguard.measurement import threads
+from perfguard.device import threads
+from perfguard.device.platform import Platform
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.platform import Platform
 from perfguard.measurement.runner import run_case
 from perfguard.storage.cases import Case
 from tests.fake_pipeline import CHECK, GEN

@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from perfguard.measurement import platform as pf
-from perfguard.measurement.timer import MB, stage
+from perfguard.device import platform as pf
+from perfguard.device.timer import MB, stage
 from perfguard.workloads import qwen_image
 
 REPO = Path(__file__).resolve().parent.parent

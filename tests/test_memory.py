@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
+from perfguard.device.platform import Platform
+from perfguard.device.timer import stage
 from perfguard.measurement.memory import MEASURE, TensorMemory, measure_run
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.platform import Platform
 from perfguard.measurement.runner import run_case
-from perfguard.measurement.timer import stage
 from perfguard.storage.cases import Case
 
 MIB = 1024 * 1024
@@ -138,7 +138,7 @@ def test_the_cpu_runner_takes_peak_memory_from_one_tracked_run() -> None:
 
 def test_the_real_smoke_pipeline_allocates_the_same_in_every_tracked_run() -> None:
     from perfguard.storage.cases import load_registry
-    from perfguard.workloads.pipeline import build_pipeline
+    from perfguard.workloads.registry import build_pipeline
 
     case = {c.id: c for c in load_registry("cpu")}["qwen_image_t2i_smoke"]
     cpu = Platform()

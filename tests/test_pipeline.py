@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from perfguard.measurement.platform import Platform
-from perfguard.measurement.timer import StageTimer
+from perfguard.device.platform import Platform
+from perfguard.device.timer import StageTimer
 from perfguard.storage.cases import Case, load_registry, select
-from perfguard.workloads.pipeline import build_pipeline
+from perfguard.workloads.registry import build_pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = {c.workload: c for c in select(load_registry("cpu", REPO / "cases"), tags=["smoke"])}

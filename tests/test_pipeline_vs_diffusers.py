@@ -18,11 +18,11 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-from perfguard.measurement.platform import Platform  # noqa: E402
+from perfguard.device.platform import Platform  # noqa: E402
 from perfguard.storage.cases import Case, load_registry, select  # noqa: E402
 from perfguard.workloads.components import SCHEDULER_CONFIGS  # noqa: E402
-from perfguard.workloads.pipeline import build_pipeline  # noqa: E402
 from perfguard.workloads.presets import get_preset, init_weights_  # noqa: E402
+from perfguard.workloads.registry import build_pipeline  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = {c.workload: c for c in select(load_registry("cpu", REPO / "cases"), tags=["smoke"])}

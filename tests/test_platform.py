@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from perfguard.device import platform as pf
 from perfguard.errors import PerfguardError
-from perfguard.measurement import platform as pf
 from perfguard.results import slugify
 
 

@@ -25,7 +25,7 @@ import time
 import pytest
 import torch
 
-from perfguard.measurement.timer import stage
+from perfguard.device.timer import stage
 
 DELAY = float(os.environ.get("PG_DELAY_S", "0.005"))
 

@@ -306,7 +306,7 @@ import random
 
 import torch
 
-from perfguard.measurement.timer import stage, step
+from perfguard.device.timer import stage, step
 
 SLOW = {slow}
 

@@ -29,7 +29,7 @@ from tests.helpers import history_report as _report  # a real report made by the
 
 FAST_PIPES = """
 import torch
-from perfguard.measurement.timer import stage, step
+from perfguard.device.timer import stage, step
 
 
 def _work():

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from perfguard.device.platform import probe
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.platform import probe
 from perfguard.measurement.runner import components_of, run_case
 from perfguard.presentation.render import components_line, counters_line
 from perfguard.results import CaseResult, Results, pool

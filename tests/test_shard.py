@@ -124,7 +124,7 @@ import time
 
 import torch
 
-from perfguard.measurement.timer import stage, step
+from perfguard.device.timer import stage, step
 
 
 def pipeline(case, platform):

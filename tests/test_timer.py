@@ -7,11 +7,11 @@ import types
 
 import pytest
 
-import perfguard.measurement.timer
+import perfguard.device.timer
+from perfguard.device.inject import InjectionUnmatched
+from perfguard.device.platform import Platform
+from perfguard.device.timer import StageTimer, current_timer, stage, step
 from perfguard.errors import EXIT_USAGE
-from perfguard.measurement.inject import InjectionUnmatched
-from perfguard.measurement.platform import Platform
-from perfguard.measurement.timer import StageTimer, current_timer, stage, step
 
 
 def _spin(seconds: float) -> None:
@@ -274,7 +274,7 @@ class _VirtualClock(Platform):
 def test_injected_time_stays_inside_the_named_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _VirtualClock()
     monkeypatch.setattr(
-        perfguard.measurement.timer, "time", types.SimpleNamespace(perf_counter=clock.perf_counter)
+        perfguard.device.timer, "time", types.SimpleNamespace(perf_counter=clock.perf_counter)
     )
     inject = {"DenoisingStage": 0.5, "DecodingStage/VaeStage": 0.25}
     with StageTimer(clock, inject=inject, track_memory=False) as timer:
@@ -309,7 +309,7 @@ def test_steps_outside_an_injected_stage_are_not_slowed(monkeypatch: pytest.Monk
     """Steps take the fraction of the injected stage that encloses them, and only then."""
     clock = _VirtualClock()
     monkeypatch.setattr(
-        perfguard.measurement.timer, "time", types.SimpleNamespace(perf_counter=clock.perf_counter)
+        perfguard.device.timer, "time", types.SimpleNamespace(perf_counter=clock.perf_counter)
     )
     with StageTimer(clock, inject={"DecodingStage": 1.0}, track_memory=False) as timer:
         with stage("DenoisingStage"):

@@ -22,11 +22,11 @@ from perfguard.decision.gate import run_gate
 from perfguard.decision.stats import log_ratio_noise, process_spread, summarize
 from perfguard.decision.tolerances import Band
 from perfguard.decision.verdict import CONTENDED, PASS, REGRESSION, Rule, judge_case, judge_metric
+from perfguard.device.platform import Platform
+from perfguard.device.timer import stage
 from perfguard.errors import EXIT_CONTENDED
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.platform import Platform
 from perfguard.measurement.runner import run_case, run_cases
-from perfguard.measurement.timer import stage
 from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.baseline import Baseline, Scenario, new_baseline, scenario_from_result
 from perfguard.storage.cases import Case

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from perfguard.device.platform import Platform
+from perfguard.device.timer import stage, step
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.platform import Platform
 from perfguard.measurement.runner import output_sketch, run_case
-from perfguard.measurement.timer import stage, step
 from perfguard.measurement.work import WorkCounter, counted_run, host_sync
 from perfguard.storage.cases import Case
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from perfguard.device.pinning import narrow_visible_devices as _narrow_visible_devices
+from perfguard.device.platform import CudaPlatform, NpuPlatform, Platform, RocmPlatform, probe
 from perfguard.errors import PerfguardError
 from perfguard.measurement import workers
 from perfguard.measurement.options import MeasureOptions, parse_devices
-from perfguard.measurement.pinning import narrow_visible_devices as _narrow_visible_devices
-from perfguard.measurement.platform import CudaPlatform, NpuPlatform, Platform, RocmPlatform, probe
 from perfguard.measurement.runner import import_factory, run_case
 from perfguard.storage.cases import Case
 
@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from perfguard.measurement.timer import stage, step
+from perfguard.device.timer import stage, step
 
 
 def _log(case, what):
@@ -285,7 +285,7 @@ def test_an_injection_that_matched_no_stage_ends_the_command_from_a_worker(fake:
 
 
 def test_an_injection_that_matched_no_stage_is_not_a_case_failure_in_process(fake: Path) -> None:
-    from perfguard.measurement.inject import InjectionUnmatched
+    from perfguard.device.inject import InjectionUnmatched
 
     with pytest.raises(InjectionUnmatched, match="no stage named Denoising ran"):
         run_case(

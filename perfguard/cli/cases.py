@@ -24,7 +24,7 @@ from perfguard.storage.cases import Selection
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env(platform_name: str | None, as_json: bool) -> None:
     """Print the environment fingerprint stored with baselines and reports."""
-    from perfguard.measurement.platform import availability, fingerprint
+    from perfguard.device.platform import availability, fingerprint
 
     fp = fingerprint(api.probe(platform_name))
     if as_json:

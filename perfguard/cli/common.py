@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from perfguard.measurement.inject import inject_from
+from perfguard.device.inject import inject_from
 from perfguard.measurement.launch import START_METHODS
 from perfguard.measurement.options import SYNC_POLICIES, MeasureOptions, factory_from, parse_devices
 from perfguard.storage.cases import PLATFORM_NAMES, Selection

@@ -1,6 +1,6 @@
 """Is the runner as fast as it was? Screening a measurement with the reference workload.
 
-The runner times the reference workload (`perfguard.measurement.reference`) right before and right
+The runner times the reference workload (`perfguard.device.reference`) right before and right
 after every run of a case and keeps, per run, the slower of the two. On the shared CPU
 runner we measured bursts in which another job took the core for a few hundred
 milliseconds: the case's `DenoisingStage` ran 2.2x slower for a few runs in a row, and

@@ -57,9 +57,9 @@ from typing import Any
 
 import torch
 
+from perfguard.device.platform import Platform
+from perfguard.device.timer import stage, step
 from perfguard.errors import PerfguardError
-from perfguard.measurement.platform import Platform
-from perfguard.measurement.timer import stage, step
 from perfguard.storage.cases import DIFFUSERS, Case
 from perfguard.workloads.components import component_info
 from perfguard.workloads.pipeline import DTYPES

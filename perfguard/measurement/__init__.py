@@ -1,5 +1,5 @@
-"""Measurement: platforms, the stage timer, the runner and its worker processes.
+"""Measurement: the runner, the counted run, worker processes and the relative check.
 
-The one layer (with `perfguard.workloads`) that imports torch. Its modules import it at
-module level, so import them only where a command measures something.
+It imports torch (as `perfguard.device` and `perfguard.workloads` below it do) at module
+level, so import it only where a command measures something.
 """

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfguard.decision.stats import RatioEstimate, ratio_of_medians, summarize, two_sided_p_value
+from perfguard.device.platform import Platform
+from perfguard.device.timer import StageTimer
 from perfguard.errors import PerfguardError
-from perfguard.measurement.platform import Platform
 from perfguard.measurement.runner import PipelineFactory, _default_factory
-from perfguard.measurement.timer import StageTimer
 from perfguard.metrics import metric_sort_key, metrics_of_run
 from perfguard.storage.cases import TOGGLES, Case
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from perfguard.device import reference
+from perfguard.device.threads import case_threads
 from perfguard.errors import PerfguardError
-from perfguard.measurement import reference
-from perfguard.measurement.threads import case_threads
 from perfguard.storage.baseline import Baseline
 
 

@@ -38,7 +38,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from perfguard.measurement.platform import Platform
+from perfguard.device.platform import Platform
 
 MEASURE = "tensor storage allocated by the run (perfguard.measurement.memory)"
 """How CPU peak memory is measured, recorded in results and baselines settings."""
@@ -197,11 +197,11 @@ class MemoryRun:
 def measure_run(pipeline: Callable[[], Any], platform: Platform) -> MemoryRun:
     """Run `pipeline` once under `TensorMemory` and a stage timer; its memory, not its time.
 
-    The stage names come from the pipeline's own `perfguard.measurement.timer.stage` marks, so the
+    The stage names come from the pipeline's own `perfguard.device.timer.stage` marks, so the
     per-stage peaks line up with the timed metrics. The timings of this run are
     discarded: the dispatch mode inflates them.
     """
-    from perfguard.measurement.timer import StageTimer
+    from perfguard.device.timer import StageTimer
 
     memory = TensorMemory(platform.name if platform.name != "rocm" else "cuda")
     with memory, StageTimer(TrackedPlatform(platform, memory)) as timer:

@@ -38,7 +38,7 @@ class MeasureOptions:
       every stage boundary (debugging: it serializes host and device, so it changes
       what is measured).
     - `threads`: torch intra-op threads for every case (None: the case's `threads`, else
-      the platform default, `perfguard.measurement.threads`).
+      the platform default, `perfguard.device.threads`).
     - `inject`: stage -> fractional slowdown, real busy work inside the stage, to prove a
       gate catches what it should.
     - `factory`: `MODULE:FUNCTION` building each pipeline instead of perfguard's workloads.
@@ -110,7 +110,7 @@ class MeasureOptions:
 
     def settings(self) -> dict[str, Any]:
         """What a results file records of how it was measured."""
-        from perfguard.measurement.inject import describe
+        from perfguard.device.inject import describe
 
         return {
             "repeats": self.repeats,

@@ -81,10 +81,10 @@ from perfguard.decision.verdict import (
     ERROR,
     MetricVerdict,
 )
+from perfguard.device.inject import ENV_INJECT
+from perfguard.device.threads import case_threads
 from perfguard.errors import EXIT_TERMINATED, PerfguardError
-from perfguard.measurement.inject import ENV_INJECT
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.threads import case_threads
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 

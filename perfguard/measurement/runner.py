@@ -45,13 +45,13 @@ from typing import Any
 
 import torch
 
+from perfguard.device import threads
+from perfguard.device.inject import InjectionUnmatched
+from perfguard.device.platform import Platform, fingerprint
+from perfguard.device.reference import Reference
+from perfguard.device.timer import StageTimer
 from perfguard.errors import PerfguardError
-from perfguard.measurement import threads
-from perfguard.measurement.inject import InjectionUnmatched
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.platform import Platform, fingerprint
-from perfguard.measurement.reference import Reference
-from perfguard.measurement.timer import StageTimer
 from perfguard.measurement.work import counted_run
 from perfguard.results import CaseResult, Results
 from perfguard.storage.cases import DIFFUSERS, Case
@@ -137,7 +137,7 @@ def _default_factory(case: Case, platform: Platform) -> Callable[[], torch.Tenso
         from perfguard.interop.diffusers import build_diffusers_pipeline
 
         return build_diffusers_pipeline(case, platform)
-    from perfguard.workloads.pipeline import build_pipeline
+    from perfguard.workloads.registry import build_pipeline
 
     return build_pipeline(case, platform)
 
@@ -191,10 +191,10 @@ def planned_components(case: Case, platform: Platform) -> tuple[dict[str, Any], 
             "parameter counts known after a run",
         )
     try:
-        from perfguard.workloads.pipeline import _PIPELINES
+        from perfguard.workloads.registry import PIPELINES
 
         with torch.device("meta"):
-            pipe = _PIPELINES[case.workload](case, platform, torch.device("meta"))
+            pipe = PIPELINES[case.workload](case, platform, torch.device("meta"))
         return components_of(pipe) or {}, None
     except Exception:
         from perfguard.workloads.presets import MODEL_CLASSES, get_preset
@@ -302,7 +302,7 @@ def run_case(
                 ) as timer:
                     output = pipeline()
                 # The yardstick right before and right after each run: a run counts as
-                # contended when either saw the machine slow (perfguard.measurement.reference).
+                # contended when either saw the machine slow (perfguard.device.reference).
                 after = yardstick.time_ms()
                 result.reference.append(max(before, after))
                 before = after

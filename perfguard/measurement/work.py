@@ -49,8 +49,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from perfguard.device.platform import Platform
 from perfguard.measurement.memory import MemoryRun, TensorMemory, TrackedPlatform
-from perfguard.measurement.platform import Platform
 
 KINDS = ("ops", "flops", "alloc", "syncs")
 """The counters of a stage or step, in report order (names in `perfguard.metrics`)."""
@@ -379,12 +379,12 @@ def counted_run(
 ) -> tuple[WorkRun, MemoryRun | None]:
     """Run `pipeline` once counted; its work, and on CPU its tensor memory, not its time.
 
-    Stage and step names come from the pipeline's own `perfguard.measurement.timer`
+    Stage and step names come from the pipeline's own `perfguard.device.timer`
     marks, so the counts line up with the timed metrics. The timings of this run are
     discarded (the mode inflates them). The memory figures are returned where the
     platform has no allocator statistics (`separate_memory_run`), else None.
     """
-    from perfguard.measurement.timer import StageTimer
+    from perfguard.device.timer import StageTimer
 
     memory = platform.separate_memory_run
     counter = WorkCounter(platform.name if platform.name != "rocm" else "cuda")

@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from perfguard.measurement.pinning import die_with_parent, narrow_visible_devices, pin_cores
+from perfguard.device.pinning import die_with_parent, narrow_visible_devices, pin_cores
 
 WORKER_PROTOCOL = 1
 """The version of the request / result messages above. A relative check
@@ -52,9 +52,9 @@ def _serve(result_fd: int) -> int:
     # Importing torch and the runner is the slow part of a start: do it before `ready`.
     import perfguard.measurement.runner  # noqa: F401
     from perfguard import __version__
-    from perfguard.measurement.inject import InjectionUnmatched
+    from perfguard.device.inject import InjectionUnmatched
+    from perfguard.device.platform import probe
     from perfguard.measurement.options import MeasureOptions
-    from perfguard.measurement.platform import probe
     from perfguard.measurement.workers import case_from_json, error_result
 
     send(
@@ -88,7 +88,7 @@ def _serve(result_fd: int) -> int:
 
 def _rank(request_path: str, result_path: str) -> int:
     # Nothing that imports torch before the visible devices are narrowed
-    # (perfguard.measurement.pinning).
+    # (perfguard.device.pinning).
     from perfguard.storage.jsonio import read_json, write_json_atomic  # no torch
 
     die_with_parent()
@@ -102,9 +102,9 @@ def _rank(request_path: str, result_path: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from perfguard.measurement.inject import InjectionUnmatched
+    from perfguard.device.inject import InjectionUnmatched
+    from perfguard.device.platform import probe
     from perfguard.measurement.options import MeasureOptions
-    from perfguard.measurement.platform import probe
     from perfguard.measurement.workers import case_from_json
 
     options_data = request["options"]

@@ -44,7 +44,7 @@ server's cases are errors and the next case gets a new server), `spawn` starts a
 interpreter. Either way it imports the perfguard this process runs, never a folder of
 that name in the working directory, and one that cannot start says why in one line.
 
-Pipelines come from `perfguard.workloads.pipeline.build_pipeline` unless a factory is
+Pipelines come from `perfguard.workloads.registry.build_pipeline` unless a factory is
 named as `module:function` (`--factory`, `$PERFGUARD_FACTORY`): a callable taking
 `(case, platform)` and returning the zero-argument pipeline, so that your own pipeline
 can run under perfguard, in process or in workers alike.
@@ -67,6 +67,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from perfguard.device.pinning import ENV_CPU_AFFINITY, die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
+from perfguard.device.platform import Platform, fingerprint
+from perfguard.device.platform import cpu_list as _cpu_list
+from perfguard.device.threads import ENV_OVERRIDE as ENV_THREADS
 from perfguard.errors import PerfguardError
 from perfguard.measurement.launch import (
     ForkedProcess,
@@ -76,12 +80,8 @@ from perfguard.measurement.launch import (
     spawn_worker,
 )
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.pinning import ENV_CPU_AFFINITY, die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
-from perfguard.measurement.platform import Platform, fingerprint
-from perfguard.measurement.platform import cpu_list as _cpu_list
 from perfguard.measurement.runner import import_factory
 from perfguard.measurement.shard import expected_time_s
-from perfguard.measurement.threads import ENV_OVERRIDE as ENV_THREADS
 from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.cases import Case
 from perfguard.storage.jsonio import read_json, write_json_atomic
@@ -542,7 +542,7 @@ def cpu_pins(slots: int, threads: int, devices: Sequence[str] | None = None) -> 
     process may run on (`os.sched_getaffinity`); fewer than `slots x threads` is a
     usage error (exit 2) rather than an oversubscribed, silently slower measurement.
     """
-    from perfguard.measurement.platform import cpu_affinity
+    from perfguard.device.platform import cpu_affinity
 
     cores = cpu_affinity() or list(range(os.cpu_count() or 1))
     need = slots * threads
@@ -557,9 +557,9 @@ def cpu_pins(slots: int, threads: int, devices: Sequence[str] | None = None) -> 
 
 def threads_per_worker(cases: Sequence[Case], override: int | None = None) -> int:
     """Intra-op threads a CPU worker needs: the most any case measures with
-    (`perfguard.measurement.threads.case_threads`: `$PERFGUARD_THREADS`, the case's
+    (`perfguard.device.threads.case_threads`: `$PERFGUARD_THREADS`, the case's
     `threads`, else 1)."""
-    from perfguard.measurement.threads import case_threads
+    from perfguard.device.threads import case_threads
 
     return max([case_threads(c, "cpu", override) for c in cases] or [1])
 

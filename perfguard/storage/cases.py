@@ -56,7 +56,7 @@ class Case:
     are padded, which is what exercises the masked joint-attention path. Optimization
     `toggles` default on; a case turns one off to measure the reference behaviour.
     `threads` is torch's intra-op thread count while it is measured; None takes the
-    platform's default (`perfguard.measurement.threads`: 1 on CPU). `output_may_change`
+    platform's default (`perfguard.device.threads`: 1 on CPU). `output_may_change`
     lets the case's output differ from its baseline's without failing the check (a
     numerics change; `perfguard.decision.counters`).
 

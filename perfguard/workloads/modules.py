@@ -43,7 +43,7 @@ DIFFUSERS = ("diffusers.pipelines.pipeline_utils",)
 
 BY_WORKLOAD = {"qwen_image": QWEN_IMAGE, "glm_image": GLM_IMAGE, "diffusers": DIFFUSERS}
 
-RUNNER = ("perfguard.measurement.runner", "perfguard.workloads.pipeline")
+RUNNER = ("perfguard.measurement.runner", "perfguard.workloads.registry")
 """perfguard's own measuring modules (torch, the timer, the runner, the pipelines)."""
 
 

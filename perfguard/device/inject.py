@@ -6,7 +6,7 @@ that the gate catches a slowdown of that size. The wait is spent at the end of e
 denoising step inside the stage (10 % of the step's time) and the rest at the end of the
 stage, so `stage:DenoisingStage`, every `step:<i>`, `step_avg` and `step_median` move
 by 10 %, the enclosing stages and `e2e` by the time added, and no other stage moves
-(`perfguard.measurement.timer.StageTimer._slow_down`). It is off by
+(`perfguard.device.timer.StageTimer._slow_down`). It is off by
 default and `gen-baselines` refuses it: a baseline must never contain injected time.
 
 A stage is named by its full path as the timer records it (`Outer/Inner` for a nested

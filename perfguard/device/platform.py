@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 import torch
 
 from perfguard import __version__
+from perfguard.device.pinning import VISIBLE_DEVICES_ENV
 from perfguard.errors import PerfguardError
-from perfguard.measurement.pinning import VISIBLE_DEVICES_ENV
 from perfguard.results import slugify
 from perfguard.storage.cases import PLATFORM_NAMES
 
@@ -400,7 +400,7 @@ def fingerprint(platform: Platform) -> dict[str, Any]:
 
 def _measurement_settings(platform: Platform) -> dict[str, Any]:
     """The thread policy and the reference workload's version: figures need both equal."""
-    from perfguard.measurement import reference, threads
+    from perfguard.device import reference, threads
 
     return {
         "threads": {

@@ -56,7 +56,7 @@ ENV_CPU_AFFINITY = "PERFGUARD_CPU_AFFINITY"
 
 
 def parse_cpu_list(text: str) -> list[int]:
-    """`'0-2,5'` -> `[0, 1, 2, 5]` (the inverse of `perfguard.measurement.platform.cpu_list`)."""
+    """`'0-2,5'` -> `[0, 1, 2, 5]` (the inverse of `perfguard.device.platform.cpu_list`)."""
     cores: list[int] = []
     for part in text.split(","):
         lo, _, hi = part.strip().partition("-")

@@ -16,7 +16,7 @@ measured; it is not the default. On CPU the marks are `perf_counter_ns()` intege
 Peak memory: the device allocators (CUDA/NPU) give it per stage; the peak counter is
 reset at every stage boundary and folded into every open span, so nested stages each get
 their own peak and the run keeps the overall one. On CPU only the run's peak is recorded
-(a process-level measure, see `perfguard.measurement.platform.Platform`), because reading it costs
+(a process-level measure, see `perfguard.device.platform.Platform`), because reading it costs
 tens of microseconds, too much to pay at every boundary.
 """
 
@@ -27,8 +27,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from perfguard.measurement.inject import check_matched
-from perfguard.measurement.platform import Platform
+from perfguard.device.inject import check_matched
+from perfguard.device.platform import Platform
 from perfguard.results import RunRecord
 
 SyncPolicy = Literal["none", "stage"]
@@ -108,7 +108,7 @@ class StageTimer:
     """Times named stages and denoising steps of one run on one platform.
 
     Use as a context manager around the whole run; while it is open it is the ambient
-    timer that `perfguard.measurement.timer.stage()` / `step()` reach::
+    timer that `perfguard.device.timer.stage()` / `step()` reach::
 
         with StageTimer(platform) as timer:
             with stage("TextEncodingStage"):
@@ -120,9 +120,9 @@ class StageTimer:
         record = timer.record()
 
     `inject` maps stage names to a fraction (0.10 = +10 %) by which that stage is slowed
-    with real busy work, for the gate self-test (`perfguard.measurement.inject`); it is empty in
+    with real busy work, for the gate self-test (`perfguard.device.inject`); it is empty in
     normal runs and costs one falsy check per stage exit. `record()` raises
-    `perfguard.measurement.inject.InjectionUnmatched` when an injected name matched no stage.
+    `perfguard.device.inject.InjectionUnmatched` when an injected name matched no stage.
 
     `enabled=False` makes every call a no-op (the timer still activates, so code that
     asks for `current_timer()` gets it). `track_memory` reads the device allocator's peak
