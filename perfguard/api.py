@@ -292,7 +292,17 @@ def check(
     # run in this process; in workers each measurement is REPEATS runs.
     if counters_only:
         return _check_counters(
-            cases, platform, options, base, path, profile, out, allow_output_change, selection
+            cases,
+            platform,
+            options,
+            base,
+            path,
+            profile,
+            out,
+            allow_output_change,
+            selection,
+            fail_on_missing=fail_on_missing,
+            advisory=advisory,
         )
     in_process = not options.uses_workers(cases)
     cap = max(options.repeats, options.max_repeats or DEFAULT_MAX_REPEATS)
@@ -352,6 +362,9 @@ def _check_counters(
     out: str | None,
     allow_output_change: bool,
     selection: Selection,
+    *,
+    fail_on_missing: bool = False,
+    advisory: bool = False,
 ) -> Report:
     """`check --counters-only`: one counted run per case, judged on what is exact."""
     from perfguard.decision.verdict import judge
@@ -371,6 +384,8 @@ def _check_counters(
         results,
         base,
         profile,
+        fail_on_missing=fail_on_missing,
+        advisory=advisory,
         ignore_missing=sorted(timed),
         allow_output_change=allow_output_change,
     )

@@ -3,7 +3,6 @@ pipe early, and an input that is not a regular file."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -78,4 +77,17 @@ def test_a_directory_given_as_an_input_still_says_so(pg: PG, tmp_path: Path) -> 
     code, _, err = pg("baselines", "show", str(tmp_path))
     assert code == 2
     assert "is a directory" in err
-    assert json.dumps(str(tmp_path))  # the path is named as given
+    assert str(tmp_path) in err  # the path is named as given
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_history_add_refuses_a_fifo_too(tmp_path: Path) -> None:
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    proc = _perfguard("history", "add", str(fifo), "--db", str(tmp_path / "h.sqlite"))
+    try:
+        _, err = proc.communicate(timeout=60)  # the hash's read of the FIFO blocked here
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err.decode()
+    assert "not a regular file" in err.decode()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from perfguard.decision.verdict import Judgement, component_changes
+from perfguard.decision.verdict import component_changes
 from perfguard.presentation import render
 from perfguard.storage import reports as rep
 from perfguard.storage.jsonio import validate
@@ -138,15 +138,3 @@ def test_judgement_of_unchanged_components_adds_no_hint() -> None:
     same = {"transformer": {"class": TRANSFORMER, "parameters": 1000}}
     report = reasons_report([201.0] * 5, [1.0] * 5, baseline_components=same, components=same)
     assert "differs from the one the baseline" not in render.render_markdown(report)
-    assert isinstance(report.judgement, Judgement)
-
-
-def test_the_default_registry_is_the_checkouts_cases_folder_from_any_directory(
-    tmp_path: Path, monkeypatch: object
-) -> None:
-    from perfguard.storage.cases import default_cases_dir
-
-    monkeypatch.chdir(tmp_path)  # type: ignore[attr-defined]
-    found = default_cases_dir()
-    assert found == Path(__file__).resolve().parent.parent / "cases"
-    assert (found / "common.toml").is_file()

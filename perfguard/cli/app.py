@@ -197,6 +197,3 @@ def run_main(argv: list[str] | None = None) -> None:
             sys.stdout.flush()  # what is still buffered meets a closed pipe here, quietly
         sys.stdout = stdout
     sys.exit(code)
-
-
-main = run_main  # the exit path itself; `perfguard.cli.main` adds the guarded import

@@ -1,8 +1,8 @@
 """How a worker process starts: a fresh interpreter (`spawn`), or a fork of a warm server.
 
-This file is run as `python -c <this file's source> MODE ...`, never imported by the
-process it starts, and imports only the standard library at module level, for two
-reasons:
+This file is run by path (`python -c "import runpy; runpy.run_path(<this file>)" MODE
+...`: `perfguard.measurement.launch.BOOT`), never imported by the process it starts,
+and imports only the standard library at module level, for two reasons:
 
 - **The right perfguard, whatever the working directory holds.** `python -m MODULE`
   puts the working directory first on the import path, so a folder named `perfguard`
@@ -52,15 +52,9 @@ import socket
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 MAX_PACKET = 1 << 16
-
-
-def source() -> str:
-    """This file's text: what the parent runs with `python -c`."""
-    return Path(__file__).read_text(encoding="utf-8")
 
 
 def _die_with_parent() -> None:

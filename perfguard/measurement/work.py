@@ -51,8 +51,9 @@ from torch.utils.flop_counter import flop_registry
 
 from perfguard.device.platform import Platform
 from perfguard.measurement.memory import MemoryRun, TensorMemory, TrackedPlatform
+from perfguard.metrics import WORK_KINDS
 
-KINDS = ("ops", "flops", "alloc", "syncs")
+KINDS = WORK_KINDS
 """The counters of a stage or step, in report order (names in `perfguard.metrics`)."""
 
 MEASURE = (
@@ -257,18 +258,13 @@ class _CountedPlatform(TrackedPlatform):
     """A platform whose marks carry a counter snapshot, so spans get their counts.
 
     `StageTimer` marks every stage and step boundary; here a mark is `(base mark,
-    snapshot)`, and the time of a span is the base platform's. `memory` says whether the
-    tracker's peak is the allocator statistics (CPU) or the device keeps its own.
+    snapshot)`, and the time of a span is the base platform's. Whether the tracker's
+    peaks are read at all is the timer's `track_memory` (CPU only: a device keeps its own).
     """
 
-    def __init__(self, base: Platform, counter: WorkCounter, memory: bool) -> None:
+    def __init__(self, base: Platform, counter: WorkCounter) -> None:
         super().__init__(base, counter)
         self._counter = counter
-        self._own_memory = memory
-
-    @property
-    def stage_memory(self) -> bool:
-        return self._own_memory
 
     def mark(self) -> Any:
         return (self._base.mark(), self._counter.snapshot())
@@ -298,18 +294,9 @@ class WorkRun:
 
     def metrics(self) -> dict[str, int]:
         """`<kind>`, `<kind>:<Stage>` and `<kind>_per_step` (`perfguard.metrics`)."""
-        from perfguard.metrics import work_metric
+        from perfguard.decision.counters import flatten
 
-        out: dict[str, int] = {}
-        for kind in KINDS:
-            if kind == "flops" and self.uncounted_flops:
-                continue  # a partial FLOP count would pass for a whole one
-            out[work_metric(kind)] = int(self.total[kind])
-            for stage, counts in self.stages.items():
-                out[work_metric(kind, stage)] = int(counts[kind])
-            if self.steps:
-                out[work_metric(kind, step=True)] = max(int(s[kind]) for s in self.steps)
-        return out
+        return flatten(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -326,19 +313,6 @@ class WorkRun:
         if self.uncounted_flops:
             out["uncounted_flops"] = list(self.uncounted_flops)
         return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> WorkRun:
-        return cls(
-            total={k: int(v) for k, v in data["total"].items()},
-            stages={s: {k: int(v) for k, v in c.items()} for s, c in data["stages"].items()},
-            steps=tuple({k: int(v) for k, v in s.items()} for s in data.get("steps", [])),
-            op_counts={s: dict(c) for s, c in data.get("op_counts", {}).items()},
-            sync_ops={s: dict(c) for s, c in data.get("sync_ops", {}).items()},
-            context=dict(data.get("context", {})),
-            device_syncs=None if data.get("device_syncs") is None else dict(data["device_syncs"]),
-            uncounted_flops=tuple(data.get("uncounted_flops", ())),
-        )
 
 
 def context(platform: Platform, dtype: str) -> dict[str, str]:
@@ -364,8 +338,13 @@ def _sync_debug(platform: Platform) -> tuple[Callable[[], int], Callable[[], Non
     warnings.simplefilter("always")
     torch.cuda.set_sync_debug_mode("warn")
 
+    scanned = [0, 0]  # warnings read so far, syncs among them: each mark reads only the new
+
     def count() -> int:
-        return sum(1 for w in seen if "synchroniz" in str(w.message))
+        new = seen[scanned[0] :]
+        scanned[0] += len(new)
+        scanned[1] += sum(1 for w in new if "synchroniz" in str(w.message))
+        return scanned[1]
 
     def restore() -> None:
         torch.cuda.set_sync_debug_mode(previous)
@@ -391,7 +370,7 @@ def counted_run(
     debug = _sync_debug(platform)
     counter.device_syncs = None if debug is None else debug[0]
     try:
-        timed = _CountedPlatform(platform, counter, memory)
+        timed = _CountedPlatform(platform, counter)
         with counter, StageTimer(timed, track_memory=memory) as timer:
             pipeline()
         record = timer.record()

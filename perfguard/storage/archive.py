@@ -129,13 +129,13 @@ def parse_report(
     made on purpose, and in the archive it would read as a real change at that commit.
     When allowed, the injection is stored with the report (`reports.inject`).
     """
+    from perfguard.storage.jsonio import read_text
     from perfguard.storage.reports import read_report  # schema and verdict consistency checks
 
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise PerfguardError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    # Through the readers' guards (regular files only, the size cap), so a FIFO is refused
+    # rather than read for ever; UTF-8 without a BOM, so these are the file's own bytes.
+    raw = read_text(path, "JSON file").encode("utf-8")
     report = read_report(path)
     inject = report.settings.get("inject") or None
     if inject and not allow_injected:
