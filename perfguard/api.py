@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.errors import PerfguardError
 from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.warm import in_warm_pool
 from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import Baseline
 from perfguard.storage.cases import Case, Selection, load_registry
@@ -172,6 +173,7 @@ class BaselineUpdate:
         return any(r.status != "ok" for r in self.results.cases.values())
 
 
+@in_warm_pool(lambda options, kw: options.isolate or options.processes > 1)
 def gen_baselines(
     selection: Selection,
     options: MeasureOptions,
@@ -182,6 +184,7 @@ def gen_baselines(
     platform: Platform | None = None,
     echo: Echo = _stderr,
     say: Echo = print,
+    warm: Any = None,
 ) -> BaselineUpdate:
     """Measure the selected cases and store them in the baseline file.
 
@@ -192,10 +195,7 @@ def gen_baselines(
     cannot read, before measuring anything. `say` is told each case's outcome as soon as
     it is saved (or why it was not).
     """
-    from perfguard.decision.contention import screen
     from perfguard.device.inject import ENV_INJECT, inject_from
-    from perfguard.device.platform import fingerprint
-    from perfguard.storage import baseline as store
 
     if options.inject or inject_from(None):
         source = f"${ENV_INJECT}" if inject_from(None) else "--inject"
@@ -203,6 +203,10 @@ def gen_baselines(
             f"gen-baselines refuses fault injection ({source} is set): "
             "a baseline must never contain injected time"
         )
+    from perfguard.decision.contention import screen
+    from perfguard.device.platform import fingerprint
+    from perfguard.storage import baseline as store
+
     platform = platform or probe()
     path = baseline_path(baseline, platform.name, platform.hardware_slug())
     cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
@@ -233,7 +237,7 @@ def gen_baselines(
         where = f", {len(result.groups)} processes" if result.groups else ""
         say(f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved")
 
-    update.results = run_cases(cases, platform, options, on_case=on_case)
+    update.results = run_cases(cases, platform, options, on_case=on_case, warm=warm)
     if prune:
         known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
         update.pruned = store.prune(path, known)
@@ -243,6 +247,12 @@ def gen_baselines(
 # ---- check ----------------------------------------------------------------------------------
 
 
+@in_warm_pool(
+    lambda options, kw: (
+        not kw.get("counters_only")
+        and (kw.get("max_reruns") != 0 or options.isolate or options.processes > 1)
+    )
+)  # confirmations (default 2) start workers, as does a first measurement in them
 def check(
     selection: Selection,
     options: MeasureOptions,
@@ -257,6 +267,7 @@ def check(
     echo: Echo = _stderr,
     allow_output_change: bool = False,
     counters_only: bool = False,
+    warm: Any = None,
 ) -> Report:
     """Run the selected cases through the gate and judge them against the baseline.
 
@@ -310,11 +321,13 @@ def check(
     first = options.replace(max_repeats=cap if adaptive else None)
 
     def measure_cases(todo: Any, until_for: Any) -> Results:
-        return run_cases(list(todo), platform, first, until_for=until_for if adaptive else None)
+        stop = until_for if adaptive else None
+        return run_cases(list(todo), platform, first, until_for=stop, warm=warm)
 
-    from perfguard.measurement.workers import WarmPool
+    if in_process and warm.starters:
+        from perfguard.measurement.workers import preload_modules
 
-    warm = WarmPool()  # one warm server for every confirmation, not one each
+        warm.settle(preload_modules(cases, options.factory))
 
     def confirm(todo: Any, until_for: Any) -> Results:
         # A fresh process for each confirmation: the process, not the run, is the unit
