@@ -95,6 +95,11 @@ class MeasureOptions:
     def replace(self, **changes: Any) -> MeasureOptions:
         return dataclasses.replace(self, **changes)
 
+    @property
+    def isolated(self) -> bool:
+        """Whether every case runs in a fresh worker process (`isolate`, `processes` > 1)."""
+        return self.isolate or self.processes > 1
+
     def uses_workers(self, cases: Sequence[Any]) -> bool:
         """Whether the cases run in worker processes rather than in this one.
 
