@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from perfguard.decision.gate import JudgeOptions
 from perfguard.errors import PerfguardError
 from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.warm import in_warm_pool
 from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import Baseline
 from perfguard.storage.cases import Case, Selection, load_registry
@@ -173,6 +174,7 @@ class BaselineUpdate:
         return any(r.status != "ok" for r in self.results.cases.values())
 
 
+@in_warm_pool(lambda options, kw: options.isolate or options.processes > 1)
 def gen_baselines(
     selection: Selection,
     options: MeasureOptions,
@@ -183,6 +185,7 @@ def gen_baselines(
     platform: Platform | None = None,
     echo: Echo = _stderr,
     say: Echo = print,
+    warm: Any = None,
 ) -> BaselineUpdate:
     """Measure the selected cases and store them in the baseline file.
 
@@ -193,10 +196,7 @@ def gen_baselines(
     cannot read, before measuring anything. `say` is told each case's outcome as soon as
     it is saved (or why it was not).
     """
-    from perfguard.decision.contention import screen
     from perfguard.device.inject import ENV_INJECT, inject_from
-    from perfguard.device.platform import fingerprint
-    from perfguard.storage import baseline as store
 
     if options.inject or inject_from(None):
         source = f"${ENV_INJECT}" if inject_from(None) else "--inject"
@@ -204,6 +204,10 @@ def gen_baselines(
             f"gen-baselines refuses fault injection ({source} is set): "
             "a baseline must never contain injected time"
         )
+    from perfguard.decision.contention import screen
+    from perfguard.device.platform import fingerprint
+    from perfguard.storage import baseline as store
+
     platform = platform or probe()
     path = baseline_path(baseline, platform.name, platform.hardware_slug())
     cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
@@ -234,7 +238,7 @@ def gen_baselines(
         where = f", {len(result.groups)} processes" if result.groups else ""
         say(f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved")
 
-    update.results = run_cases(cases, platform, options, on_case=on_case)
+    update.results = run_cases(cases, platform, options, on_case=on_case, warm=warm)
     if prune:
         known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
         update.pruned = store.prune(path, known)
@@ -244,15 +248,26 @@ def gen_baselines(
 # ---- check ----------------------------------------------------------------------------------
 
 
+@in_warm_pool(
+    lambda options, kw: (
+        not options.counters_only
+        and (
+            (kw.get("judging") or JudgeOptions()).max_reruns != 0
+            or options.isolate
+            or options.processes > 1
+        )
+    )
+)  # confirmations (default 2) start workers, as does a first measurement in them
 def check(
     selection: Selection,
     options: MeasureOptions,
-    judging: JudgeOptions | None = None,
     *,
+    judging: JudgeOptions | None = None,
     baseline: str | None = None,
     out: str | None = None,
     platform: Platform | None = None,
     echo: Echo = _stderr,
+    warm: Any = None,
 ) -> Report:
     """Run the selected cases through the gate and judge them against the baseline.
 
@@ -286,11 +301,13 @@ def check(
     first = options.replace(max_repeats=cap if adaptive else None)
 
     def measure_cases(todo: Any, until_for: Any) -> Results:
-        return run_cases(list(todo), platform, first, until_for=until_for if adaptive else None)
+        stop = until_for if adaptive else None
+        return run_cases(list(todo), platform, first, until_for=stop, warm=warm)
 
-    from perfguard.measurement.workers import WarmPool
+    if in_process and warm.starters:
+        from perfguard.measurement.workers import preload_modules
 
-    warm = WarmPool()  # one warm server for every confirmation, not one each
+        warm.settle(preload_modules(cases, options.factory))
 
     def confirm(todo: Any, until_for: Any) -> Results:
         # A fresh process for each confirmation: the process, not the run, is the unit
@@ -315,12 +332,8 @@ def check(
     check_comparable(results, base, path)
     _warn_hardware(results, base, echo)
     # The report records how the first measurement sampled (`max_repeats`: its cap).
-    settings = {
-        "source": "run",
-        **first.settings("check"),
-        "shard": selection.shard,
-        "max_reruns": judging.max_reruns,
-    }
+    settings = {"source": "run", **first.settings("check"), "shard": selection.shard}
+    settings["max_reruns"] = judging.max_reruns
     return build_against(outcome.judgement, results, base, path, settings=settings)
 
 
@@ -379,8 +392,8 @@ def _check_counters(
 def check_results(
     results_file: str,
     selection: Selection | None = None,
-    judging: JudgeOptions | None = None,
     *,
+    judging: JudgeOptions | None = None,
     baseline: str | None = None,
     echo: Echo = _stderr,
 ) -> Report:
@@ -459,8 +472,8 @@ def _judge_results(
 
 def check_perf_log(
     perf_log: str,
-    judging: JudgeOptions | None = None,
     *,
+    judging: JudgeOptions | None = None,
     baseline: str,
     case_id: str | None = None,
 ) -> Report:
@@ -488,8 +501,8 @@ def check_relative(
     selection: Selection,
     options: MeasureOptions,
     against: RelativeOptions,
-    judging: JudgeOptions | None = None,
     *,
+    judging: JudgeOptions | None = None,
     out: str | None = None,
     platform: Platform | None = None,
     echo: Echo = _stderr,

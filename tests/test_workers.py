@@ -579,3 +579,46 @@ def test_a_parent_killed_outright_leaves_no_warm_server_nor_worker(tmp_path: Pat
     while not (gone(server) and gone(worker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gone(server) and gone(worker)
+
+
+def test_the_warm_server_starts_before_the_command_and_ends_when_it_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`gen-baselines` / `check` start their server first (its imports beside the
+    parent's); a command that then fails (a bad baseline) leaves no server behind."""
+    from perfguard.measurement import launch
+    from perfguard.measurement.warm import in_warm_pool
+
+    started: list[launch.WarmServer] = []
+    real = launch.early_server
+
+    def spy(options: MeasureOptions, wanted: bool) -> launch.EarlyServer | None:
+        early = real(options, wanted)
+        started.extend([early[-1]] if early else [])
+        return early
+
+    monkeypatch.setattr(launch, "early_server", spy)
+    monkeypatch.setattr("perfguard.workloads.modules.everything", lambda: ["json"])
+    handed: list[object] = []
+
+    @in_warm_pool(lambda options, kw: kw.get("wanted", True))
+    def command(selection: object, options: MeasureOptions, **kw: object) -> None:
+        pool = kw["warm"]
+        assert isinstance(pool, workers.WarmPool)
+        handed.extend(s.server for s in pool.starters.values())
+        raise PerfguardError("baselines/x.json: unreadable")
+
+    with pytest.raises(PerfguardError):
+        command(None, MeasureOptions(start_method="forkserver"))
+    assert len(started) == 1 and handed == started
+    assert started[0].proc.wait(timeout=30) is not None  # ended with the command
+
+    started.clear()
+    for options, wanted in [
+        (MeasureOptions(start_method="spawn"), True),
+        (MeasureOptions(start_method="forkserver", devices=("0", "1")), True),
+        (MeasureOptions(start_method="forkserver"), False),
+    ]:
+        with pytest.raises(PerfguardError):
+            command(None, options, wanted=wanted)
+    assert started == []  # spawned workers, several slots or no workers: nothing early

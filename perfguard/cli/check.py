@@ -292,7 +292,7 @@ def _stored(
     return api.check(
         selection,
         options,
-        judging,
+        judging=judging,
         baseline=baseline_path,
         out=outputs.results,
         platform=api.probe(platform_name),
@@ -327,7 +327,13 @@ def _relative(
             raise PerfguardError(f"{flag} does not apply to a relative check (--against)")
     platform = api.probe(platform_name)
     return api.check_relative(
-        selection, options, relative, judging, out=outputs.results, platform=platform, echo=echo_err
+        selection,
+        options,
+        relative,
+        judging=judging,
+        out=outputs.results,
+        platform=platform,
+        echo=echo_err,
     )
 
 
@@ -336,7 +342,7 @@ def _results_file(
 ) -> Report:
     """`--results FILE`: judge a results file; nothing runs."""
     return api.check_results(
-        results_file, selection, judging, baseline=baseline_path, echo=echo_err
+        results_file, selection, judging=judging, baseline=baseline_path, echo=echo_err
     )
 
 
@@ -349,7 +355,7 @@ def _perf_log(
     if len(selection.case_ids) > 1:
         raise PerfguardError("--sglang-perf-log takes at most one --case")
     case_id = selection.case_ids[0] if selection.case_ids else None
-    return api.check_perf_log(perf_log, judging, baseline=baseline_path, case_id=case_id)
+    return api.check_perf_log(perf_log, judging=judging, baseline=baseline_path, case_id=case_id)
 
 
 def _refuse_run_options(

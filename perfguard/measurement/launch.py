@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from perfguard.device.pinning import visible_devices_env
+from perfguard.device.threads import ENV_OVERRIDE as ENV_THREADS
 from perfguard.errors import PerfguardError
 
 START_METHODS = ("spawn", "forkserver")
@@ -311,3 +313,52 @@ class WarmServer:
             self.proc.wait(timeout=10)
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def worker_environment(
+    base: Mapping[str, str],
+    platform: str,
+    devices: Sequence[str] | None,
+    threads: int | None,
+) -> dict[str, str]:
+    """A worker process's environment: `base` with the visible devices narrowed to
+    `devices` and `MeasureOptions.threads` as `$PERFGUARD_THREADS` (the worker's
+    `case_threads` reads it: the options on the wire leave threads out)."""
+    env = dict(base)
+    if threads is not None:
+        env[ENV_THREADS] = str(threads)
+    var = visible_devices_env(platform)
+    if var and devices:
+        env[var] = ",".join(devices)
+    return env
+
+
+EarlyServer = tuple[dict[str, str], str, str, list[str], WarmServer]
+"""What `early_server` started: the environment, label, start method and modules of the
+one-slot worker it serves, and the server (`workers.WarmPool.adopt` takes it)."""
+
+
+def early_server(options: Any, wanted: bool) -> EarlyServer | None:
+    """Start the warm server of the default worker slot now, without waiting for it,
+    when `wanted` (the command will start workers), `options` (`MeasureOptions`) fork
+    them from a server and list no `--devices`; else None.
+
+    Why: a command that measures in workers (`gen-baselines`, a check's confirmations)
+    used to import torch itself to probe the platform and only then start the server,
+    which imports torch, transformers and diffusers again: one import bill after the
+    other. Started first, the server imports on another core while this process probes
+    and reads its files. The one-slot environment does not depend on the platform (no
+    device to narrow), so the server can start before the platform is known; it
+    imports every workload's modules, since the cases are not known yet either
+    (`perfguard.workloads.modules.everything`).
+    """
+    from perfguard.workloads.modules import RUNNER, everything
+
+    if not wanted or options.start_method != "forkserver" or options.devices:
+        return None
+    factory = options.factory.partition(":")[0] if options.factory else None
+    preload = [RUNNER[0], factory] if factory else everything()
+    env = worker_environment(os.environ, "", None, options.threads)
+    label = "worker"
+    server = WarmServer(env, f"warm server of the {label}", preload=preload, root=import_root())
+    return env, label, options.start_method, preload, server

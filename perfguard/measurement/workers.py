@@ -53,6 +53,7 @@ can run under perfguard, in process or in workers alike.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import queue
@@ -63,21 +64,22 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from perfguard.device.pinning import ENV_CPU_AFFINITY, die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
 from perfguard.device.platform import Platform, fingerprint
 from perfguard.device.platform import cpu_list as _cpu_list
-from perfguard.device.threads import ENV_OVERRIDE as ENV_THREADS
 from perfguard.errors import PerfguardError
 from perfguard.measurement.launch import (
+    EarlyServer,
     ForkedProcess,
     WarmServer,
     describe_exit,
     import_root,
     spawn_worker,
+    worker_environment,
 )
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.runner import import_factory
@@ -426,9 +428,12 @@ class WarmPool:
     confirmations, one at a time): each worker environment's server is started once and
     ended by `close`, instead of once per call."""
 
-    def __init__(self) -> None:
+    def __init__(self, early: EarlyServer | None = None) -> None:
         self.starters: dict[tuple[str, tuple[tuple[str, str], ...]], WorkerStarter] = {}
         self.lock = threading.Lock()
+        if early is not None:  # a server started before the platform was known
+            env, label, method, preload, server = early
+            self.starter(env, label, method, preload).server = server
 
     def starter(
         self, env: dict[str, str], label: str, method: str, preload: Sequence[str]
@@ -438,6 +443,18 @@ class WarmPool:
             if key not in self.starters:
                 self.starters[key] = WorkerStarter(env, label, method, preload)
             return self.starters[key]
+
+    def settle(self, modules: Sequence[str]) -> None:
+        """Import `modules` in this process, then wait until every server started so
+        far is ready: a measurement made here then starts with the other cores quiet,
+        not beside a server still importing. A server that could not start is said
+        when a worker is wanted (`WorkerStarter.new` starts another)."""
+        for name in modules:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name.lstrip("?"))
+        for starter in list(self.starters.values()):
+            if starter.server is not None and starter.server.ready is None:
+                starter.server.start(STARTUP_TIMEOUT_S)
 
     def close(self) -> None:
         with self.lock:
@@ -562,24 +579,6 @@ def threads_per_worker(cases: Sequence[Case], override: int | None = None) -> in
     from perfguard.device.threads import case_threads
 
     return max([case_threads(c, "cpu", override) for c in cases] or [1])
-
-
-def worker_environment(
-    base: Mapping[str, str],
-    platform: str,
-    devices: Sequence[str] | None,
-    threads: int | None,
-) -> dict[str, str]:
-    """A worker process's environment: `base` with the visible devices narrowed to
-    `devices` and `MeasureOptions.threads` as `$PERFGUARD_THREADS` (the worker's
-    `case_threads` reads it: the options on the wire leave threads out)."""
-    env = dict(base)
-    if threads is not None:
-        env[ENV_THREADS] = str(threads)
-    var = visible_devices_env(platform)
-    if var and devices:
-        env[var] = ",".join(devices)
-    return env
 
 
 def _env_for(
