@@ -10,9 +10,9 @@
 Every function composes the layers below it: `perfguard.measurement` runs cases (the one
 layer that needs torch), `perfguard.decision` judges them, `perfguard.storage` reads and
 writes the files. The CLI (`perfguard.cli`) parses flags, calls one of these, and renders
-what it returns. Measurement modules import torch at module level, so they are imported
-inside the functions that measure: `check_results`, `check_perf_log` and everything that
-only reads files run where torch is not installed.
+what it returns. Measurement modules import torch, so they are imported inside the
+functions that measure: what only reads files runs where torch is not installed. A
+command that starts workers begins their warm server first (`measurement.warm`).
 
 Errors the user can fix raise `PerfguardError` (one line, exit 2); progress notes go to
 `echo` (stderr by default), never into the returned values.
@@ -134,6 +134,7 @@ def run_cases(
 # ---- run and gen-baselines ------------------------------------------------------------------
 
 
+@in_warm_pool(lambda options, kw: options.isolated)
 def run(
     selection: Selection,
     options: MeasureOptions,
@@ -141,6 +142,7 @@ def run(
     platform: Platform | None = None,
     out: str | None = None,
     echo: Echo = _stderr,
+    warm: Any = None,
 ) -> Results:
     """Measure the selected cases; every sample of every metric, errors kept per case.
 
@@ -151,7 +153,7 @@ def run(
     platform = platform or probe()
     split_by = baseline_path(None, platform.name, platform.hardware_slug())
     cases = select_cases(platform.name, selection, split_by=split_by, echo=echo)
-    results = run_cases(cases, platform, options)
+    results = run_cases(cases, platform, options, warm=warm)
     if out:
         write_results(out, results)
     return results
@@ -174,7 +176,7 @@ class BaselineUpdate:
         return any(r.status != "ok" for r in self.results.cases.values())
 
 
-@in_warm_pool(lambda options, kw: options.isolate or options.processes > 1)
+@in_warm_pool(lambda options, kw: options.isolated)
 def gen_baselines(
     selection: Selection,
     options: MeasureOptions,
@@ -248,16 +250,13 @@ def gen_baselines(
 # ---- check ----------------------------------------------------------------------------------
 
 
+# Confirmations (default 2) start workers, as does a first measurement in them.
 @in_warm_pool(
-    lambda options, kw: (
-        not options.counters_only
-        and (
-            (kw.get("judging") or JudgeOptions()).max_reruns != 0
-            or options.isolate
-            or options.processes > 1
-        )
+    lambda o, kw: (
+        not o.counters_only
+        and (o.isolated or (kw.get("judging") or JudgeOptions()).max_reruns != 0)
     )
-)  # confirmations (default 2) start workers, as does a first measurement in them
+)
 def check(
     selection: Selection,
     options: MeasureOptions,

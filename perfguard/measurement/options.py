@@ -107,6 +107,11 @@ class MeasureOptions:
     def replace(self, **changes: Any) -> MeasureOptions:
         return dataclasses.replace(self, **changes)
 
+    @property
+    def isolated(self) -> bool:
+        """Whether every case runs in a fresh worker process (`isolate`, `processes` > 1)."""
+        return self.isolate or self.processes > 1
+
     def uses_workers(self, cases: Sequence[Any]) -> bool:
         """Whether the cases run in worker processes rather than in this one.
 
@@ -152,7 +157,7 @@ class MeasureOptions:
             "counters_only": True,
             "max_repeats": (self.max_repeats or self.repeats) if report else self.max_repeats,
             "devices": (",".join(devices) if devices else None) if report else devices,
-            "isolate": self.isolate if report else self.isolate or self.processes > 1,
+            "isolate": self.isolate if report else self.isolated,
             "start_method": self.start_method,
             "factory": self.factory,
             "processes": self.processes,

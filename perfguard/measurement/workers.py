@@ -678,7 +678,7 @@ class _SlotRun:
     ) -> None:
         self.platform, self.options, self.results = platform, options, results
         self.on_case, self.warm, self.slots = on_case, warm, slots
-        self.isolate = options.isolate or options.processes > 1
+        self.isolate = options.isolated
         self.preload: list[str] = []
         self.lock = threading.Lock()
         self.parts: dict[str, list[CaseResult]] = {}
