@@ -23,7 +23,7 @@ prints a table and writes a JSON file with one row per check, each `passed`, `fa
 | 10  | the flash-attn varlen branch against the packed torch path (flash-attn from a wheel) |
 
 Every row is a composition of library calls (`perfguard.device.timer`,
-`perfguard.measurement.ab.run_ab`, `perfguard.measurement.workers.run_cases`,
+`perfguard.measurement.ab.run_ab`, `perfguard.measurement.workers.run_in_workers`,
 `perfguard.decision.calibrate.calibrate_case`, `perfguard.workloads.registry.build_pipeline`).
 On a machine without a GPU every device row is skipped with its reason, which is how the
 test suite keeps the script from rotting (`tests/test_gpu_selfcheck.py` also makes each
@@ -671,7 +671,7 @@ def check_noise(env: Env) -> tuple[str, str, dict[str, Any]]:
     env.require_cuda()
     from perfguard.decision.calibrate import CheckSetup, calibrate_case
     from perfguard.decision.tolerances import default_profiles
-    from perfguard.measurement.workers import run_cases
+    from perfguard.measurement.workers import run_in_workers
 
     processes = 3 if env.quick else 5
     repeats = 5
@@ -683,7 +683,7 @@ def check_noise(env: Env) -> tuple[str, str, dict[str, Any]]:
         options = MeasureOptions(
             processes=processes, repeats=repeats, warmup=1, start_method=method
         )
-        result = run_cases([case], env.platform, options).cases[case.id]
+        result = run_in_workers([case], env.platform, options).cases[case.id]
         if result.status != "ok":
             return FAILED, f"the case failed in a {method} worker: {result.error}", {}
         samples = result.samples[metric]
@@ -816,10 +816,10 @@ def check_nccl(env: Env) -> tuple[str, str, dict[str, Any]]:
     visible = int(cuda.device_count())
     if visible < 2:
         raise Skip(f"needs two GPUs; {visible} visible")
-    from perfguard.measurement.workers import run_cases
+    from perfguard.measurement.workers import run_in_workers
 
     case = env.case("qwen_image_t2i_2gpu", steps=4)
-    res = run_cases([case], env.platform, MeasureOptions(repeats=3, warmup=1)).cases[case.id]
+    res = run_in_workers([case], env.platform, MeasureOptions(repeats=3, warmup=1)).cases[case.id]
     if res.status != "ok":
         return FAILED, f"the two-rank case failed: {res.error}", {}
     ranks = res.case.get("ranks")

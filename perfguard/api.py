@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from perfguard.decision.gate import JudgeOptions
 from perfguard.errors import PerfguardError
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.warm import in_warm_pool
@@ -251,22 +252,20 @@ def gen_baselines(
 
 # Confirmations (default 2) start workers, as does a first measurement in them.
 @in_warm_pool(
-    lambda o, kw: not kw.get("counters_only") and (o.isolated or kw.get("max_reruns") != 0)
+    lambda o, kw: (
+        not o.counters_only
+        and (o.isolated or (kw.get("judging") or JudgeOptions()).max_reruns != 0)
+    )
 )
 def check(
     selection: Selection,
     options: MeasureOptions,
     *,
+    judging: JudgeOptions | None = None,
     baseline: str | None = None,
-    profile: str = "pr_test",
-    max_reruns: int | None = None,
-    fail_on_missing: bool = False,
-    advisory: bool = False,
     out: str | None = None,
     platform: Platform | None = None,
     echo: Echo = _stderr,
-    allow_output_change: bool = False,
-    counters_only: bool = False,
     warm: Any = None,
 ) -> Report:
     """Run the selected cases through the gate and judge them against the baseline.
@@ -276,45 +275,25 @@ def check(
     The gate (`perfguard.decision.gate`) confirms a case over a bound in fresh
     processes, drops contended runs and stops sampling clear cases early; `out` also
     writes the results it judged. The work counters and the output are judged beside
-    the timings (`perfguard.decision.counters`); `allow_output_change` lets outputs
-    differ from the baseline's without failing.
+    the timings (`perfguard.decision.counters`); `judging` (`JudgeOptions`: the profile,
+    confirmations, `allow_output_change`, ...) says how.
 
-    `counters_only` times nothing: each case is built, run once (its warm-up, whose
-    output is compared) and once counted, and only what is exact is judged: the work
-    counters, the output and, on CPU, the tensor memory. No confirmation, no
+    `options.counters_only` times nothing: each case is built, run once (its warm-up,
+    whose output is compared) and once counted, and only what is exact is judged: the
+    work counters, the output and, on CPU, the tensor memory. No confirmation, no
     contention screen: counts do not depend on the runner's speed.
     """
-    from perfguard.decision.gate import DEFAULT_MAX_REPEATS, DEFAULT_MAX_RERUNS, run_gate
-    from perfguard.measurement.comparable import check_comparable, check_threads
-    from perfguard.storage import baseline as store
+    from perfguard.decision.gate import DEFAULT_MAX_REPEATS, run_gate
+    from perfguard.measurement.comparable import check_comparable
     from perfguard.storage.reports import build_against, write_results
 
+    judging = judging or JudgeOptions()
     platform = platform or probe()
-    reruns = DEFAULT_MAX_RERUNS if max_reruns is None else max_reruns
-    cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
-    path = baseline_path(baseline, platform.name, platform.hardware_slug())
-    base = load_baseline(path)  # before running anything: a bad file fails fast
-    store.check_platform(base, platform.name, path)
-    base.profile(profile)
-    cases = shard(cases, selection.shard, path, echo=echo)
-    check_threads(cases, platform.name, base, path, options.threads)
-
+    cases, base, path = _stored_setup(selection, options, judging, baseline, platform, echo)
+    if options.counters_only:
+        return _check_counters(cases, platform, options, judging, (base, path), selection, out)
     # Adaptive sampling needs the verdict after every run, so it applies when the cases
     # run in this process; in workers each measurement is REPEATS runs.
-    if counters_only:
-        return _check_counters(
-            cases,
-            platform,
-            options,
-            base,
-            path,
-            profile,
-            out,
-            allow_output_change,
-            selection,
-            fail_on_missing=fail_on_missing,
-            advisory=advisory,
-        )
     in_process = not options.uses_workers(cases)
     cap = max(options.repeats, options.max_repeats or DEFAULT_MAX_REPEATS)
     adaptive = in_process and cap > options.repeats
@@ -339,51 +318,62 @@ def check(
         outcome = run_gate(
             cases,
             base,
-            profile,
+            judging,
             measure_cases,
             confirm=confirm if in_process else None,
             adaptive=adaptive,
-            max_reruns=reruns,
-            fail_on_missing=fail_on_missing,
-            advisory=advisory,
             max_repeats=cap if adaptive else None,
             on_event=lambda case_id, message: echo(f"perfguard: {case_id}: {message}"),
-            allow_output_change=allow_output_change,
         )
     results = outcome.results
     if out:
         write_results(out, results)
     check_comparable(results, base, path)
     _warn_hardware(results, base, echo)
-    settings = {
-        **_run_settings("run", selection, options),
-        "max_repeats": cap if adaptive else options.repeats,
-        "max_reruns": reruns,
-        "processes": options.processes,
-        "isolate": options.isolate,
-    }
+    # The report records how the first measurement sampled (`max_repeats`: its cap).
+    settings = {"source": "run", **first.settings("check"), "shard": selection.shard}
+    settings["max_reruns"] = judging.max_reruns
     return build_against(outcome.judgement, results, base, path, settings=settings)
+
+
+def _stored_setup(
+    selection: Selection,
+    options: MeasureOptions,
+    judging: JudgeOptions,
+    baseline: str | None,
+    platform: Platform,
+    echo: Echo,
+) -> tuple[list[Case], Baseline, str]:
+    """The cases, the baseline and its path of a check against a stored baseline; what
+    can be wrong with the baseline fails here, before anything runs."""
+    from perfguard.measurement.comparable import check_threads
+    from perfguard.storage import baseline as store
+
+    cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
+    path = baseline_path(baseline, platform.name, platform.hardware_slug())
+    base = load_baseline(path)  # before running anything: a bad file fails fast
+    store.check_platform(base, platform.name, path)
+    base.profile(judging.profile)
+    cases = shard(cases, selection.shard, path, echo=echo)
+    check_threads(cases, platform.name, base, path, options.threads)
+    return cases, base, path
 
 
 def _check_counters(
     cases: Sequence[Case],
     platform: Platform,
     options: MeasureOptions,
-    base: Baseline,
-    path: str,
-    profile: str,
-    out: str | None,
-    allow_output_change: bool,
+    judging: JudgeOptions,
+    stored: tuple[Baseline, str],
     selection: Selection,
-    *,
-    fail_on_missing: bool = False,
-    advisory: bool = False,
+    out: str | None,
 ) -> Report:
     """`check --counters-only`: one counted run per case, judged on what is exact."""
-    from perfguard.decision.verdict import judge
     from perfguard.storage.reports import build_against, write_results
 
-    results = run_cases(cases, platform, options.replace(counters_only=True, max_repeats=None))
+    base, path = stored
+    counted = options.replace(counters_only=True, max_repeats=None)
+    results = run_cases(cases, platform, counted)
     if out:
         write_results(out, results)
     timed = {
@@ -393,16 +383,8 @@ def _check_counters(
         for m in base.scenarios[cid].metrics
         if m not in results.cases[cid].samples
     }
-    judgement = judge(
-        results,
-        base,
-        profile,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        ignore_missing=sorted(timed),
-        allow_output_change=allow_output_change,
-    )
-    settings = {**_run_settings("run", selection, options), "counters_only": True}
+    judgement = judging.judge(results, base, ignore_missing=sorted(timed))
+    settings = {"source": "run", **counted.settings("counters"), "shard": selection.shard}
     return build_against(judgement, results, base, path, settings=settings)
 
 
@@ -410,12 +392,9 @@ def check_results(
     results_file: str,
     selection: Selection | None = None,
     *,
+    judging: JudgeOptions | None = None,
     baseline: str | None = None,
-    profile: str = "pr_test",
-    fail_on_missing: bool = False,
-    advisory: bool = False,
     echo: Echo = _stderr,
-    allow_output_change: bool = False,
 ) -> Report:
     """Judge a results file (`perfguard run --out`) against its baseline; no torch."""
     from perfguard.storage.reports import read_results
@@ -428,13 +407,10 @@ def check_results(
         "warmup": results.settings.get("warmup"),
         "inject": results.settings.get("inject"),
     }
-    return judge_results(
+    return _judge_results(
         results,
+        judging or JudgeOptions(),
         baseline=baseline,
-        profile=profile,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        allow_output_change=allow_output_change,
         settings=settings,
         source=results_file,
         echo=echo,
@@ -455,7 +431,26 @@ def judge_results(
 ) -> Report:
     """Judge `results` measured elsewhere (a results file, a pytest session) against the
     baseline at `baseline` (default: its platform and hardware's); no torch."""
-    from perfguard.decision.verdict import judge
+    judging = JudgeOptions(
+        profile=profile,
+        fail_on_missing=fail_on_missing,
+        advisory=advisory,
+        allow_output_change=allow_output_change,
+    )
+    return _judge_results(
+        results, judging, baseline=baseline, settings=settings, source=source, echo=echo
+    )
+
+
+def _judge_results(
+    results: Results,
+    judging: JudgeOptions,
+    *,
+    baseline: str | None,
+    settings: dict[str, Any] | None,
+    source: str,
+    echo: Echo,
+) -> Report:
     from perfguard.measurement.comparable import check_comparable
     from perfguard.storage.reports import build_against
 
@@ -468,14 +463,7 @@ def judge_results(
         )
     check_comparable(results, base, path)
     _warn_hardware(results, base, echo)
-    judgement = judge(
-        results,
-        base,
-        profile,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        allow_output_change=allow_output_change,
-    )
+    judgement = judging.judge(results, base)
     return build_against(
         judgement, results, base, path, settings=results.settings if settings is None else settings
     )
@@ -484,18 +472,16 @@ def judge_results(
 def check_perf_log(
     perf_log: str,
     *,
+    judging: JudgeOptions | None = None,
     baseline: str,
     case_id: str | None = None,
-    profile: str = "pr_test",
-    fail_on_missing: bool = False,
-    advisory: bool = False,
 ) -> Report:
     """Judge the requests of sglang's `performance.log` against a baseline; no torch.
 
     The log names no platform, so the baseline is required; what the log cannot hold
-    (sglang's log has no memory figures, no per-stage allocator peaks) is not missing.
+    (sglang's log has no memory figures, no per-stage allocator peaks, no outputs) is
+    not missing.
     """
-    from perfguard.decision.verdict import judge
     from perfguard.interop.sglang import NOT_IN_PERF_LOG, perf_log_results, read_perf_log
     from perfguard.metrics import STAGE_PEAK_PREFIX
     from perfguard.storage.reports import build_against
@@ -504,14 +490,8 @@ def check_perf_log(
     results = perf_log_results(read_perf_log(perf_log), base, case_id=case_id, source=perf_log)
     metrics = {m for s in base.scenarios.values() for m in s.metrics}
     peaks = {m for m in metrics if m.startswith(STAGE_PEAK_PREFIX)}
-    judgement = judge(
-        results,
-        base,
-        profile,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        ignore_missing=NOT_IN_PERF_LOG + tuple(sorted(peaks)),
-    )
+    judging = judging or JudgeOptions()
+    judgement = judging.judge(results, base, ignore_missing=NOT_IN_PERF_LOG + tuple(sorted(peaks)))
     settings = {"source": "sglang-perf-log", "perf_log": perf_log, "inject": None}
     return build_against(judgement, results, base, baseline, settings=settings)
 
@@ -521,12 +501,10 @@ def check_relative(
     options: MeasureOptions,
     against: RelativeOptions,
     *,
-    fail_on_missing: bool = False,
-    advisory: bool = False,
+    judging: JudgeOptions | None = None,
     out: str | None = None,
     platform: Platform | None = None,
     echo: Echo = _stderr,
-    allow_output_change: bool = False,
 ) -> Report:
     """The relative check: this revision against a base one, side by side, no baseline.
 
@@ -535,18 +513,58 @@ def check_relative(
     paired per-block ratios (`perfguard.decision.paired`). Everything that can be wrong
     with the options, the registry, the base checkout or the baseline file to write is
     checked before the first block runs, so a bad input measures nothing and writes
-    nothing.
+    nothing. Of `judging`, `fail_on_missing`, `advisory` and `allow_output_change` apply.
     """
     from perfguard.decision.paired import BASE, HEAD
-    from perfguard.device.platform import fingerprint
-    from perfguard.measurement import relative
-    from perfguard.measurement.runner import import_factory
     from perfguard.storage import baseline as store
     from perfguard.storage.reports import build_relative, write_results
 
     if options.devices is not None and len(options.devices) > 1:
         raise PerfguardError("--devices: a relative check runs both sides on one device; list one")
     platform = platform or probe()
+    cases, environment = _relative_preflight(selection, options, against, platform, echo)
+    base, outcome = _measure_relative(
+        cases, options, against, judging or JudgeOptions(), platform, echo
+    )
+    against_info = {**base.to_json(), **outcome.summary()}
+    if against.ref is not None:
+        against_info["dir"] = f"{against.ref} (temporary worktree)"
+    settings = {
+        "source": "relative",
+        **options.settings("relative"),
+        "shard": selection.shard,
+        "budget_s": against.budget_s,
+        "min_blocks": against.min_blocks,
+        "max_blocks": against.max_blocks,
+    }
+    report = build_relative(
+        outcome.judgement, environment=environment, against=against_info, settings=settings
+    )
+    if out:
+        head = Results(environment=environment, settings=settings)
+        head.cases = dict(outcome.pooled[HEAD])
+        write_results(out, head)
+    if against.write_baseline:
+        base_env = {**environment, "git_commit": base.commit}
+        for _, result in sorted(outcome.pooled[BASE].items()):
+            if result.status == "ok":
+                store.record_case(against.write_baseline, result, base_env)
+    return report
+
+
+def _relative_preflight(
+    selection: Selection,
+    options: MeasureOptions,
+    against: RelativeOptions,
+    platform: Platform,
+    echo: Echo,
+) -> tuple[list[Case], dict[str, Any]]:
+    """The cases of a relative check and this platform's environment; a case, factory
+    or baseline file to write that cannot do fails here, before the base is probed."""
+    from perfguard.device.platform import fingerprint
+    from perfguard.measurement.runner import import_factory
+    from perfguard.storage import baseline as store
+
     cases = select_cases(platform.name, selection, echo=echo)
     multi = [c.id for c in cases if c.num_devices > 1]
     if multi:
@@ -561,6 +579,23 @@ def check_relative(
         if options.inject:
             echo("perfguard: the injection applies to the head only")
         store.open_for_update(against.write_baseline, environment)  # a bad file fails now
+    return cases, environment
+
+
+def _measure_relative(
+    cases: list[Case],
+    options: MeasureOptions,
+    against: RelativeOptions,
+    judging: JudgeOptions,
+    platform: Platform,
+    echo: Echo,
+) -> tuple[Any, Any]:
+    """Probe the base (in a temporary worktree of `against.ref`, always removed) and
+    measure blocks of both sides until the verdicts are clear or the budget is spent:
+    the base and the `RelativeOutcome`."""
+    from perfguard.decision.paired import BASE, HEAD
+    from perfguard.measurement import relative
+
     with contextlib.ExitStack() as stack:
         directory = against.directory
         if against.ref is not None:
@@ -589,38 +624,14 @@ def check_relative(
         outcome = relative.run_relative(
             cases,
             blocks,
+            judging=judging,
             min_blocks=against.min_blocks,
             max_blocks=against.max_blocks,
             budget_s=against.budget_s,
             seed=against.order_seed,
-            fail_on_missing=fail_on_missing,
-            advisory=advisory,
             on_block=on_block,
-            allow_output_change=allow_output_change,
         )
-    against_info = {**base.to_json(), **outcome.summary()}
-    if against.ref is not None:
-        against_info["dir"] = f"{against.ref} (temporary worktree)"
-    settings = {
-        **_run_settings("relative", selection, options),
-        "factory": options.factory,
-        "budget_s": against.budget_s,
-        "min_blocks": against.min_blocks,
-        "max_blocks": against.max_blocks,
-    }
-    report = build_relative(
-        outcome.judgement, environment=environment, against=against_info, settings=settings
-    )
-    if out:
-        head = Results(environment=environment, settings=settings)
-        head.cases = dict(outcome.pooled[HEAD])
-        write_results(out, head)
-    if against.write_baseline:
-        base_env = {**environment, "git_commit": base.commit}
-        for _, result in sorted(outcome.pooled[BASE].items()):
-            if result.status == "ok":
-                store.record_case(against.write_baseline, result, base_env)
-    return report
+    return base, outcome
 
 
 def filter_results(results: Results, selection: Selection) -> Results:
@@ -646,23 +657,6 @@ def filter_results(results: Results, selection: Selection) -> Results:
         raise PerfguardError("no case of the results matches the selection")
     results.cases = kept
     return results
-
-
-def _run_settings(source: str, selection: Selection, options: MeasureOptions) -> dict[str, Any]:
-    """What a report of cases run here records of how they ran (`settings`)."""
-    from perfguard.device.inject import describe
-
-    return {
-        "source": source,
-        "repeats": options.repeats,
-        "warmup": options.warmup,
-        "sync": options.sync,
-        "inject": describe(dict(options.inject)),
-        "shard": selection.shard,
-        "devices": ",".join(options.devices) if options.devices else None,
-        # How worker processes (confirmations, baselines, relative blocks) started.
-        "start_method": options.start_method,
-    }
 
 
 def _warn_hardware(results: Results, baseline: Baseline, echo: Echo) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from perfguard.decision.gate import run_gate
+from perfguard.decision.gate import JudgeOptions, run_gate
 from perfguard.decision.stats import log_ratio_noise, process_spread, summarize
 from perfguard.decision.tolerances import Band
 from perfguard.decision.verdict import CONTENDED, PASS, REGRESSION, Rule, judge_case, judge_metric
@@ -26,7 +26,7 @@ from perfguard.device.platform import Platform
 from perfguard.device.timer import stage
 from perfguard.errors import EXIT_CONTENDED
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.runner import run_case, run_cases
+from perfguard.measurement.runner import run_case, run_in_process
 from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.baseline import Baseline, Scenario, new_baseline, scenario_from_result
 from perfguard.storage.cases import Case
@@ -194,7 +194,7 @@ def test_a_case_over_its_bound_in_one_slow_process_is_confirmed_and_passes() -> 
     """A check that lands in a slow process is confirmed in fresh ones; pooled, it passes."""
     baseline = _baseline([10.0, 10.1, 9.9])
     measure, calls = _scripted([17.0, 10.0, 10.05])  # +70 % for one process only
-    outcome = run_gate([CASE], baseline, "pr_test", measure, max_reruns=2)
+    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=2), measure)
     (case,) = outcome.judgement.cases
     assert case.verdict == PASS and outcome.judgement.exit_code == 0
     assert calls == [["c"], ["c"], ["c"]]
@@ -207,7 +207,7 @@ def test_a_real_regression_is_confirmed_in_fresh_processes_and_fails() -> None:
     measure, calls = _scripted([15.0])
     confirm, confirmations = _scripted([15.1, 15.05])
     baseline = _baseline([10.0, 10.1, 9.9])
-    outcome = run_gate([CASE], baseline, "pr_test", measure, confirm=confirm)
+    outcome = run_gate([CASE], baseline, JudgeOptions(), measure, confirm=confirm)
     (case,) = outcome.judgement.cases
     assert case.verdict == REGRESSION and outcome.judgement.exit_code == 1
     # the first measurement in this process, the confirmations in fresh ones
@@ -223,7 +223,7 @@ def test_confirmation_stops_as_soon_as_nothing_is_over_its_bound() -> None:
     measure, _ = _scripted([17.0])
     confirm, confirmations = _scripted([9.9, 10.0, 10.0])
     outcome = run_gate(
-        [CASE], _baseline([10.0, 10.1, 9.9]), "pr_test", measure, confirm=confirm, max_reruns=5
+        [CASE], _baseline([10.0, 10.1, 9.9]), JudgeOptions(max_reruns=5), measure, confirm=confirm
     )
     assert outcome.judgement.exit_code == 0
     # 17 and 9.9 pooled: the median of all samples lands between them, still over; a
@@ -233,10 +233,10 @@ def test_confirmation_stops_as_soon_as_nothing_is_over_its_bound() -> None:
 
 def test_confirmations_are_bounded_and_a_clear_pass_is_never_confirmed() -> None:
     measure, calls = _scripted([17.0, 10.0])
-    run_gate([CASE], _baseline([10.0, 10.1, 9.9]), "pr_test", measure, max_reruns=0)
+    run_gate([CASE], _baseline([10.0, 10.1, 9.9]), JudgeOptions(max_reruns=0), measure)
     assert len(calls) == 1
     measure, calls = _scripted([10.0])
-    outcome = run_gate([CASE], _baseline([10.0, 10.1, 9.9]), "pr_test", measure)
+    outcome = run_gate([CASE], _baseline([10.0, 10.1, 9.9]), JudgeOptions(), measure)
     assert len(calls) == 1 and outcome.judgement.cases[0].sampling["confirmations"] == 0  # type: ignore[index]
 
 
@@ -268,7 +268,7 @@ def test_a_contended_measurement_is_waited_out_and_measured_again() -> None:
     quiet = [1.0] * 10
     measure, calls = _contended_measure([(22.0, busy), (10.0, quiet)])
     slept: list[float] = []
-    outcome = run_gate([CASE], _with_reference(1.0), "pr_test", measure, sleep=slept.append)
+    outcome = run_gate([CASE], _with_reference(1.0), JudgeOptions(), measure, sleep=slept.append)
     (case,) = outcome.judgement.cases
     assert case.verdict == PASS and outcome.judgement.exit_code == 0
     assert len(calls) == 2 and slept == [10.0]
@@ -279,7 +279,7 @@ def test_a_runner_that_stays_contended_is_contended_never_a_regression() -> None
     busy = [2.5] * 10
     measure, calls = _contended_measure([(22.0, busy)])  # 2.2x slower: the runner's fault
     slept: list[float] = []
-    outcome = run_gate([CASE], _with_reference(1.0), "pr_test", measure, sleep=slept.append)
+    outcome = run_gate([CASE], _with_reference(1.0), JudgeOptions(), measure, sleep=slept.append)
     (case,) = outcome.judgement.cases
     assert case.verdict == CONTENDED and outcome.judgement.exit_code == EXIT_CONTENDED
     assert all(m.verdict != REGRESSION for m in case.metrics)
@@ -386,7 +386,7 @@ def test_adaptive_sampling_stops_as_soon_as_every_verdict_is_clear(level: float,
     factory = _factory(lambda i: level)
 
     def measure(cases: Sequence[Case], until_for: Any) -> Results:
-        return run_cases(
+        return run_in_process(
             cases,
             VirtualClock(),
             MeasureOptions(repeats=5, warmup=0, max_repeats=20, progress=False),
@@ -394,7 +394,7 @@ def test_adaptive_sampling_stops_as_soon_as_every_verdict_is_clear(level: float,
             factory=factory,
         )
 
-    outcome = run_gate([CASE], baseline, "pr_test", measure, max_reruns=0, max_repeats=20)
+    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=0), measure, max_repeats=20)
     (case,) = outcome.judgement.cases
     assert case.sampling is not None and case.sampling["runs"] == runs
     assert case.sampling["stopped_early"] is (runs < 20)
@@ -406,7 +406,7 @@ def test_the_report_shows_the_evidence_and_the_reruns_and_round_trips() -> None:
 
     measure, _ = _scripted([15.0, 15.1])
     baseline = _baseline([10.0, 10.1, 9.9])
-    outcome = run_gate([CASE], baseline, "pr_test", measure)
+    outcome = run_gate([CASE], baseline, JudgeOptions(), measure)
     report = build(
         outcome.judgement,
         environment={"platform": "cpu", "hardware": "x"},
@@ -471,7 +471,7 @@ def test_the_gate_stops_unchanged_code_at_the_minimum_on_a_drifting_baseline() -
     )
 
     def measure(cases: Sequence[Case], until_for: Any) -> Results:
-        return run_cases(
+        return run_in_process(
             cases,
             VirtualClock(),
             MeasureOptions(repeats=5, warmup=0, max_repeats=20, progress=False),
@@ -479,7 +479,7 @@ def test_the_gate_stops_unchanged_code_at_the_minimum_on_a_drifting_baseline() -
             factory=_factory(lambda i: 10.0),
         )
 
-    outcome = run_gate([CASE], baseline, "pr_test", measure, max_reruns=0, max_repeats=20)
+    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=0), measure, max_repeats=20)
     (case,) = outcome.judgement.cases
     assert {m.metric: m.verdict for m in case.metrics}[M] == PASS
     assert case.sampling is not None and case.sampling["runs"] == 5

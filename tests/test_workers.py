@@ -192,7 +192,7 @@ def test_more_cpu_workers_than_cores_is_refused_before_anything_starts(
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     with pytest.raises(PerfguardError, match="2 CPU workers x 1 thread"):
-        workers.run_cases(
+        workers.run_in_workers(
             [fake_case("a")], CPU, MeasureOptions(devices=["0", "1"], factory=FACTORY)
         )
     assert log_lines(fake, "build") == []
@@ -205,7 +205,7 @@ def test_more_cpu_workers_than_cores_is_refused_before_anything_starts(
 def test_devices_run_one_worker_per_device_that_keeps_running_cases(fake: Path) -> None:
     cases = [fake_case(f"c{i}") for i in range(4)]
     seen = []
-    results = workers.run_cases(
+    results = workers.run_in_workers(
         cases,
         CPU,
         MeasureOptions(devices=["0", "1"], repeats=2, warmup=1, factory=FACTORY),
@@ -227,7 +227,9 @@ def test_devices_run_one_worker_per_device_that_keeps_running_cases(fake: Path) 
 
 def test_a_worker_that_dies_fails_only_its_case(fake: Path) -> None:
     cases = [fake_case("a_ok"), fake_case("b_crash", "crash"), fake_case("c_ok")]
-    results = workers.run_cases(cases, CPU, MeasureOptions(repeats=1, warmup=0, factory=FACTORY))
+    results = workers.run_in_workers(
+        cases, CPU, MeasureOptions(repeats=1, warmup=0, factory=FACTORY)
+    )
     crash = results.cases["b_crash"]
     assert crash.status == "error"
     assert "died while running this case (killed by SIGKILL)" in (crash.error or "")
@@ -240,7 +242,7 @@ def test_isolate_kills_a_case_that_hangs_and_runs_the_rest_in_fresh_processes(
 ) -> None:
     cases = [fake_case("a_hang", "hang"), fake_case("b_ok")]
     started = time.monotonic()
-    results = workers.run_cases(
+    results = workers.run_in_workers(
         cases, CPU, MeasureOptions(isolate=True, repeats=1, warmup=0, timeout=1.0, factory=FACTORY)
     )
     elapsed = time.monotonic() - started
@@ -256,7 +258,7 @@ def test_isolate_kills_a_case_that_hangs_and_runs_the_rest_in_fresh_processes(
 
 
 def test_a_multi_device_case_needs_that_many_devices(fake: Path) -> None:
-    results = workers.run_cases(
+    results = workers.run_in_workers(
         [fake_case("two", devices=2)],
         CPU,
         MeasureOptions(devices=["0"], repeats=1, factory=FACTORY),
@@ -266,13 +268,15 @@ def test_a_multi_device_case_needs_that_many_devices(fake: Path) -> None:
 
 def test_a_bad_factory_is_a_usage_error_before_anything_runs(fake: Path) -> None:
     with pytest.raises(PerfguardError, match="cannot import"):
-        workers.run_cases([fake_case("a")], CPU, MeasureOptions(factory="no_such_module_xyz:f"))
+        workers.run_in_workers(
+            [fake_case("a")], CPU, MeasureOptions(factory="no_such_module_xyz:f")
+        )
 
 
 def test_an_injection_that_matched_no_stage_ends_the_command_from_a_worker(fake: Path) -> None:
     cases = [fake_case("a"), fake_case("b")]
     with pytest.raises(PerfguardError, match="no stage named Denoising ran") as err:
-        workers.run_cases(
+        workers.run_in_workers(
             cases,
             CPU,
             MeasureOptions(
@@ -306,7 +310,9 @@ def test_a_two_device_case_runs_on_two_gloo_ranks_cfg_parallel() -> None:
         prompt_lengths=(24, 13), guidance_scale=4.0,
     )  # fmt: skip
     double = Case(**{**single.definition(), "num_devices": 2})
-    results = workers.run_cases([double], CPU, MeasureOptions(repeats=2, warmup=1, timeout=120))
+    results = workers.run_in_workers(
+        [double], CPU, MeasureOptions(repeats=2, warmup=1, timeout=120)
+    )
     res = results.cases["qwen_2rank"]
     assert res.status == "ok", res.error
     assert res.case["ranks"] == 2
@@ -321,7 +327,7 @@ def test_a_two_device_case_runs_on_two_gloo_ranks_cfg_parallel() -> None:
 
 
 def test_a_hung_rank_is_killed_with_every_rank(fake: Path) -> None:
-    results = workers.run_cases(
+    results = workers.run_in_workers(
         [fake_case("ranks", "hang_rank1", devices=2)],
         CPU,
         MeasureOptions(repeats=1, warmup=0, timeout=1.0, factory=FACTORY),
@@ -337,7 +343,7 @@ def test_a_hung_rank_is_killed_with_every_rank(fake: Path) -> None:
 
 
 def test_a_rank_that_dies_fails_the_case(fake: Path) -> None:
-    results = workers.run_cases(
+    results = workers.run_in_workers(
         [fake_case("ranks", "crash_rank1", devices=2)],
         CPU,
         MeasureOptions(repeats=1, warmup=0, timeout=60, factory=FACTORY),
@@ -540,7 +546,7 @@ def test_a_warm_pool_serves_several_calls_from_one_server(fake: Path, tmp_path: 
     )  # fmt: skip
     with workers.WarmPool() as warm:
         for i in range(2):
-            res = workers.run_cases([fake_case(f"c{i}")], CPU, options, warm=warm)
+            res = workers.run_in_workers([fake_case(f"c{i}")], CPU, options, warm=warm)
             assert res.cases[f"c{i}"].status == "ok", res.cases[f"c{i}"].error
         (server,) = {pid for _, pid, _ in log_lines(fake, "parent")}
         assert not gone(server) and server != os.getpid()

@@ -1,8 +1,17 @@
-"""`perfguard check`: the CI gate, against a stored baseline or a base revision."""
+"""`perfguard check`: the CI gate, against a stored baseline or a base revision.
+
+The command takes its option groups as values (`Selection`, `MeasureOptions`,
+`JudgeOptions`, `RelativeOptions`, `Outputs`) and hands them to one function per mode:
+a check against a stored baseline (`_stored`), `--counters-only` (`_counters_only`),
+the relative check (`--against`: `_relative`), and the file modes that run nothing
+(`--results`: `_results_file`, `--sglang-perf-log`: `_perf_log`).
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -15,12 +24,12 @@ from perfguard.cli.common import (
     console,
     echo_err,
     given,
-    max_reruns_option,
+    judge_options,
     measurement_options,
     platform_option,
-    profile_option,
     selection_options,
 )
+from perfguard.decision.gate import JudgeOptions
 from perfguard.errors import EXIT_CODES_HELP, PerfguardError
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.relative import (
@@ -31,10 +40,30 @@ from perfguard.measurement.relative import (
 )
 from perfguard.presentation.render import render_table
 from perfguard.storage.cases import Selection
+from perfguard.storage.reports import Report
+
+
+def _relative_from(kwargs: dict[str, Any]) -> RelativeOptions | None:
+    """The relative group's flags, popped from `kwargs`: a `RelativeOptions` with
+    --against or --against-ref, else None."""
+    directory, ref, subdir = (kwargs.pop(k) for k in ("against", "against_ref", "against_subdir"))
+    names = ("budget_s", "min_blocks", "max_blocks", "order_seed", "write_baseline")
+    values = {name: kwargs.pop(name) for name in names}
+    if directory is None and ref is None:
+        if values["write_baseline"]:
+            raise PerfguardError("--write-baseline needs --against or --against-ref")
+        return None
+    return RelativeOptions(directory, ref, subdir, **values)
 
 
 def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--against / --against-ref / --against-subdir / --budget-s ...: `RelativeOptions`."""
+    """--against / --against-ref / --against-subdir / --budget-s ...: the command gets
+    `relative` (`_relative_from`)."""
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        relative = _relative_from(kwargs)
+        return fn(**kwargs, relative=relative)
 
     options = [
         click.option(
@@ -97,7 +126,53 @@ def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Relative check: also store the base side's measurement as a baseline file.",
         ),
     ]
-    return _apply(fn, options)
+    return _apply(wrapper, options)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What a check writes besides its table: the JSON report, the Markdown report, the
+    results of the cases it ran; and whether the table shows passing step metrics."""
+
+    report: str | None = None
+    markdown: str | None = None
+    results: str | None = None
+    all_metrics: bool = False
+
+
+def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--report / --markdown / --out / --all-metrics: the command gets `outputs`."""
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        kwargs["outputs"] = Outputs(
+            report=kwargs.pop("report_path"),
+            markdown=kwargs.pop("markdown_path"),
+            results=kwargs.pop("out"),
+            all_metrics=kwargs.pop("all_metrics"),
+        )
+        return fn(**kwargs)
+
+    file = click.Path(dir_okay=False)
+    options = [
+        click.option(
+            "--report", "report_path", type=file, default=None, help="Write the JSON report here."
+        ),
+        click.option(
+            "--markdown",
+            "markdown_path",
+            type=file,
+            default=None,
+            help="Write the Markdown report (a PR comment) here.",
+        ),
+        click.option(
+            "--out", type=file, default=None, help="Also write the results of the cases run here."
+        ),
+        click.option(
+            "--all-metrics", is_flag=True, help="Show passing step metrics in the table too."
+        ),
+    ]
+    return _apply(wrapper, options)
 
 
 NOT_RELATIVE = {
@@ -120,7 +195,7 @@ NEEDS_CASES = ("shard_spec", "devices_spec", "isolate", "factory_spec")
 @selection_options()
 @baseline_option
 @measurement_options(adaptive=True)
-@max_reruns_option(
+@judge_options(
     "Confirm a case that is over a bound in up to this many fresh processes, one at a "
     "time, before it can be a regression; the processes are pooled."
 )
@@ -138,40 +213,7 @@ NEEDS_CASES = ("shard_spec", "devices_spec", "isolate", "factory_spec")
     default=None,
     help="Check the requests of sglang's performance.log (needs --baseline).",
 )
-@profile_option
-@click.option(
-    "--report",
-    "report_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write the JSON report here.",
-)
-@click.option(
-    "--markdown",
-    "markdown_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write the Markdown report (a PR comment) here.",
-)
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Also write the results of the cases run here.",
-)
-@click.option(
-    "--fail-on-missing",
-    is_flag=True,
-    help="Missing baselines, missing and new stages fail the check (exit 1).",
-)
-@click.option("--advisory", is_flag=True, help="Report regressions but never fail on them.")
-@click.option("--all-metrics", is_flag=True, help="Show passing step metrics in the table too.")
-@click.option(
-    "--allow-output-change",
-    is_flag=True,
-    help="A changed output is reported, not failed (a numerics change; a case can say so "
-    "with `output_may_change = true`).",
-)
+@output_options
 @click.option(
     "--counters-only",
     is_flag=True,
@@ -184,26 +226,12 @@ def check(
     selection: Selection,
     baseline_path: str | None,
     options: MeasureOptions,
-    max_reruns: int,
+    judging: JudgeOptions,
     results_file: str | None,
     perf_log: str | None,
-    profile: str,
-    report_path: str | None,
-    markdown_path: str | None,
-    out: str | None,
-    fail_on_missing: bool,
-    advisory: bool,
-    all_metrics: bool,
-    allow_output_change: bool,
+    outputs: Outputs,
     counters_only: bool,
-    against: str | None,
-    against_ref: str | None,
-    against_subdir: str | None,
-    budget_s: float,
-    min_blocks: int,
-    max_blocks: int,
-    order_seed: int | None,
-    write_baseline: str | None,
+    relative: RelativeOptions | None,
 ) -> int:
     """Run the selected cases (or read --results) and judge each metric against the baseline.
 
@@ -230,82 +258,104 @@ def check(
     bit-identical or within tolerance (PSNR >= 100 dB) unless --allow-output-change.
     """
 
-    verdicts = {
-        "fail_on_missing": fail_on_missing,
-        "advisory": advisory,
-        "allow_output_change": allow_output_change,
-    }
-    if counters_only and (
-        against is not None or against_ref is not None or results_file or perf_log
-    ):
+    if counters_only and (relative is not None or results_file or perf_log):
         raise PerfguardError(
             "--counters-only runs the cases: it cannot apply to --against, --results "
             "or --sglang-perf-log"
         )
-    if against is not None or against_ref is not None:
-        for param, flag in NOT_RELATIVE.items():
-            if given(param):
-                raise PerfguardError(f"{flag} does not apply to a relative check (--against)")
-        relative = RelativeOptions(
-            directory=against,
-            ref=against_ref,
-            subdir=against_subdir,
-            budget_s=budget_s,
-            min_blocks=min_blocks,
-            max_blocks=max_blocks,
-            order_seed=order_seed,
-            write_baseline=write_baseline,
-        )
-        platform = api.probe(platform_name)
-        report = api.check_relative(
-            selection, options, relative, out=out, platform=platform, echo=echo_err, **verdicts
-        )
-    elif write_baseline:
-        raise PerfguardError("--write-baseline needs --against or --against-ref")
+    if relative is not None:
+        report = _relative(platform_name, selection, options, judging, relative, outputs)
     elif results_file or perf_log:
         _refuse_run_options(results_file, perf_log, options)
         if perf_log:
-            if not baseline_path:
-                raise PerfguardError(
-                    "--sglang-perf-log needs --baseline (the log names no platform)"
-                )
-            if len(selection.case_ids) > 1:
-                raise PerfguardError("--sglang-perf-log takes at most one --case")
-            case_id = selection.case_ids[0] if selection.case_ids else None
-            report = api.check_perf_log(
-                perf_log,
-                baseline=baseline_path,
-                case_id=case_id,
-                profile=profile,
-                fail_on_missing=fail_on_missing,
-                advisory=advisory,
-            )
+            report = _perf_log(perf_log, selection, baseline_path, judging)
         else:
-            assert results_file is not None
-            report = api.check_results(
-                results_file,
-                selection,
-                baseline=baseline_path,
-                profile=profile,
-                echo=echo_err,
-                **verdicts,
-            )
+            report = _results_file(results_file or "", selection, baseline_path, judging)
+    elif counters_only:
+        report = _counters_only(platform_name, selection, baseline_path, options, judging, outputs)
     else:
-        report = api.check(
-            selection,
-            options,
-            baseline=baseline_path,
-            profile=profile,
-            max_reruns=max_reruns,
-            out=out,
-            platform=api.probe(platform_name),
-            echo=echo_err,
-            counters_only=counters_only,
-            **verdicts,
-        )
-    report, _ = api.write_report(report, report_path, markdown_path)
-    render_table(report, console(), all_metrics=all_metrics)
+        report = _stored(platform_name, selection, baseline_path, options, judging, outputs)
+    report, _ = api.write_report(report, outputs.report, outputs.markdown)
+    render_table(report, console(), all_metrics=outputs.all_metrics)
     return report.exit_code
+
+
+def _stored(
+    platform_name: str | None,
+    selection: Selection,
+    baseline_path: str | None,
+    options: MeasureOptions,
+    judging: JudgeOptions,
+    outputs: Outputs,
+) -> Report:
+    """The check against a stored baseline: the cases run through the gate."""
+    return api.check(
+        selection,
+        options,
+        judging=judging,
+        baseline=baseline_path,
+        out=outputs.results,
+        platform=api.probe(platform_name),
+        echo=echo_err,
+    )
+
+
+def _counters_only(
+    platform_name: str | None,
+    selection: Selection,
+    baseline_path: str | None,
+    options: MeasureOptions,
+    judging: JudgeOptions,
+    outputs: Outputs,
+) -> Report:
+    """`--counters-only`: one counted run per case, judged on what is exact."""
+    counted = options.replace(counters_only=True)
+    return _stored(platform_name, selection, baseline_path, counted, judging, outputs)
+
+
+def _relative(
+    platform_name: str | None,
+    selection: Selection,
+    options: MeasureOptions,
+    judging: JudgeOptions,
+    relative: RelativeOptions,
+    outputs: Outputs,
+) -> Report:
+    """`--against DIR` / `--against-ref REF`: head and base side by side, no baseline."""
+    for param, flag in NOT_RELATIVE.items():
+        if given(param):
+            raise PerfguardError(f"{flag} does not apply to a relative check (--against)")
+    platform = api.probe(platform_name)
+    return api.check_relative(
+        selection,
+        options,
+        relative,
+        judging=judging,
+        out=outputs.results,
+        platform=platform,
+        echo=echo_err,
+    )
+
+
+def _results_file(
+    results_file: str, selection: Selection, baseline_path: str | None, judging: JudgeOptions
+) -> Report:
+    """`--results FILE`: judge a results file; nothing runs."""
+    return api.check_results(
+        results_file, selection, judging=judging, baseline=baseline_path, echo=echo_err
+    )
+
+
+def _perf_log(
+    perf_log: str, selection: Selection, baseline_path: str | None, judging: JudgeOptions
+) -> Report:
+    """`--sglang-perf-log FILE`: judge sglang's requests; nothing runs."""
+    if not baseline_path:
+        raise PerfguardError("--sglang-perf-log needs --baseline (the log names no platform)")
+    if len(selection.case_ids) > 1:
+        raise PerfguardError("--sglang-perf-log takes at most one --case")
+    case_id = selection.case_ids[0] if selection.case_ids else None
+    return api.check_perf_log(perf_log, judging=judging, baseline=baseline_path, case_id=case_id)
 
 
 def _refuse_run_options(

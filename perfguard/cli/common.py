@@ -17,6 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from perfguard.decision.gate import JudgeOptions
 from perfguard.device.inject import inject_from
 from perfguard.measurement.launch import START_METHODS
 from perfguard.measurement.options import SYNC_POLICIES, MeasureOptions, factory_from, parse_devices
@@ -343,6 +344,41 @@ def max_reruns_option(help: str) -> Decorator:
     return click.option(
         "--max-reruns", default=2, show_default=True, type=click.IntRange(min=0), help=help
     )
+
+
+def judge_options(max_reruns_help: str) -> Decorator:
+    """--profile / --max-reruns / --fail-on-missing / --advisory / --allow-output-change:
+    how a check judges (`JudgeOptions`); the command gets `judging`."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            kwargs["judging"] = JudgeOptions(
+                profile=kwargs.pop("profile"),
+                fail_on_missing=kwargs.pop("fail_on_missing"),
+                advisory=kwargs.pop("advisory"),
+                allow_output_change=kwargs.pop("allow_output_change"),
+                max_reruns=kwargs.pop("max_reruns"),
+            )
+            return fn(**kwargs)
+
+        flags = [
+            (
+                "--fail-on-missing",
+                "Missing baselines, missing and new stages fail the check (exit 1).",
+            ),
+            ("--advisory", "Report regressions but never fail on them."),
+            (
+                "--allow-output-change",
+                "A changed output is reported, not failed (a numerics change; a case can say "
+                "so with `output_may_change = true`).",
+            ),
+        ]
+        options = [max_reruns_option(max_reruns_help), profile_option]
+        options += [click.option(name, is_flag=True, help=text) for name, text in flags]
+        return _apply(wrapper, options)
+
+    return decorate
 
 
 def json_file_option(help: str) -> Decorator:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
+from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.decision.verdict import (
     CONTENDED,
     DEFAULT_RULE,
@@ -71,6 +72,53 @@ adaptive stop) after each run beyond the minimum; a `Results` with one result pe
 
 
 @dataclass(frozen=True)
+class JudgeOptions:
+    """How a check judges: one frozen value, built once by the CLI and passed down.
+
+    - `profile`: the baseline's tolerance profile (`pr_test`, `long_term`).
+    - `fail_on_missing`: missing baselines, missing and new stages fail the check.
+    - `advisory`: regressions are reported, never failed.
+    - `allow_output_change`: a changed output is reported, not failed.
+    - `max_reruns`: fresh confirmation processes for a case over its bound.
+    - `rule`, `policy`: the evidence a verdict needs and the contention screen.
+
+    A relative check (`perfguard.measurement.relative`) uses `fail_on_missing`,
+    `advisory` and `allow_output_change`; it has no profile and no confirmations.
+    """
+
+    profile: str = DEFAULT_PROFILE
+    fail_on_missing: bool = False
+    advisory: bool = False
+    allow_output_change: bool = False
+    max_reruns: int = DEFAULT_MAX_RERUNS
+    rule: Rule = DEFAULT_RULE
+    policy: ContentionPolicy = DEFAULT_POLICY
+
+    def __post_init__(self) -> None:
+        if self.max_reruns < 0:
+            raise ValueError("max_reruns must be >= 0")
+
+    def replace(self, **changes: Any) -> JudgeOptions:
+        return dataclasses.replace(self, **changes)
+
+    def judge(
+        self, results: Results, baseline: Baseline, ignore_missing: Iterable[str] = ()
+    ) -> Judgement:
+        """`perfguard.decision.verdict.judge` of `results` under these options."""
+        return judge(
+            results,
+            baseline,
+            self.profile,
+            fail_on_missing=self.fail_on_missing,
+            advisory=self.advisory,
+            ignore_missing=tuple(ignore_missing),
+            rule=self.rule,
+            policy=self.policy,
+            allow_output_change=self.allow_output_change,
+        )
+
+
+@dataclass(frozen=True)
 class GateOutcome:
     """The pooled results (every sample of every attempt) and the judgement on them."""
 
@@ -86,21 +134,15 @@ def _reference(baseline: Baseline, case_id: str) -> float | None:
 def run_gate(
     cases: Sequence[Case],
     baseline: Baseline,
-    profile_name: str,
+    judging: JudgeOptions,
     measure: Measure,
     *,
     confirm: Measure | None = None,
     adaptive: bool = True,
-    max_reruns: int = DEFAULT_MAX_RERUNS,
-    rule: Rule = DEFAULT_RULE,
-    fail_on_missing: bool = False,
-    advisory: bool = False,
     ignore_missing: Iterable[str] = (),
     max_repeats: int | None = None,
     on_event: Callable[[str, str], None] | None = None,
-    policy: ContentionPolicy = DEFAULT_POLICY,
     sleep: Callable[[float], None] = time.sleep,
-    allow_output_change: bool = False,
 ) -> GateOutcome:
     """Measure `cases`, wait out contention, confirm cases over their bounds, judge once.
 
@@ -108,117 +150,141 @@ def run_gate(
     measurement already runs in workers); `on_event(case_id, message)` is told what the
     gate does and why (a wait, a confirmation).
     """
-    if max_reruns < 0:
-        raise ValueError("max_reruns must be >= 0")
-    confirm = confirm or measure
-    tell = on_event or (lambda _cid, _msg: None)
-    profile = baseline.profile(profile_name)
+    gate = _Gate(baseline, judging, {c.id: c for c in cases}, on_event, adaptive)
+    results = measure(cases, gate.until_for)
+    first_runs = {cid: r.repeats for cid, r in results.cases.items()}
+    gate.wait_out_contention(results, measure, sleep)
+    gate.confirm(results, confirm or measure)
+    judgement = judging.judge(results, baseline, ignore_missing)
+    verdicts = []
+    for cv in judgement.cases:
+        res = results.cases[cv.case_id]
+        sampling = gate.sampling(cv.case_id, res)
+        if adaptive and max_repeats is not None and res.status == "ok":
+            sampling["stopped_early"] = first_runs.get(cv.case_id, 0) < max_repeats
+        if cv.case_id in gate.notes:
+            sampling["note"] = gate.notes[cv.case_id]
+        verdicts.append(dataclasses.replace(cv, sampling=sampling))
+    return GateOutcome(results, dataclasses.replace(judgement, cases=tuple(verdicts)))
 
-    def verdict_of(cid: str, result: CaseResult) -> CaseVerdict:
+
+class _Gate:
+    """What `run_gate` keeps between its steps: the verdict it asks after each
+    measurement, and per case the waits, confirmations and notes."""
+
+    def __init__(
+        self,
+        baseline: Baseline,
+        judging: JudgeOptions,
+        by_id: dict[str, Case],
+        on_event: Callable[[str, str], None] | None,
+        adaptive: bool,
+    ) -> None:
+        self.baseline, self.judging, self.by_id, self.adaptive = baseline, judging, by_id, adaptive
+        self.tell = on_event or (lambda _cid, _msg: None)
+        self.profile = baseline.profile(judging.profile)
+        self.waits: dict[str, int] = {}
+        self.confirmations: dict[str, int] = {}
+        self.notes: dict[str, str] = {}
+
+    def verdict_of(self, cid: str, result: CaseResult) -> CaseVerdict:
         return judge_against(
-            baseline,
-            profile,
+            self.baseline,
+            self.profile,
             cid,
             result,
-            rule=rule,
-            policy=policy,
-            allow_output_change=allow_output_change,
+            rule=self.judging.rule,
+            policy=self.judging.policy,
+            allow_output_change=self.judging.allow_output_change,
         )
 
-    def until_for(case: Case) -> Until | None:
-        if not adaptive or case.id not in baseline.scenarios:
+    def until_for(self, case: Case) -> Until | None:
+        if not self.adaptive or case.id not in self.baseline.scenarios:
             return None
 
         def clearly_fine(result: CaseResult) -> bool:
-            v = verdict_of(case.id, result)
+            v = self.verdict_of(case.id, result)
             return v.clear and not v.over
 
         return clearly_fine
 
-    by_id = {c.id: c for c in cases}
-    results = measure(cases, until_for)
-    first_runs = {cid: r.repeats for cid, r in results.cases.items()}
-    waits = dict.fromkeys(results.cases, 0)
-    confirmations = dict.fromkeys(results.cases, 0)
-    notes: dict[str, str] = {}
-
-    # Contention: wait and measure again while the runner is busy (bounded).
-    for cid in sorted(results.cases):
-        if cid not in by_id:
-            continue
-        for _ in range(policy.waits):
-            res = results.cases[cid]
-            if res.status != "ok":
-                break
-            _, scr = screen(res, _reference(baseline, cid), policy)
-            if not scr.contended:
-                break
-            tell(cid, f"{scr.reason}: waiting {policy.wait_s:g} s and measuring again")
-            sleep(policy.wait_s)
-            waits[cid] += 1
-            again = measure([by_id[cid]], until_for).cases.get(cid)
-            if again is not None:
-                results.cases[cid] = again
-
-    # Confirmation in fresh processes, one at a time, while a metric is over its bound.
-    for attempt in range(1, max_reruns + 1):
-        todo: list[Case] = []
-        for cid, res in sorted(results.cases.items()):
-            if res.status != "ok" or cid in notes or cid not in by_id:
+    def wait_out_contention(
+        self, results: Results, measure: Measure, sleep: Callable[[float], None]
+    ) -> None:
+        """Wait and measure again while the runner is busy (bounded)."""
+        policy = self.judging.policy
+        self.waits = dict.fromkeys(results.cases, 0)
+        for cid in sorted(results.cases):
+            if cid not in self.by_id:
                 continue
-            verdict = verdict_of(cid, res)
+            for _ in range(policy.waits):
+                res = results.cases[cid]
+                if res.status != "ok":
+                    break
+                _, scr = screen(res, _reference(self.baseline, cid), policy)
+                if not scr.contended:
+                    break
+                self.tell(cid, f"{scr.reason}: waiting {policy.wait_s:g} s and measuring again")
+                sleep(policy.wait_s)
+                self.waits[cid] += 1
+                again = measure([self.by_id[cid]], self.until_for).cases.get(cid)
+                if again is not None:
+                    results.cases[cid] = again
+
+    def over_bounds(self, results: Results, attempt: int) -> list[Case]:
+        """The cases with a metric over its bound, to confirm in a fresh process."""
+        todo: list[Case] = []
+        max_reruns = self.judging.max_reruns
+        for cid, res in sorted(results.cases.items()):
+            if res.status != "ok" or cid in self.notes or cid not in self.by_id:
+                continue
+            verdict = self.verdict_of(cid, res)
             # A case the screen found contended waits instead; a metric left without a
             # verdict by the runner's speed is over its bound and is confirmed, since a
             # fresh process at another moment may see a faster runner.
             screened = verdict.verdict == CONTENDED and verdict.error is not None
             if not screened and verdict.over:
-                tell(
+                self.tell(
                     cid,
                     f"over its bound ({', '.join(verdict.over[:3])}): confirming in a fresh "
                     f"process ({attempt} of at most {max_reruns})",
                 )
-                todo.append(by_id[cid])
-        if not todo:
-            break
-        more = confirm(todo, lambda _case: None)
-        for case in todo:
-            extra = more.cases.get(case.id)
-            if extra is None or extra.status != "ok":
-                why = "no result" if extra is None else extra.error
-                notes[case.id] = f"confirmation {attempt} failed ({why}); verdict from earlier runs"
-                continue
-            _, scr = screen(extra, _reference(baseline, case.id), policy)
-            if scr.contended:
-                notes[case.id] = f"confirmation {attempt} ran on a contended runner; left out"
-                continue
-            results.cases[case.id] = pool([results.cases[case.id], extra], True)
-            confirmations[case.id] += 1
+                todo.append(self.by_id[cid])
+        return todo
 
-    judgement = judge(
-        results,
-        baseline,
-        profile_name,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        ignore_missing=tuple(ignore_missing),
-        rule=rule,
-        policy=policy,
-        allow_output_change=allow_output_change,
-    )
-    verdicts = []
-    for cv in judgement.cases:
-        res = results.cases[cv.case_id]
-        sampling: dict[str, Any] = {
+    def confirm(self, results: Results, confirm: Measure) -> None:
+        """Confirmation in fresh processes, one at a time, while a metric is over its bound."""
+        self.confirmations = dict.fromkeys(results.cases, 0)
+        policy = self.judging.policy
+        for attempt in range(1, self.judging.max_reruns + 1):
+            todo = self.over_bounds(results, attempt)
+            if not todo:
+                break
+            more = confirm(todo, lambda _case: None)
+            for case in todo:
+                extra = more.cases.get(case.id)
+                if extra is None or extra.status != "ok":
+                    why = "no result" if extra is None else extra.error
+                    self.notes[case.id] = (
+                        f"confirmation {attempt} failed ({why}); verdict from earlier runs"
+                    )
+                    continue
+                _, scr = screen(extra, _reference(self.baseline, case.id), policy)
+                if scr.contended:
+                    self.notes[case.id] = (
+                        f"confirmation {attempt} ran on a contended runner; left out"
+                    )
+                    continue
+                results.cases[case.id] = pool([results.cases[case.id], extra], True)
+                self.confirmations[case.id] += 1
+
+    def sampling(self, cid: str, res: CaseResult) -> dict[str, Any]:
+        """How a case was sampled, for its verdict's `sampling`."""
+        return {
             "runs": res.repeats,
             "groups": len(res.groups) if res.groups else 1,
             # `reruns` is the older name of `confirmations`, kept for readers of reports.
-            "reruns": confirmations.get(cv.case_id, 0),
-            "confirmations": confirmations.get(cv.case_id, 0),
-            "contention_waits": waits.get(cv.case_id, 0),
+            "reruns": self.confirmations.get(cid, 0),
+            "confirmations": self.confirmations.get(cid, 0),
+            "contention_waits": self.waits.get(cid, 0),
         }
-        if adaptive and max_repeats is not None and res.status == "ok":
-            sampling["stopped_early"] = first_runs.get(cv.case_id, 0) < max_repeats
-        if cv.case_id in notes:
-            sampling["note"] = notes[cv.case_id]
-        verdicts.append(dataclasses.replace(cv, sampling=sampling))
-    return GateOutcome(results, dataclasses.replace(judgement, cases=tuple(verdicts)))

@@ -25,6 +25,18 @@ WORKER_FIELDS = ("repeats", "warmup", "timeout", "sync", "inject", "factory", "c
 request's `options` object on the wire (`perfguard.measurement.worker`), unchanged since
 worker protocol 1 so that an older base revision of a relative check reads it."""
 
+_MEASURED = ("repeats", "warmup", "timeout", "sync", "inject", "counters_only", "max_repeats")
+_REPORTED = ("repeats", "warmup", "sync", "inject", "devices", "start_method")
+SETTINGS_RECORDS: dict[str, tuple[str, ...]] = {
+    "results": _MEASURED,
+    "workers": (*_MEASURED, "devices", "isolate", "start_method", "factory", "processes"),
+    "check": (*_REPORTED, "max_repeats", "processes", "isolate"),
+    "counters": (*_REPORTED, "counters_only"),
+    "relative": (*_REPORTED, "factory"),
+}
+"""The keys of each run-settings record (`MeasureOptions.settings`): a results file of
+cases run in this process or in workers, and the report of each kind of check."""
+
 
 @dataclass(frozen=True)
 class MeasureOptions:
@@ -113,18 +125,49 @@ class MeasureOptions:
             or any(c.num_devices > 1 for c in cases)
         )
 
-    def settings(self) -> dict[str, Any]:
-        """What a results file records of how it was measured."""
+    def settings(self, record: str = "results", *, adaptive: bool = False) -> dict[str, Any]:
+        """The measurement keys of a run-settings record: how its figures were measured.
+
+        Each record holds the keys `SETTINGS_RECORDS` lists for it (the caller adds what
+        is not measurement: the source, the shard, a check's confirmations):
+
+        - `results`: a results file of cases run in this process; `max_repeats` only
+          where sampling was `adaptive` (an `until` was consulted).
+        - `workers`: a results file of cases run in worker processes: also where they
+          ran (`devices` as a list, `isolate` true with `processes` > 1 too, which
+          runs every case in a fresh process) and `processes` where > 1.
+        - `check`, `counters`, `relative`: the report of a check of each kind; `devices`
+          comma-joined, `isolate` as asked, and `max_repeats` the most runs a first
+          measurement may take (`repeats` where sampling is not adaptive).
+
+        `counters_only` appears where it is set.
+        """
         from perfguard.device.inject import describe
 
-        return {
+        if record not in SETTINGS_RECORDS:
+            raise ValueError(f"no settings record {record!r}")
+        report = record not in ("results", "workers")
+        devices = list(self.devices) if self.devices is not None else None
+        values: dict[str, Any] = {
             "repeats": self.repeats,
             "warmup": self.warmup,
             "timeout": self.timeout,
             "sync": self.sync,
             "inject": describe(dict(self.inject)),
-            **({"counters_only": True} if self.counters_only else {}),
+            "counters_only": True,
+            "max_repeats": (self.max_repeats or self.repeats) if report else self.max_repeats,
+            "devices": (",".join(devices) if devices else None) if report else devices,
+            "isolate": self.isolate if report else self.isolated,
+            "start_method": self.start_method,
+            "factory": self.factory,
+            "processes": self.processes,
         }
+        left_out = {
+            "counters_only": not self.counters_only,
+            "max_repeats": not report and not adaptive,
+            "processes": record == "workers" and self.processes == 1,
+        }
+        return {k: values[k] for k in SETTINGS_RECORDS[record] if not left_out.get(k, False)}
 
     def to_worker_json(self, platform: str) -> dict[str, Any]:
         """The request's `options` for a worker process (`WORKER_FIELDS` + the platform)."""

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfguard.decision.gate import JudgeOptions
 from perfguard.decision.paired import (
     BASE,
     HEAD,
@@ -468,97 +469,64 @@ def run_relative(
     budget_s: float = DEFAULT_BUDGET_S,
     seed: int | None = None,
     clock: Callable[[], float] = time.monotonic,
-    fail_on_missing: bool = False,
-    advisory: bool = False,
+    judging: JudgeOptions | None = None,
     on_block: Callable[[int, Block, int], None] | None = None,
-    allow_output_change: bool = False,
 ) -> RelativeOutcome:
     """Measure blocks until every verdict is clear, `max_blocks`, or the budget; judge.
 
     `on_block(index, block, open_metrics)` is told after each block (open_metrics is -1
     where the block was not a look). A case that fails on either side in a block is
-    reported as that case's error and not measured again; the others go on.
+    reported as that case's error and not measured again; the others go on. Of
+    `judging`, `fail_on_missing`, `advisory` and `allow_output_change` apply.
     """
+    judging = judging or JudgeOptions()
     looks = look_points(min_blocks, max_blocks)
     alpha_look = alpha_per_look(alpha, looks)
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
-    active = list(cases)
-    errors: dict[str, str] = {}
-    latched: dict[tuple[str, str], MetricVerdict] = {}
-    blocks: list[Block] = []
-    looked_at: list[int] = []
+    run = _Blocks(cases, looks, alpha_look)
     started = clock()
     stopped = "max-blocks"
     previous: str | None = None
-    while len(blocks) < max_blocks:
-        n = len(blocks)
+    while len(run.blocks) < max_blocks:
+        n = len(run.blocks)
         if n >= min_blocks and n % 2 == 0:
-            pair_s = 2 * sum(b.seconds for b in blocks) / n
+            pair_s = 2 * sum(b.seconds for b in run.blocks) / n
             if clock() - started + pair_s > budget_s:
                 stopped = "budget"
                 break
-        if not active:
+        if not run.active:
             stopped = "every case failed"
             break
         order = block_order(n, previous, rng)
         previous = order
         t0 = clock()
-        measured = measure(n, order, active)
+        measured = measure(n, order, run.active)
         block = Block(order, clock() - t0, {s: dict(measured.get(s, {})) for s in (BASE, HEAD)})
-        blocks.append(block)
-        for case in list(active):
-            for side in order:
-                res = block.results[side].get(case.id)
-                if res is None or res.status != "ok":
-                    why = "no result" if res is None else (res.error or "failed")
-                    errors.setdefault(case.id, f"{SIDES[side]}: {why}")
-            if case.id in errors:
-                active.remove(case)
-        open_metrics = -1
-        if len(blocks) in looks:
-            looked_at.append(len(blocks))
-            judgement, _ = judge_blocks(
-                [c.id for c in cases],
-                blocks,
-                alpha_look=alpha_look,
-                final=False,
-                errors=errors,
-                latched=latched,
-            )
-            open_metrics = 0
-            for c in judgement.cases:
-                if c.verdict == ERROR:
-                    continue
-                for m in c.metrics:
-                    if m.clear:
-                        latched.setdefault((c.case_id, m.metric), m)
-                    else:
-                        open_metrics += 1
-            if open_metrics == 0:
-                stopped = "resolved"
-                if on_block is not None:
-                    on_block(n, block, open_metrics)
-                break
+        run.add(block)
+        open_metrics = run.look() if len(run.blocks) in looks else -1
         if on_block is not None:
             on_block(n, block, open_metrics)
-    if blocks and len(blocks) not in looked_at:
-        looked_at.append(len(blocks))
+        if open_metrics == 0:
+            stopped = "resolved"
+            break
+    if run.blocks and len(run.blocks) not in run.looked_at:
+        run.looked_at.append(len(run.blocks))
     judgement, pooled = judge_blocks(
         [c.id for c in cases],
-        blocks,
+        run.blocks,
         alpha_look=alpha_look,
         final=True,
-        errors=errors,
-        latched=latched,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        allow_output_change=allow_output_change,
+        errors=run.errors,
+        latched=run.latched,
+        fail_on_missing=judging.fail_on_missing,
+        advisory=judging.advisory,
+        allow_output_change=judging.allow_output_change,
     )
     return RelativeOutcome(
         judgement=judgement,
-        blocks=blocks,
+        blocks=run.blocks,
         pooled=pooled,
         stopped=stopped,
         looks=looks,
@@ -566,8 +534,57 @@ def run_relative(
         alpha_look=alpha_look,
         seed=seed,
         elapsed_s=clock() - started,
-        looked_at=looked_at,
+        looked_at=run.looked_at,
     )
+
+
+class _Blocks:
+    """The blocks of a relative check so far: the cases still measured, each failed
+    case's error, and the verdicts latched at a look (a sequential test stops where it
+    decides)."""
+
+    def __init__(self, cases: Sequence[Case], looks: Sequence[int], alpha_look: float) -> None:
+        self.ids = [c.id for c in cases]
+        self.active = list(cases)
+        self.alpha_look = alpha_look
+        self.errors: dict[str, str] = {}
+        self.latched: dict[tuple[str, str], MetricVerdict] = {}
+        self.blocks: list[Block] = []
+        self.looked_at: list[int] = []
+
+    def add(self, block: Block) -> None:
+        """Keep `block`; a case without a good result on either side leaves the check."""
+        self.blocks.append(block)
+        for case in list(self.active):
+            for side in block.order:
+                res = block.results[side].get(case.id)
+                if res is None or res.status != "ok":
+                    why = "no result" if res is None else (res.error or "failed")
+                    self.errors.setdefault(case.id, f"{SIDES[side]}: {why}")
+            if case.id in self.errors:
+                self.active.remove(case)
+
+    def look(self) -> int:
+        """Judge the blocks so far, latch the clear verdicts; how many metrics are open."""
+        self.looked_at.append(len(self.blocks))
+        judgement, _ = judge_blocks(
+            self.ids,
+            self.blocks,
+            alpha_look=self.alpha_look,
+            final=False,
+            errors=self.errors,
+            latched=self.latched,
+        )
+        open_metrics = 0
+        for c in judgement.cases:
+            if c.verdict == ERROR:
+                continue
+            for m in c.metrics:
+                if m.clear:
+                    self.latched.setdefault((c.case_id, m.metric), m)
+                else:
+                    open_metrics += 1
+        return open_metrics
 
 
 # ---- measuring a block in worker processes --------------------------------------------------

@@ -247,49 +247,23 @@ def run_case(
     (`result.work_error` says why), not its timings.
     """
     options = options or MeasureOptions()
-    repeats, warmup = options.repeats, options.warmup
+    repeats = options.repeats
     if factory is None and options.factory:
         factory = import_factory(options.factory)
     limit = max(repeats, options.max_repeats or repeats) if until is not None else repeats
-    result = CaseResult(case_id=case.id, warmup=warmup, repeats=0, case=case.definition())
+    result = CaseResult(case_id=case.id, warmup=options.warmup, repeats=0, case=case.definition())
     hashes: list[str] = []
     pipeline = None
     try:
         with _deadline(options.timeout):
-            result.threads = threads.apply(
-                threads.case_threads(case, platform.name, options.threads)
-            ).to_json()
-            t0 = time.perf_counter()
-            pipeline = (factory or _default_factory)(case, platform)
-            platform.synchronize()
-            result.load_ms = (time.perf_counter() - t0) * 1e3
+            pipeline = _build(case, platform, options, factory, result)
             yardstick = Reference(platform)
-            result.components = components_of(pipeline)
-            arguments = getattr(pipeline, "arguments", None)
-            result.arguments = dict(arguments) if isinstance(arguments, dict) else None
+            _describe(pipeline, result)
             counters = getattr(pipeline, "counters", None)
-            output = None
-            for _ in range(max(warmup, 1 if options.counters_only else 0)):
-                output = pipeline()
-            if options.counters_only and output is not None:
-                # No timed runs: the last warm-up's output is the one compared.
-                result.output_sketch = output_sketch(output)
-                hashes.append(tensor_hash(output))
-                limit = 0
+            if _warm_up(pipeline, options, result, hashes):
+                limit = 0  # no timed runs: the last warm-up's output is the one compared
+            _count_work(pipeline, platform, case, result)
             separate = platform.separate_memory_run
-            try:
-                work, memory = counted_run(pipeline, platform, case.dtype)
-            except (CaseTimeout, InjectionUnmatched):
-                raise
-            except Exception as exc:  # an op the mode cannot see through: no counts
-                first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
-                result.work_error = f"the pipeline failed under the counting mode ({first})"
-            else:
-                result.work = [work.to_json()]
-                if memory is not None:
-                    for name, mb in memory.metrics().items():
-                        result.samples[name] = [mb]
-                    result.memory = memory.to_json()
             before = yardstick.time_ms()
             while result.repeats < limit:
                 if result.repeats >= repeats and until is not None and until(result):
@@ -309,20 +283,14 @@ def run_case(
                 result.add_run(timer.record())
                 if callable(counters):
                     result.add_counters(dict(counters()))
-                hashes.append(tensor_hash(output))
-                if result.output_sketch is None:
-                    result.output_sketch = output_sketch(output)
+                _keep_output(output, result, hashes)
                 result.repeats += 1
                 if on_run is not None:
                     on_run(result)
     except InjectionUnmatched:
         raise  # a mistake in the command line, not this case's failure: exit 2
     except Exception as exc:
-        result.status = "error"
-        oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
-        kind = "out of memory" if oom else type(exc).__name__
-        result.error = f"{kind}: {exc}".strip().splitlines()[0][:500]
-        result.case["traceback_tail"] = traceback.format_exc().strip().splitlines()[-1][:500]
+        _record_error(result, exc)
     finally:
         del pipeline
         gc.collect()
@@ -333,7 +301,85 @@ def run_case(
     return result
 
 
-def run_cases(
+def _build(
+    case: Case,
+    platform: Platform,
+    options: MeasureOptions,
+    factory: PipelineFactory | None,
+    result: CaseResult,
+) -> Callable[[], torch.Tensor]:
+    """Apply the case's thread count and build its pipeline; `result` keeps the threads
+    and the load time."""
+    result.threads = threads.apply(
+        threads.case_threads(case, platform.name, options.threads)
+    ).to_json()
+    t0 = time.perf_counter()
+    pipeline = (factory or _default_factory)(case, platform)
+    platform.synchronize()
+    result.load_ms = (time.perf_counter() - t0) * 1e3
+    return pipeline
+
+
+def _describe(pipeline: Any, result: CaseResult) -> None:
+    """What the built pipeline says of itself: its components and call arguments."""
+    result.components = components_of(pipeline)
+    arguments = getattr(pipeline, "arguments", None)
+    result.arguments = dict(arguments) if isinstance(arguments, dict) else None
+
+
+def _warm_up(
+    pipeline: Callable[[], torch.Tensor],
+    options: MeasureOptions,
+    result: CaseResult,
+    hashes: list[str],
+) -> bool:
+    """The untimed warm-up runs (at least one with `counters_only`, whose output is then
+    kept as the one compared); whether it was counters only."""
+    output = None
+    for _ in range(max(options.warmup, 1 if options.counters_only else 0)):
+        output = pipeline()
+    if options.counters_only and output is not None:
+        result.output_sketch = output_sketch(output)
+        hashes.append(tensor_hash(output))
+        return True
+    return False
+
+
+def _count_work(pipeline: Any, platform: Platform, case: Case, result: CaseResult) -> None:
+    """The untimed counted run: the build's work and, where the platform has no
+    allocator statistics, its tensor memory (see `run_case`)."""
+    try:
+        work, memory = counted_run(pipeline, platform, case.dtype)
+    except (CaseTimeout, InjectionUnmatched):
+        raise
+    except Exception as exc:  # an op the mode cannot see through: no counts
+        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+        result.work_error = f"the pipeline failed under the counting mode ({first})"
+    else:
+        result.work = [work.to_json()]
+        if memory is not None:
+            for name, mb in memory.metrics().items():
+                result.samples[name] = [mb]
+            result.memory = memory.to_json()
+
+
+def _keep_output(output: torch.Tensor, result: CaseResult, hashes: list[str]) -> None:
+    """A timed run's output: its hash, and the first one's sketch."""
+    hashes.append(tensor_hash(output))
+    if result.output_sketch is None:
+        result.output_sketch = output_sketch(output)
+
+
+def _record_error(result: CaseResult, exc: Exception) -> None:
+    """A case that raised (out of memory included) is an error with its message."""
+    result.status = "error"
+    oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    kind = "out of memory" if oom else type(exc).__name__
+    result.error = f"{kind}: {exc}".strip().splitlines()[0][:500]
+    result.case["traceback_tail"] = traceback.format_exc().strip().splitlines()[-1][:500]
+
+
+def run_in_process(
     cases: Sequence[Case],
     platform: Platform,
     options: MeasureOptions | None = None,
@@ -349,9 +395,7 @@ def run_cases(
     options = options or MeasureOptions()
     if factory is None and options.factory:
         factory = import_factory(options.factory)
-    settings = options.settings()
-    if until_for is not None:
-        settings["max_repeats"] = options.max_repeats
+    settings = options.settings(adaptive=until_for is not None)
     results = Results(environment=fingerprint(platform), settings=settings)
     with _progress(len(cases), options.progress) as advance:
         for case in cases:

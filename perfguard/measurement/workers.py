@@ -424,7 +424,7 @@ class WorkerStarter:
 
 
 class WarmPool:
-    """Warm servers kept across several `run_cases` calls of one command (a check's
+    """Warm servers kept across several `run_in_workers` calls of one command (a check's
     confirmations, one at a time): each worker environment's server is started once and
     ended by `close`, instead of once per call."""
 
@@ -609,7 +609,7 @@ def preload_modules(cases: Sequence[Case], factory: str | None = None) -> list[s
     return preload(cases)
 
 
-def run_cases(
+def run_in_workers(
     cases: Sequence[Case],
     platform: Platform,
     options: MeasureOptions | None = None,
@@ -617,7 +617,7 @@ def run_cases(
     on_case: Callable[[CaseResult], None] | None = None,
     warm: WarmPool | None = None,
 ) -> Results:
-    """Run `cases` in worker processes; a `Results` like `perfguard.measurement.runner`'s.
+    """Run `cases` in worker processes; a `Results` like `runner.run_in_process`'s.
 
     `options.devices` lists the devices to use, one worker each (None: one unpinned
     worker). Single-device cases go to whichever worker is free, longest first; then the
@@ -628,7 +628,6 @@ def run_cases(
     """
     options = options or MeasureOptions()
     devices, processes = options.devices, options.processes
-    isolate = options.isolate or processes > 1
     if options.factory:
         import_factory(options.factory)  # a bad spec is a usage error now, not N case errors
     single = sorted(
@@ -638,48 +637,80 @@ def run_cases(
     pins: list[list[int]] | None = None
     if platform.name == "cpu" and len(slots) > 1 and single:
         pins = cpu_pins(len(slots), threads_per_worker(single, options.threads), devices)
-    results = Results(
-        environment=fingerprint(platform),
-        settings={
-            **options.settings(),
-            "devices": list(devices) if devices is not None else None,
-            **({"cpu_pins": [_cpu_list(p) for p in pins]} if pins else {}),
-            "isolate": isolate,
-            "start_method": options.start_method,
-            "factory": options.factory,
-            **({"processes": processes} if processes > 1 else {}),
-        },
-    )
-    preload = preload_modules(single, options.factory)
-    lock = threading.Lock()
-    parts: dict[str, list[CaseResult]] = {}
-    fatal: list[PerfguardError] = []  # a usage error from a worker ends the whole command
-
-    def record(res: CaseResult) -> None:
-        with lock:
-            got = parts.setdefault(res.case_id, [])
-            got.append(res)
-            if len(got) < processes:
-                return
-            pooled = pool(got)
-            results.cases[res.case_id] = pooled
-            if on_case is not None:
-                on_case(pooled)
-
-    todo: queue.SimpleQueue[Case] = queue.SimpleQueue()
+    settings = options.settings("workers")
+    if pins:
+        settings["cpu_pins"] = [_cpu_list(p) for p in pins]
+    results = Results(environment=fingerprint(platform), settings=settings)
+    run = _SlotRun(platform, options, results, on_case, warm, len(slots))
+    run.preload = preload_modules(single, options.factory)
     for _ in range(processes):
         for case in single:
-            todo.put(case)
+            run.todo.put(case)
+    threads = [
+        threading.Thread(target=run.drive, args=(slot, pins[i] if pins else None), daemon=True)
+        for i, slot in enumerate(slots)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if run.fatal:
+        raise run.fatal[0]
 
-    def drive(slot: Sequence[str] | None, cores: list[int] | None) -> None:
+    for _ in range(processes):
+        for case in (c for c in cases if c.num_devices > 1):
+            run.record(_run_multi(case, platform, options))
+    return results
+
+
+class _SlotRun:
+    """One `run_in_workers` call: the queue of cases that each slot's worker takes from,
+    and the results, pooled once every process of a case has reported."""
+
+    def __init__(
+        self,
+        platform: Platform,
+        options: MeasureOptions,
+        results: Results,
+        on_case: Callable[[CaseResult], None] | None,
+        warm: WarmPool | None,
+        slots: int,
+    ) -> None:
+        self.platform, self.options, self.results = platform, options, results
+        self.on_case, self.warm, self.slots = on_case, warm, slots
+        self.isolate = options.isolated
+        self.preload: list[str] = []
+        self.lock = threading.Lock()
+        self.parts: dict[str, list[CaseResult]] = {}
+        self.fatal: list[PerfguardError] = []  # a usage error from a worker ends the command
+        self.todo: queue.SimpleQueue[Case] = queue.SimpleQueue()
+
+    def record(self, res: CaseResult) -> None:
+        with self.lock:
+            got = self.parts.setdefault(res.case_id, [])
+            got.append(res)
+            if len(got) < self.options.processes:
+                return
+            pooled = pool(got)
+            self.results.cases[res.case_id] = pooled
+            if self.on_case is not None:
+                self.on_case(pooled)
+
+    def starter(self, slot: Sequence[str] | None, cores: list[int] | None) -> WorkerStarter:
+        options = self.options
         label = f"worker for device {slot[0]}" if slot else "worker"
         if cores:
             label += f" (cores {_cpu_list(cores)})"
-        env = _env_for(platform, slot, len(slots), cores, options.threads)
-        if warm is not None:
-            starter = warm.starter(env, label, options.start_method, preload)
-        else:
-            starter = WorkerStarter(env, label, options.start_method, preload)
+        env = _env_for(self.platform, slot, self.slots, cores, options.threads)
+        if self.warm is not None:
+            return self.warm.starter(env, label, options.start_method, self.preload)
+        return WorkerStarter(env, label, options.start_method, self.preload)
+
+    def drive(self, slot: Sequence[str] | None, cores: list[int] | None) -> None:
+        """One slot's thread: run cases from the queue in its worker until none is left."""
+        options, todo = self.options, self.todo
+        starter = self.starter(slot, cores)
+        label = starter.label
         worker: Worker | None = None
         try:
             while True:
@@ -691,11 +722,11 @@ def run_cases(
                     if worker is None:
                         worker, reason = starter.new()
                         if reason is not None:
-                            record(error_result(case, reason, options))
+                            self.record(error_result(case, reason, options))
                             continue
-                    record(worker.run(case, options, platform.name))
+                    self.record(worker.run(case, options, self.platform.name))
                 except PerfguardError as exc:
-                    fatal.append(exc)
+                    self.fatal.append(exc)
                     while not todo.empty():  # the other workers stop after their case
                         with contextlib.suppress(queue.Empty):
                             todo.get_nowait()
@@ -703,31 +734,17 @@ def run_cases(
                 except Exception as exc:  # cannot start a process, a garbled reply, ...
                     if worker is not None:
                         worker.kill()
-                    record(error_result(case, f"{label}: {type(exc).__name__}: {exc}", options))
-                if worker is not None and (isolate or not worker.alive):
+                    self.record(
+                        error_result(case, f"{label}: {type(exc).__name__}: {exc}", options)
+                    )
+                if worker is not None and (self.isolate or not worker.alive):
                     worker.close()
                     worker = None
         finally:
             if worker is not None:
                 worker.close()
-            if warm is None:
+            if self.warm is None:
                 starter.close()
-
-    threads = [
-        threading.Thread(target=drive, args=(slot, pins[i] if pins else None), daemon=True)
-        for i, slot in enumerate(slots)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if fatal:
-        raise fatal[0]
-
-    for _ in range(processes):
-        for case in (c for c in cases if c.num_devices > 1):
-            record(_run_multi(case, platform, options))
-    return results
 
 
 def _run_multi(case: Case, platform: Platform, options: MeasureOptions) -> CaseResult:
@@ -758,9 +775,9 @@ def execute(
     until_for: Callable[[Case], Callable[[CaseResult], bool] | None] | None = None,
     warm: WarmPool | None = None,
 ) -> Results:
-    """Run `cases` in this process, or in workers when the options ask for them or a
-    case needs more than one device (`MeasureOptions.uses_workers`); otherwise through
-    `perfguard.measurement.runner.run_cases`, as before.
+    """Run `cases` in worker processes (`run_in_workers`) when the options ask for them
+    or a case needs more than one device (`MeasureOptions.uses_workers`), else in this
+    process (`perfguard.measurement.runner.run_in_process`).
 
     Adaptive sampling (`until_for`, `options.max_repeats`) needs the verdict after every
     run, which lives in this process: it applies to cases run here, and workers measure
@@ -768,7 +785,7 @@ def execute(
     """
     options = options or MeasureOptions()
     if options.uses_workers(cases):
-        return run_cases(cases, platform, options, on_case=on_case, warm=warm)
-    from perfguard.measurement.runner import run_cases as run_in_process
+        return run_in_workers(cases, platform, options, on_case=on_case, warm=warm)
+    from perfguard.measurement.runner import run_in_process
 
     return run_in_process(cases, platform, options, on_case=on_case, until_for=until_for)
