@@ -28,6 +28,7 @@ length.
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -533,18 +534,43 @@ def glm_components(
 ) -> dict[str, Any]:
     """GLM-Image's `processor`, `vision_language_encoder` (the AR model), `tokenizer`,
     `text_encoder` (ByT5) and `vae` at `preset`."""
-    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
     from transformers.models.byt5.tokenization_byt5 import ByT5Tokenizer
-    from transformers.models.glm_image.configuration_glm_image import GlmImageConfig
-    from transformers.models.glm_image.modeling_glm_image import GlmImageForConditionalGeneration
-    from transformers.models.t5.configuration_t5 import T5Config
-    from transformers.models.t5.modeling_t5 import T5EncoderModel
 
     cfg = COMPONENT_CONFIGS["glm_image"][preset]
-    ar = cfg["ar"]
+    vision_vocab = codebook_size + cfg["ar"]["vision_vocab_extra"]
+    processor = glm_processor(vision_vocab, codebook_size, codebook_size + 1)
+    build = functools.partial(build_component, device=device, dtype=dtype)
+    glyph = dict(cfg["glyph"])
+    if glyph["d_model"] != text_dim:
+        raise ValueError(
+            f"glm_image {preset}: glyph encoder width {glyph['d_model']} != DiT {text_dim}"
+        )
+    return {
+        "processor": processor,
+        "vision_language_encoder": _glm_prior(
+            cfg["ar"], preset, processor, codebook_size, build, seed + 3
+        ),
+        "tokenizer": ByT5Tokenizer(),
+        "text_encoder": _glm_glyph_encoder(glyph, build, seed + 4),
+        "vae": _glm_vae(dict(cfg["vae"]), latent_channels, build, seed + 5),
+    }
+
+
+def _glm_prior(
+    ar: dict[str, Any],
+    preset: str,
+    processor: Any,
+    codebook_size: int,
+    build: Callable[..., nn.Module],
+    seed: int,
+) -> nn.Module:
+    """GLM-Image's AR model, whose image tokens are the codebook's ids and the two after
+    it (image start, image end)."""
+    from transformers.models.glm_image.configuration_glm_image import GlmImageConfig
+    from transformers.models.glm_image.modeling_glm_image import GlmImageForConditionalGeneration
+
     image_start, image_end = codebook_size, codebook_size + 1
     vision_vocab = codebook_size + ar["vision_vocab_extra"]
-    processor = glm_processor(vision_vocab, image_start, image_end)
     tok = processor.tokenizer
     text = dict(ar["text"])
     text.setdefault("vocab_size", 168064 if preset == "full" else len(tok))
@@ -561,9 +587,7 @@ def glm_components(
         image_start_token_id=image_start,
         image_end_token_id=image_end,
     )
-    prior = build_component(
-        lambda: GlmImageForConditionalGeneration(config), device=device, dtype=dtype, seed=seed + 3
-    )
+    prior = build(lambda: GlmImageForConditionalGeneration(config), seed=seed)
     prior.generation_config.pad_token_id = tok.pad_token_id
     # Random weights put probability on every id of the AR head, including the image-end
     # token (which would stop generation early) and ids past the DiT's codebook; trained
@@ -571,11 +595,16 @@ def glm_components(
     # config so that diffusers' GlmImagePipeline samples the same tokens) keeps the token
     # count and the DiT's lookup those of a real request.
     prior.generation_config.suppress_tokens = list(range(codebook_size, vision_vocab))
-    glyph = dict(cfg["glyph"])
-    if glyph["d_model"] != text_dim:
-        raise ValueError(
-            f"glm_image {preset}: glyph encoder width {glyph['d_model']} != DiT {text_dim}"
-        )
+    return prior
+
+
+def _glm_glyph_encoder(
+    glyph: dict[str, Any], build: Callable[..., nn.Module], seed: int
+) -> nn.Module:
+    """GLM-Image's ByT5 glyph encoder (a T5 encoder over bytes)."""
+    from transformers.models.t5.configuration_t5 import T5Config
+    from transformers.models.t5.modeling_t5 import T5EncoderModel
+
     t5 = T5Config(
         vocab_size=384,
         feed_forward_proj="gated-gelu",
@@ -585,12 +614,17 @@ def glm_components(
         tie_word_embeddings=False,
         **glyph,
     )
-    text_encoder = build_component(
-        lambda: T5EncoderModel(t5), device=device, dtype=dtype, seed=seed + 4
-    )
-    vae_cfg = dict(cfg["vae"])
+    return build(lambda: T5EncoderModel(t5), seed=seed)
+
+
+def _glm_vae(
+    vae_cfg: dict[str, Any], latent_channels: int, build: Callable[..., nn.Module], seed: int
+) -> nn.Module:
+    """GLM-Image's VAE: diffusers' AutoencoderKL without quant convs."""
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+
     blocks = len(vae_cfg["block_out_channels"])
-    vae = build_component(
+    return build(
         lambda: AutoencoderKL(
             in_channels=3,
             out_channels=3,
@@ -603,14 +637,5 @@ def glm_components(
             use_post_quant_conv=False,
             **vae_cfg,
         ),
-        device=device,
-        dtype=dtype,
-        seed=seed + 5,
+        seed=seed,
     )
-    return {
-        "processor": processor,
-        "vision_language_encoder": prior,
-        "tokenizer": ByT5Tokenizer(),
-        "text_encoder": text_encoder,
-        "vae": vae,
-    }

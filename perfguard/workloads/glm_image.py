@@ -412,6 +412,9 @@ class GlmImageTransformer2DModel(nn.Module):
         *,
         glm_prior_drop_inplace: bool = True,
     ) -> None:
+        """Over the house limits because the parameters are diffusers'
+        `GlmImageTransformer2DModel.__init__` (its config keys, passed by name from a
+        checkpoint's config), plus the toggle."""
         super().__init__()
         if attention_head_dim % 4:
             raise ValueError(f"attention_head_dim must be divisible by 4, got {attention_head_dim}")
@@ -502,7 +505,11 @@ class GlmImageTransformer2DModel(nn.Module):
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
         """See the module docstring for shapes. ``attention_kwargs`` is accepted and ignored;
-        ``kv_caches`` only when inactive (every layer's ``mode`` is ``None``)."""
+        ``kv_caches`` only when inactive (every layer's ``mode`` is ``None``).
+
+        Over the house limits because the signature is diffusers'
+        `GlmImageTransformer2DModel.forward`, which `GlmImagePipeline` calls by keyword.
+        """
         if kv_caches is not None and any(
             getattr(c, "mode", None) is not None for c in getattr(kv_caches, "caches", [kv_caches])
         ):
