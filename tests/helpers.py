@@ -43,6 +43,27 @@ def noisy(median: float, rel_sd: float, n: int, seed: int) -> list[float]:
     return [median * math.exp(rng.gauss(0.0, rel_sd)) for _ in range(n)]
 
 
+def measured(
+    case_id: str,
+    samples: dict[str, list[float]],
+    *,
+    load_ms: float = 12.0,
+    case: dict[str, Any] | None = None,
+) -> CaseResult:
+    """A successful result of `case_id`: 3 runs of `samples` after 1 warm-up, a
+    deterministic output "abc", its case definition `{"id": case_id, **case}`."""
+    return CaseResult(
+        case_id=case_id,
+        samples=samples,
+        output_hash="abc",
+        deterministic=True,
+        load_ms=load_ms,
+        warmup=1,
+        repeats=3,
+        case={"id": case_id, **(case or {})},
+    )
+
+
 def history_report(path: Path, denoise_ms: float, seed: int, baseline_ms: float = 20.0) -> Path:
     """A real report made by the library from samples around `denoise_ms`."""
     rng = np.random.default_rng(seed)
