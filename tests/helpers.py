@@ -43,6 +43,24 @@ def noisy(median: float, rel_sd: float, n: int, seed: int) -> list[float]:
     return [median * math.exp(rng.gauss(0.0, rel_sd)) for _ in range(n)]
 
 
+def diffusers_fields(
+    case_id: str, model: Path, steps: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A diffusers case's fields: `model` at 32x32 for `steps` steps with a prompt and a
+    negative prompt, then `extra` (which may replace any of them)."""
+    return {
+        "id": case_id,
+        "workload": "diffusers",
+        "model": str(model),
+        "prompt": "a red fox in the snow",
+        "negative_prompt": "blurry",
+        "height": 32,
+        "width": 32,
+        "steps": steps,
+        **(extra or {}),
+    }
+
+
 def measured(
     case_id: str,
     samples: dict[str, list[float]],

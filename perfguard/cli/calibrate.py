@@ -15,6 +15,7 @@ from perfguard.cli.common import (
     baseline_option,
     cases_dir_option,
     console,
+    count_option,
     echo_err,
     json_file_option,
     max_reruns_option,
@@ -53,13 +54,7 @@ def check_setup_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(**kwargs)
 
     options = [
-        click.option(
-            "--check-processes",
-            default=1,
-            show_default=True,
-            type=click.IntRange(min=1),
-            help="The --processes of the checks calibrated for.",
-        ),
+        count_option("--check-processes", 1, 1, "The --processes of the checks calibrated for."),
         max_reruns_option("The --max-reruns of the checks calibrated for."),
         click.option(
             "--check-isolate",
@@ -67,19 +62,14 @@ def check_setup_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Accepted for older command lines; no effect: a check's confirmations "
             "always run in fresh processes, and calibrate simulates them so.",
         ),
-        click.option(
+        count_option(
             "--baseline-processes",
-            default=1,
-            show_default=True,
-            type=click.IntRange(min=1),
-            help="The baseline's processes where the baseline does not record them.",
+            1,
+            1,
+            "The baseline's processes where the baseline does not record them.",
         ),
-        click.option(
-            "--trials",
-            default=400,
-            show_default=True,
-            type=click.IntRange(min=50),
-            help="Simulated checks per point (false-alarm resolution ~ 1/trials).",
+        count_option(
+            "--trials", 400, 50, "Simulated checks per point (false-alarm resolution ~ 1/trials)."
         ),
     ]
     for option in reversed(options):
@@ -91,12 +81,11 @@ def check_setup_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @platform_option
 @selection_options(shard=False)
 @baseline_option
-@click.option(
+@count_option(
     "--runs",
-    default=5,
-    show_default=True,
-    type=click.IntRange(min=2),
-    help="Fresh processes to measure each case in (the between-process noise needs 2+; "
+    5,
+    2,
+    "Fresh processes to measure each case in (the between-process noise needs 2+; "
     "--write needs 10+).",
 )
 @measurement_options(

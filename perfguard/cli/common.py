@@ -272,15 +272,21 @@ def _core_measurement_options(repeats: int, min_repeats: int) -> list[Decorator]
     ]
 
 
-def _processes_option(default: int) -> Decorator:
+def count_option(name: str, default: int, minimum: int, help: str) -> Decorator:
+    """An option that counts something: an integer of at least `minimum`, its default
+    shown."""
     return click.option(
+        name, default=default, show_default=True, type=click.IntRange(min=minimum), help=help
+    )
+
+
+def _processes_option(default: int) -> Decorator:
+    return count_option(
         "--processes",
-        default=default,
-        show_default=True,
-        type=click.IntRange(min=1),
-        help="Measure each case in K fresh processes (REPEATS runs each) and pool "
-        "them; the spread of their medians is the between-process noise the "
-        "verdict uses.",
+        default,
+        1,
+        "Measure each case in K fresh processes (REPEATS runs each) and pool them; the "
+        "spread of their medians is the between-process noise the verdict uses.",
     )
 
 
@@ -355,9 +361,7 @@ def profile_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def max_reruns_option(help: str) -> Decorator:
-    return click.option(
-        "--max-reruns", default=2, show_default=True, type=click.IntRange(min=0), help=help
-    )
+    return count_option("--max-reruns", 2, 0, help)
 
 
 def json_file_option(help: str) -> Decorator:

@@ -108,6 +108,43 @@ SCHEDULER_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
+
+def _reduced_glm_ar(
+    hidden: int,
+    layers: int,
+    heads: int,
+    positions: int,
+    mrope: list[int],
+    vision: int,
+    image: int,
+    patch: int,
+    vocab_extra: int,
+) -> dict[str, Any]:
+    """A reduced GLM-Image AR model's config: MLPs twice the width, half the heads for
+    keys and values, one vision block of 2 heads, a VQ as wide as the vision tower."""
+    return dict(
+        text=dict(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads // 2,
+            max_position_embeddings=positions,
+            rope_parameters={"mrope_section": mrope},
+        ),
+        vision=dict(
+            depth=1,
+            hidden_size=vision,
+            num_heads=2,
+            image_size=image,
+            patch_size=patch,
+            intermediate_size=2 * vision,
+        ),
+        vq=dict(embed_dim=vision, latent_channels=vision),
+        vision_vocab_extra=vocab_extra,
+    )
+
+
 # Component configs per workload and preset. `full` sources:
 # * Qwen2.5-VL-7B: Qwen/Qwen2.5-VL-7B-Instruct config.json (the text encoder of
 #   Qwen/Qwen-Image text_encoder/config.json): text 3584 wide, 28 layers, 28 heads, 4 KV
@@ -194,63 +231,18 @@ COMPONENT_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
     "glm_image": {
+        # _reduced_glm_ar(text width, layers, heads, positions, mrope, vision width, image
+        # size, patch size, vision vocab extra); tiny's extra 2: image start / end after
+        # the codebook.
         "tiny": {
-            "ar": dict(
-                text=dict(
-                    hidden_size=32,
-                    intermediate_size=64,
-                    num_hidden_layers=1,
-                    num_attention_heads=2,
-                    num_key_value_heads=1,
-                    max_position_embeddings=1024,
-                    rope_parameters={"mrope_section": [4, 2, 2]},
-                ),
-                vision=dict(
-                    depth=1,
-                    hidden_size=16,
-                    num_heads=2,
-                    image_size=32,
-                    patch_size=8,
-                    intermediate_size=32,
-                ),
-                vq=dict(embed_dim=16, latent_channels=16),
-                vision_vocab_extra=2,  # image start / end after the codebook
-            ),
+            "ar": _reduced_glm_ar(32, 1, 2, 1024, [4, 2, 2], 16, 32, 8, 2),
             "glyph": dict(d_model=32, d_ff=64, d_kv=16, num_heads=2, num_layers=1),
-            "vae": dict(
-                block_out_channels=[8, 8, 16, 16],
-                layers_per_block=1,
-                norm_num_groups=4,
-            ),
+            "vae": dict(block_out_channels=[8, 8, 16, 16], layers_per_block=1, norm_num_groups=4),
         },
         "small": {
-            "ar": dict(
-                text=dict(
-                    hidden_size=128,
-                    intermediate_size=256,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    max_position_embeddings=4096,
-                    rope_parameters={"mrope_section": [8, 4, 4]},
-                ),
-                vision=dict(
-                    depth=1,
-                    hidden_size=32,
-                    num_heads=2,
-                    image_size=64,
-                    patch_size=16,
-                    intermediate_size=64,
-                ),
-                vq=dict(embed_dim=32, latent_channels=32),
-                vision_vocab_extra=128,
-            ),
+            "ar": _reduced_glm_ar(128, 2, 4, 4096, [8, 4, 4], 32, 64, 16, 128),
             "glyph": dict(d_model=128, d_ff=256, d_kv=32, num_heads=4, num_layers=2),
-            "vae": dict(
-                block_out_channels=[16, 32, 32, 32],
-                layers_per_block=1,
-                norm_num_groups=8,
-            ),
+            "vae": dict(block_out_channels=[16, 32, 32, 32], layers_per_block=1, norm_num_groups=8),
         },
         "full": {
             "ar": dict(text={}, vision={}, vq={}, vision_vocab_extra=128),  # published
