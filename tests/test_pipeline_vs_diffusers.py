@@ -87,8 +87,9 @@ def test_qwen_image_latents_and_image_equal_diffusers(guidance_scale: float) -> 
     assert image.std() > 1e-3  # a real image, not a constant the comparison could pass on
 
 
-def test_glm_image_latents_and_image_equal_diffusers_given_the_prior_tokens() -> None:
-    case = replace(SMOKE["glm_image"], steps=3, options={})  # diffusers samples the full prior
+def _glm_reference(case: Case):  # type: ignore[no-untyped-def]
+    """diffusers' GlmImagePipeline on our pipeline's components and diffusers' own DiT
+    (with our DiT's weights), and our pipeline."""
     pipe, transformer, scheduler = _pair(case, diffusers.GlmImageTransformer2DModel)
     reference = diffusers.GlmImagePipeline(
         tokenizer=pipe.tokenizer,
@@ -99,6 +100,12 @@ def test_glm_image_latents_and_image_equal_diffusers_given_the_prior_tokens() ->
         transformer=transformer,
         scheduler=scheduler,
     )
+    return reference, pipe
+
+
+def test_glm_image_latents_and_image_equal_diffusers_given_the_prior_tokens() -> None:
+    case = replace(SMOKE["glm_image"], steps=3, options={})  # diffusers samples the full prior
+    reference, pipe = _glm_reference(case)
     reference.set_progress_bar_config(disable=True)
     image = pipe.generate()
     prior = pipe.prior_token_ids.clone()
@@ -125,16 +132,7 @@ def test_glm_prior_tokens_equal_diffusers_generate_prior_tokens() -> None:
     """The AR stage: the processor's target + preview grids, grid tokens + 1 sampled with
     the case's seed, the target grid taken after the preview and upsampled 2x."""
     case = replace(SMOKE["glm_image"], options={})  # diffusers samples the full prior
-    pipe, transformer, scheduler = _pair(case, diffusers.GlmImageTransformer2DModel)
-    reference = diffusers.GlmImagePipeline(
-        tokenizer=pipe.tokenizer,
-        processor=pipe.processor,
-        text_encoder=pipe.text_encoder,
-        vision_language_encoder=pipe.vision_language_encoder,
-        vae=pipe.vae,
-        transformer=transformer,
-        scheduler=scheduler,
-    )
+    reference, pipe = _glm_reference(case)
     ours = pipe.generate_prior_tokens()
     theirs, _, _ = reference.generate_prior_tokens(
         prompt=pipe.prompts,

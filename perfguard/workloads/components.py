@@ -109,6 +109,39 @@ SCHEDULER_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+def _reduced_qwen(
+    hidden: int, heads: int, mrope: list[int], vision: int, vae_dim: int, z_dim: int
+) -> dict[str, dict[str, Any]]:
+    """A reduced Qwen-Image's component configs: a 2-layer text model with MLPs twice the
+    width and half the heads for keys and values, the tokenizer's vocabulary, one vision
+    block of 2 heads, and a VAE of one res block per level. The VAE's default latents_mean
+    / latents_std are the checkpoint's 16 values: another z_dim gets zeros and ones."""
+    vae: dict[str, Any] = dict(
+        base_dim=vae_dim,
+        z_dim=z_dim,
+        dim_mult=[1, 2, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+    )
+    if z_dim != 16:
+        vae.update(latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
+    return {
+        "text": dict(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=2,
+            num_attention_heads=heads,
+            num_key_value_heads=heads // 2,
+            mrope_section=mrope,
+            vocab_size=None,  # the tokenizer's size
+        ),
+        "vision": dict(
+            depth=1, hidden_size=vision, intermediate_size=2 * vision, num_heads=2, fullatt=(0,)
+        ),
+        "vae": vae,
+    }
+
+
 def _reduced_glm_ar(
     hidden: int,
     layers: int,
@@ -164,50 +197,9 @@ def _reduced_glm_ar(
 #   values, not the work.
 COMPONENT_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
     "qwen_image": {
-        "tiny": {
-            "text": dict(
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                num_key_value_heads=1,
-                mrope_section=[2, 3, 3],
-                vocab_size=None,  # the tokenizer's size
-            ),
-            "vision": dict(
-                depth=1, hidden_size=16, intermediate_size=32, num_heads=2, fullatt=(0,)
-            ),
-            "vae": dict(
-                base_dim=8,
-                z_dim=4,
-                dim_mult=[1, 2, 2, 2],
-                num_res_blocks=1,
-                temperal_downsample=[False, True, True],
-                latents_mean=[0.0] * 4,
-                latents_std=[1.0] * 4,
-            ),
-        },
-        "small": {
-            "text": dict(
-                hidden_size=256,
-                intermediate_size=512,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                mrope_section=[8, 12, 12],
-                vocab_size=None,
-            ),
-            "vision": dict(
-                depth=1, hidden_size=32, intermediate_size=64, num_heads=2, fullatt=(0,)
-            ),
-            "vae": dict(
-                base_dim=16,
-                z_dim=16,
-                dim_mult=[1, 2, 2, 2],
-                num_res_blocks=1,
-                temperal_downsample=[False, True, True],
-            ),
-        },
+        # _reduced_qwen(text width, heads, mrope, vision width, VAE base_dim, z_dim)
+        "tiny": _reduced_qwen(32, 2, [2, 3, 3], 16, 8, 4),
+        "small": _reduced_qwen(256, 4, [8, 12, 12], 32, 16, 16),
         "full": {
             "text": dict(
                 hidden_size=3584,
