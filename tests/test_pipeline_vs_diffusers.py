@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -54,6 +55,22 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
+def _reference_images(
+    reference: Any, pipe: Any, case: Case, output_type: str, **arguments: Any
+) -> torch.Tensor:
+    """diffusers' pipeline on our pipeline's prompts at the case's size, steps and seed,
+    with the model's own `arguments`."""
+    return reference(
+        prompt=pipe.prompts,
+        height=case.height,
+        width=case.width,
+        num_inference_steps=case.steps,
+        generator=torch.Generator().manual_seed(case.seed),
+        output_type=output_type,
+        **arguments,
+    ).images
+
+
 @pytest.mark.parametrize("guidance_scale", [4.0, 1.0], ids=["true_cfg", "no_cfg"])
 def test_qwen_image_latents_and_image_equal_diffusers(guidance_scale: float) -> None:
     case = replace(SMOKE["qwen_image"], steps=3, guidance_scale=guidance_scale)
@@ -68,16 +85,14 @@ def test_qwen_image_latents_and_image_equal_diffusers(guidance_scale: float) -> 
     reference.set_progress_bar_config(disable=True)
 
     def theirs(output_type: str) -> torch.Tensor:
-        return reference(
-            prompt=pipe.prompts,
+        return _reference_images(
+            reference,
+            pipe,
+            case,
+            output_type,
             negative_prompt=pipe.negative_prompts if case.cfg else None,
             true_cfg_scale=case.guidance_scale,
-            height=case.height,
-            width=case.width,
-            num_inference_steps=case.steps,
-            generator=torch.Generator().manual_seed(case.seed),
-            output_type=output_type,
-        ).images
+        )
 
     latents = pipe.generate("latent")
     image = pipe.generate()
@@ -112,16 +127,14 @@ def test_glm_image_latents_and_image_equal_diffusers_given_the_prior_tokens() ->
     latents = pipe.generate("latent")
 
     def theirs(output_type: str) -> torch.Tensor:
-        return reference(
-            prompt=pipe.prompts,
-            height=case.height,
-            width=case.width,
-            num_inference_steps=case.steps,
+        return _reference_images(
+            reference,
+            pipe,
+            case,
+            output_type,
             guidance_scale=case.guidance_scale,
-            generator=torch.Generator().manual_seed(case.seed),
             prior_token_ids=prior,
-            output_type=output_type,
-        ).images
+        )
 
     assert _max_diff(latents, theirs("latent")) <= ATOL
     assert _max_diff(image, theirs("pt")) <= ATOL

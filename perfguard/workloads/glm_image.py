@@ -34,7 +34,6 @@ Optimization (attribute, default on; the reference path sits beside it):
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -48,6 +47,7 @@ from perfguard.workloads.attention import (
     Transformer2DModelOutput,
     apply_rotary_emb_real,
     dense_attention,
+    init_config,
 )
 from perfguard.workloads.graphs import in_static_capture
 
@@ -418,19 +418,7 @@ class GlmImageTransformer2DModel(nn.Module):
         super().__init__()
         if attention_head_dim % 4:
             raise ValueError(f"attention_head_dim must be divisible by 4, got {attention_head_dim}")
-        # diffusers-style read-only config (`model.config.patch_size`, ...).
-        self.config = SimpleNamespace(
-            patch_size=patch_size,
-            in_channels=in_channels,
-            out_channels=out_channels,
-            num_layers=num_layers,
-            attention_head_dim=attention_head_dim,
-            num_attention_heads=num_attention_heads,
-            text_embed_dim=text_embed_dim,
-            time_embed_dim=time_embed_dim,
-            condition_dim=condition_dim,
-            prior_vq_quantizer_codebook_size=prior_vq_quantizer_codebook_size,
-        )
+        self.config = init_config(GlmImageTransformer2DModel.__init__, locals())
         # target_size and crop_coords: two sincos embeddings of 2 * condition_dim each.
         pooled_projection_dim = 2 * 2 * condition_dim
         inner_dim = num_attention_heads * attention_head_dim

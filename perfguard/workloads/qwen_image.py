@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -59,6 +58,7 @@ from perfguard.workloads.attention import (
     build_varlen_mask_meta,
     build_varlen_mask_meta_from_ranges,
     dense_attention,
+    init_config,
     joint_txt_img_ranges,
     varlen_attention,
 )
@@ -515,21 +515,8 @@ class QwenImageTransformer2DModel(nn.Module):
                 f"sum(axes_dims_rope)={sum(axes_dims_rope)} must equal "
                 f"attention_head_dim={attention_head_dim}"
             )
-        # diffusers-style read-only config (`model.config.patch_size`, ...).
-        self.config = SimpleNamespace(
-            patch_size=patch_size,
-            in_channels=in_channels,
-            out_channels=out_channels,
-            num_layers=num_layers,
-            attention_head_dim=attention_head_dim,
-            num_attention_heads=num_attention_heads,
-            joint_attention_dim=joint_attention_dim,
-            guidance_embeds=guidance_embeds,
-            axes_dims_rope=tuple(axes_dims_rope),
-            zero_cond_t=zero_cond_t,
-            use_additional_t_cond=use_additional_t_cond,
-            use_layer3d_rope=use_layer3d_rope,
-        )
+        self.config = init_config(QwenImageTransformer2DModel.__init__, locals())
+        self.config.axes_dims_rope = tuple(axes_dims_rope)
         self.out_channels = out_channels or in_channels
         self.inner_dim = num_attention_heads * attention_head_dim
 
