@@ -10,6 +10,7 @@ larger than the presets' init so a mismatch in the loop cannot hide in small val
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -84,15 +85,11 @@ def test_qwen_image_latents_and_image_equal_diffusers(guidance_scale: float) -> 
     )
     reference.set_progress_bar_config(disable=True)
 
-    def theirs(output_type: str) -> torch.Tensor:
-        return _reference_images(
-            reference,
-            pipe,
-            case,
-            output_type,
-            negative_prompt=pipe.negative_prompts if case.cfg else None,
-            true_cfg_scale=case.guidance_scale,
-        )
+    cfg = {
+        "negative_prompt": pipe.negative_prompts if case.cfg else None,
+        "true_cfg_scale": case.guidance_scale,
+    }
+    theirs = functools.partial(_reference_images, reference, pipe, case, **cfg)
 
     latents = pipe.generate("latent")
     image = pipe.generate()
@@ -126,15 +123,8 @@ def test_glm_image_latents_and_image_equal_diffusers_given_the_prior_tokens() ->
     prior = pipe.prior_token_ids.clone()
     latents = pipe.generate("latent")
 
-    def theirs(output_type: str) -> torch.Tensor:
-        return _reference_images(
-            reference,
-            pipe,
-            case,
-            output_type,
-            guidance_scale=case.guidance_scale,
-            prior_token_ids=prior,
-        )
+    given = {"guidance_scale": case.guidance_scale, "prior_token_ids": prior}
+    theirs = functools.partial(_reference_images, reference, pipe, case, **given)
 
     assert _max_diff(latents, theirs("latent")) <= ATOL
     assert _max_diff(image, theirs("pt")) <= ATOL
