@@ -151,10 +151,12 @@ DEFAULT_RULE = Rule()
 
 
 @dataclass(frozen=True)
-class MetricVerdict:
+class MetricVerdict(counters.CounterVerdict):
     """The verdict on one metric of one case, with everything a reader needs to check it.
 
-    `low` / `high` bound median/baseline at the rule's confidence (one-sided each);
+    Its first fields are a counter's verdict (`counters.CounterVerdict`: metric,
+    verdict, measured and baseline summaries, band, bound, ratio, reason). `low` /
+    `high` bound median/baseline at the rule's confidence (one-sided each);
     `significant` says whether `low` > 1 (slower beyond noise); `borderline` flags a
     verdict the next process could flip (reported); `clear` says more runs of the same
     process would not change the verdict (the bound lies outside [low, high] x
@@ -162,14 +164,6 @@ class MetricVerdict:
     `stats.median_reach`); `noise` is where the interval came from.
     """
 
-    metric: str
-    verdict: str
-    measured: Summary | None = None
-    baseline: Summary | None = None
-    band: Band | None = None
-    bound: float | None = None
-    ratio: float | None = None
-    reason: str = ""
     low: float | None = None
     high: float | None = None
     significant: bool | None = None
