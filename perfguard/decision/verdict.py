@@ -45,21 +45,18 @@ verdicts are clear and within their bounds.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perfguard.decision import counters
+from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
 from perfguard.decision.estimate import PairedEstimate
 from perfguard.decision.stats import (
     Noise,
     Summary,
-    log_ratio_noise,
-    median_reach,
     summarize,
-    t_quantile,
 )
 from perfguard.decision.tolerances import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
@@ -111,41 +108,6 @@ OVERALL_PASS = "pass"
 OVERALL_FAIL = "fail"
 OVERALL_ERROR = "error"
 OVERALL_CONTENDED = "contended"
-
-# ---- the evidence a regression needs -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How much evidence a verdict needs, and which verdicts are flagged as borderline.
-
-    `alpha` is the one-sided false-alarm rate of the credibility test: a median above
-    its band is a regression only when the (1 - alpha) lower confidence bound of
-    median/baseline is above 1. 1 %, so that noise alone fails about one metric in a
-    hundred that already sit above their band, not one in twenty.
-
-    `borderline` (1.2) is how close to the band a credible slowdown counts as
-    borderline: its excess over the baseline is within 1.2x of the band's allowance, or
-    above 1/1.2 of it while still inside. Such a verdict could flip with the next
-    process's drift: the report flags it and shows its interval.
-    """
-
-    alpha: float = 0.01
-    borderline: float = 1.2
-
-    def __post_init__(self) -> None:
-        if not 0 < self.alpha < 0.5:
-            raise ValueError(f"alpha must be in (0, 0.5), not {self.alpha}")
-        if self.borderline < 1:
-            raise ValueError(f"borderline must be >= 1, not {self.borderline}")
-
-    def quantile(self, noise: Noise) -> float:
-        """Student's t at `alpha` with the degrees of freedom that estimated `noise`."""
-        return t_quantile(self.alpha, noise.dof)
-
-
-DEFAULT_RULE = Rule()
-
 
 # ---- one metric ----------------------------------------------------------------------------
 
@@ -311,8 +273,8 @@ def judge_metric(
         return MetricVerdict(metric, NEW_STAGE, measured=measured, reason="not in the baseline")
     if baseline.median <= 0 or measured.median <= 0:
         return _judge_on_the_band_alone(metric, measured, baseline, band)
-    c = _Comparison.of(metric, measured, baseline, band, rule)
-    verdict, reason = c.outcome(improvement_threshold, speed)
+    c = Comparison.of(metric, measured, baseline, band, rule)
+    verdict, reason = _outcome(c, improvement_threshold, speed)
     return MetricVerdict(
         metric,
         verdict,
@@ -343,126 +305,45 @@ def _judge_on_the_band_alone(
     return MetricVerdict(metric, verdict, measured, baseline, band, bound, ratio, reason)
 
 
-@dataclass(frozen=True)
-class _Comparison:
-    """One metric's median `m` against its baseline's `b` (both > 0): the band's bound on
-    `m` and the rule's interval [low, high] on m/b."""
-
-    metric: str
-    measured: Summary
-    baseline: Summary
-    band: Band
-    rule: Rule
-    noise: Noise
-    low: float
-    high: float
-
-    @classmethod
-    def of(
-        cls, metric: str, measured: Summary, baseline: Summary, band: Band, rule: Rule
-    ) -> _Comparison:
-        noise = log_ratio_noise(baseline, measured)
-        ratio = measured.median / baseline.median
-        spread = math.exp(rule.quantile(noise) * noise.se)
-        return cls(metric, measured, baseline, band, rule, noise, ratio / spread, ratio * spread)
-
-    @property
-    def m(self) -> float:
-        return self.measured.median
-
-    @property
-    def b(self) -> float:
-        return self.baseline.median
-
-    @property
-    def bound(self) -> float:
-        return self.band.bound(self.b)
-
-    @property
-    def ratio(self) -> float:
-        return self.m / self.b
-
-    @property
-    def over(self) -> bool:
-        """The median is above the band's bound."""
-        return self.m > self.bound
-
-    @property
-    def significant(self) -> bool:
-        """Slower beyond noise: the interval's lower end is above 1."""
-        return self.low > 1.0
-
-    def borderline(self) -> bool:
-        """A verdict the next process could flip: over the bound but not credibly (or by
-        little, or on one process), or credibly slower but well within the bound."""
-        allowance = self.bound - self.b
-        excess = (self.m - self.b) / allowance if allowance > 0 else math.inf
-        one_process = self.noise.processes_current == 1
-        edge = self.rule.borderline
-        return (self.over and (not self.significant or excess <= edge or one_process)) or (
-            self.significant and not self.over and excess > 1.0 / edge
+def _outcome(c: Comparison, improvement_threshold: float, speed: float | None) -> tuple[str, str]:
+    """The verdict on a comparison and its reason."""
+    m, b, bound, metric = c.m, c.b, c.bound, c.metric
+    over_bound = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}"
+    if c.over and c.significant and speed is not None and speed > 1 and m / speed <= bound:
+        return CONTENDED, _contended_reason(c, over_bound, speed)
+    if c.over and c.significant:
+        return REGRESSION, f"{over_bound} ({_figures(c)}); {_evidence(c)}"
+    if m < c.band.improvement_below(b, improvement_threshold):
+        return IMPROVEMENT, (
+            f"median {_fmt(m, metric)} is more than {improvement_threshold:.0%} and "
+            f"{c.band.abs:g} {unit(metric)} below the baseline {_fmt(b, metric)}: "
+            "the baseline is stale"
         )
+    if c.over:
+        return PASS, f"{over_bound} ({_figures(c)}) but within noise: {_evidence(c)}"
+    return PASS, ""
 
-    def clear(self) -> bool:
-        """More runs of this process would not move the median across the bound.
 
-        The test is on the median's own reach (`median_reach`: this process's standard
-        error), not on the interval, which also holds the baseline's noise and the
-        between-process spread that no further run can shrink: a stop waiting for the
-        interval to clear a 3 % band never fired for unchanged code. Stopping on this is
-        safe for the false-alarm rate: the gate only stops a case that is within its
-        bounds, and a stop for futility removes rejections of the one final test, never
-        adds one.
-        """
-        m, b, bound = self.m, self.b, self.bound
-        reach = median_reach(self.measured, self.baseline, self.rule.alpha)
-        return (
-            not (self.low * b <= bound < self.high * b) or m * reach <= bound or m / reach > bound
-        )
+def _contended_reason(c: Comparison, over_bound: str, speed: float) -> str:
+    """The runner's slowness explains the excess as well as the code could, and the
+    reference predicts a pipeline's speed far less precisely than the band is wide
+    (docs/verdicts.md, `benchmarks/runner_speed.py`): no verdict either way."""
+    return (
+        f"{over_bound} ({_figures(c)}), but the "
+        f"runner's reference workload is {speed:.3f}x slower than at baseline time, "
+        f"which would explain it ({_fmt(c.m / speed, c.metric)} divided by it): "
+        "no verdict; measure on a quiet runner or with the relative check (--against-ref)"
+    )
 
-    def outcome(self, improvement_threshold: float, speed: float | None) -> tuple[str, str]:
-        """The verdict and its reason."""
-        m, b, bound, metric = self.m, self.b, self.bound, self.metric
-        over_bound = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}"
-        if (
-            self.over
-            and self.significant
-            and speed is not None
-            and speed > 1
-            and m / speed <= bound
-        ):
-            return CONTENDED, self._contended_reason(over_bound, speed)
-        if self.over and self.significant:
-            return REGRESSION, f"{over_bound} ({self._figures()}); {self._evidence()}"
-        if m < self.band.improvement_below(b, improvement_threshold):
-            return IMPROVEMENT, (
-                f"median {_fmt(m, metric)} is more than {improvement_threshold:.0%} and "
-                f"{self.band.abs:g} {unit(metric)} below the baseline {_fmt(b, metric)}: "
-                "the baseline is stale"
-            )
-        if self.over:
-            return PASS, f"{over_bound} ({self._figures()}) but within noise: {self._evidence()}"
-        return PASS, ""
 
-    def _contended_reason(self, over_bound: str, speed: float) -> str:
-        """The runner's slowness explains the excess as well as the code could, and the
-        reference predicts a pipeline's speed far less precisely than the band is wide
-        (docs/verdicts.md, `benchmarks/runner_speed.py`): no verdict either way."""
-        return (
-            f"{over_bound} ({self._figures()}), but the "
-            f"runner's reference workload is {speed:.3f}x slower than at baseline time, "
-            f"which would explain it ({_fmt(self.m / speed, self.metric)} divided by it): "
-            "no verdict; measure on a quiet runner or with the relative check (--against-ref)"
-        )
+def _figures(c: Comparison) -> str:
+    return f"baseline {_fmt(c.b, c.metric)}, rel {c.band.rel:g}, abs {c.band.abs:g}"
 
-    def _figures(self) -> str:
-        return f"baseline {_fmt(self.b, self.metric)}, rel {self.band.rel:g}, abs {self.band.abs:g}"
 
-    def _evidence(self) -> str:
-        if self.noise.se > 0:
-            confidence = 1 - self.rule.alpha
-            return f"{confidence:.0%} lower bound {self.low:.3f}x from the {self.noise.source}"
-        return "no spread known: the band alone decides"
+def _evidence(c: Comparison) -> str:
+    if c.noise.se > 0:
+        return f"{1 - c.rule.alpha:.0%} lower bound {c.low:.3f}x from the {c.noise.source}"
+    return "no spread known: the band alone decides"
 
 
 # ---- one case ------------------------------------------------------------------------------
