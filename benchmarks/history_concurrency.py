@@ -26,36 +26,12 @@ ENV = {"platform": "cpu", "hardware": "bench-cpu", "git_commit": None}
 
 
 def make_report(path: Path, seed: int) -> Path:
-    from perfguard.decision.verdict import judge
-    from perfguard.results import CaseResult, Results
-    from perfguard.storage.baseline import new_baseline, scenario_from_result
-    from perfguard.storage.reports import build, write_report
+    # tests/helpers.py (main() puts tests/ on sys.path): the reports the tests read.
+    from helpers import judged_report, noisy_result
 
     rng = np.random.default_rng(seed)
-
-    def result(center: float) -> CaseResult:
-        res = CaseResult(case_id="qwen_image_t2i_smoke", repeats=5)
-        den = list(center * (1 + 0.01 * rng.standard_normal(5)))
-        res.samples = {
-            "stage:DenoisingStage": den,
-            "stage:DecodingStage": list(2.0 * (1 + 0.01 * rng.standard_normal(5))),
-            "e2e": [d + 3.0 for d in den],
-        }
-        return res
-
-    base = new_baseline(ENV).with_scenario("qwen_image_t2i_smoke", scenario_from_result(result(20)))
-    results = Results(environment=ENV, settings={}, cases={"qwen_image_t2i_smoke": result(20)})
-    judgement = judge(results, base, "pr_test")
-    report = build(
-        judgement,
-        environment=ENV,
-        baseline_info={"path": "b.json", "sha256": "0" * 64, "platform": "cpu"},
-        profile=base.profile("pr_test").to_json(),
-        settings={"source": "results"},
-        improvement_threshold=base.improvement_threshold,
-    )
-    write_report(path, report)
-    return path
+    base = noisy_result(rng, 20, noisy_decoding=True)
+    return judged_report(path, base, noisy_result(rng, 20, noisy_decoding=True), ENV)
 
 
 def worker(args: tuple[str, list[str], mp.Barrier]) -> tuple[int, int, list[str]]:

@@ -27,16 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from perfguard.metrics import PIPELINE_STAGES
 from perfguard.storage.archive import ReportRecord, add_records
 
-STAGES = (
-    "InputValidationStage",
-    "TextEncodingStage",
-    "LatentPreparationStage",
-    "TimestepPreparationStage",
-    "DenoisingStage",
-    "DecodingStage",
-)
+STAGES = PIPELINE_STAGES
 CASES = ("qwen_image_t2i_smoke", "glm_image_t2i_smoke")
 HARDWARE = ("h100-sxm", "h200-sxm")
 

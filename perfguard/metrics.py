@@ -55,6 +55,16 @@ WORK_KINDS = ("ops", "flops", "alloc", "syncs")
 WORK_UNITS = {"ops": "ops", "flops": "FLOP", "alloc": "B", "syncs": "syncs"}
 PER_STEP = "_per_step"
 DENOISING_STAGE = "DenoisingStage"
+PIPELINE_STAGES = (
+    "InputValidationStage",
+    "TextEncodingStage",
+    "LatentPreparationStage",
+    "TimestepPreparationStage",
+    DENOISING_STAGE,
+    "DecodingStage",
+)
+"""The stages every built-in pipeline runs, in order (`perfguard.workloads.pipeline`;
+GLM-Image adds its PriorTokenGenerationStage after the text encoding)."""
 STAGE_PEAK_PREFIX = "peak_memory:"
 _METRIC_RE = re.compile(
     r"^(e2e|step_avg|step_median|peak_memory|peak_memory:[A-Za-z0-9_./-]+"

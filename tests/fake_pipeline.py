@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -58,6 +59,27 @@ class VirtualClockPlatform(Platform):
 
 def advance(ms: float) -> None:
     VirtualClockPlatform.offset_ns += int(ms * 1e6)
+
+
+class SteppedClock(Platform):
+    """A platform whose clock only moves when the fake pipeline says so (`work(ms)`, with
+    seeded relative jitter `noise`): the statistics are then tested on known samples,
+    whatever else the machine is doing."""
+
+    def __init__(self, noise: float = 0.03) -> None:
+        super().__init__()
+        self.now_ns = 0
+        self.noise = noise
+        self.rng = np.random.default_rng(0)
+
+    def mark(self) -> int:
+        return self.now_ns
+
+    def host_ns(self) -> int:  # the reference workload sees the virtual clock too
+        return self.now_ns
+
+    def work(self, ms: float) -> None:
+        self.now_ns += int(ms * 1e6 * (1 + self.noise * self.rng.standard_normal()))
 
 
 class Behaviour:

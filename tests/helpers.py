@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from perfguard.decision.stats import Summary
 from perfguard.decision.tolerances import default_profiles
@@ -43,30 +42,84 @@ def noisy(median: float, rel_sd: float, n: int, seed: int) -> list[float]:
     return [median * math.exp(rng.gauss(0.0, rel_sd)) for _ in range(n)]
 
 
+def diffusers_fields(
+    case_id: str, model: Path, steps: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A diffusers case's fields: `model` at 32x32 for `steps` steps with a prompt and a
+    negative prompt, then `extra` (which may replace any of them)."""
+    return {
+        "id": case_id,
+        "workload": "diffusers",
+        "model": str(model),
+        "prompt": "a red fox in the snow",
+        "negative_prompt": "blurry",
+        "height": 32,
+        "width": 32,
+        "steps": steps,
+        **(extra or {}),
+    }
+
+
+def measured(
+    case_id: str,
+    samples: dict[str, list[float]],
+    *,
+    load_ms: float = 12.0,
+    case: dict[str, Any] | None = None,
+) -> CaseResult:
+    """A successful result of `case_id`: 3 runs of `samples` after 1 warm-up, a
+    deterministic output "abc", its case definition `{"id": case_id, **case}`."""
+    return CaseResult(
+        case_id=case_id,
+        samples=samples,
+        output_hash="abc",
+        deterministic=True,
+        load_ms=load_ms,
+        warmup=1,
+        repeats=3,
+        case={"id": case_id, **(case or {})},
+    )
+
+
 def history_report(path: Path, denoise_ms: float, seed: int, baseline_ms: float = 20.0) -> Path:
     """A real report made by the library from samples around `denoise_ms`."""
     rng = np.random.default_rng(seed)
+    return judged_report(path, noisy_result(rng, baseline_ms), noisy_result(rng, denoise_ms))
 
-    def result(center: float) -> CaseResult:
-        res = CaseResult(case_id="qwen_image_t2i_smoke", repeats=5)
-        den = list(center * (1 + 0.01 * rng.standard_normal(5)))
-        res.samples = {
-            "stage:DenoisingStage": den,
-            "stage:DecodingStage": [2.0, 2.1, 2.0, 1.9, 2.0],
-            "e2e": [d + 3.0 for d in den],
-        }
-        return res
 
-    base = new_baseline(ENV).with_scenario(
-        "qwen_image_t2i_smoke", scenario_from_result(result(baseline_ms))
+def noisy_result(
+    rng: np.random.Generator, denoise_ms: float, noisy_decoding: bool = False
+) -> CaseResult:
+    """5 runs of qwen_image_t2i_smoke: DenoisingStage around `denoise_ms` (1 % noise),
+    DecodingStage about 2 ms (fixed, or with 1 % noise drawn after the denoise's), e2e
+    3 ms more than the denoise."""
+    res = CaseResult(case_id="qwen_image_t2i_smoke", repeats=5)
+    den = list(denoise_ms * (1 + 0.01 * rng.standard_normal(5)))
+    decoding = (
+        list(2.0 * (1 + 0.01 * rng.standard_normal(5)))
+        if noisy_decoding
+        else [2.0, 2.1, 2.0, 1.9, 2.0]
     )
-    results = Results(
-        environment=ENV, settings={}, cases={"qwen_image_t2i_smoke": result(denoise_ms)}
-    )
+    res.samples = {
+        "stage:DenoisingStage": den,
+        "stage:DecodingStage": decoding,
+        "e2e": [d + 3.0 for d in den],
+    }
+    return res
+
+
+def judged_report(
+    path: Path, baseline: CaseResult, current: CaseResult, env: dict[str, Any] = ENV
+) -> Path:
+    """`current` judged (pr_test) against a baseline made of `baseline`, written by the
+    library as the report at `path` (the benchmarks that need real reports use it too)."""
+    case_id = current.case_id
+    base = new_baseline(env).with_scenario(case_id, scenario_from_result(baseline))
+    results = Results(environment=env, settings={}, cases={case_id: current})
     judgement = judge(results, base, "pr_test")
     report = build(
         judgement,
-        environment=ENV,
+        environment=env,
         baseline_info={"path": "b.json", "sha256": "0" * 64, "platform": "cpu"},
         profile=base.profile("pr_test").to_json(),
         settings={"source": "results"},
@@ -146,6 +199,8 @@ def write_log(path: Path, records: list[Any]) -> Path:
 
 def glm_dit_inputs(config: dict, seed: int = 2) -> dict:
     """Inputs of the GLM-Image DiT at tiny sizes: a CFG pair folded into one batch."""
+    import torch  # here, not at the top: the benchmarks import this module without torch
+
     g = torch.Generator().manual_seed(seed)
     seq = (GLM_LAT_H // 2) * (GLM_LAT_W // 2)
     prior_ids = torch.randint(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -20,28 +19,10 @@ from perfguard.measurement.ab import (
     toggle_variants,
 )
 from perfguard.storage.cases import load_registry, select
+from tests.fake_pipeline import SteppedClock
 
 REPO = Path(__file__).resolve().parent.parent
 CASE = select(load_registry("cpu", REPO / "cases"), ids=["qwen_image_t2i_smoke"])[0]
-
-
-class VirtualClock(Platform):
-    """A platform whose clock only moves when the fake pipeline says so: the statistics
-    are then tested on known samples, whatever else the machine is doing."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.now_ns = 0
-        self.rng = np.random.default_rng(0)
-
-    def mark(self) -> int:
-        return self.now_ns
-
-    def host_ns(self) -> int:  # the reference workload sees the virtual clock too
-        return self.now_ns
-
-    def work(self, ms: float, noise: float = 0.03) -> None:
-        self.now_ns += int(ms * 1e6 * (1 + noise * self.rng.standard_normal()))
 
 
 def _factory(case, platform):  # type: ignore[no-untyped-def]
@@ -87,7 +68,7 @@ def test_apply_variant_sets_toggles_and_fields() -> None:
 
 def test_a_real_slowdown_has_a_ci_above_one_and_identity_brackets_one() -> None:
     res = run_ab(
-        CASE, *toggle_variants(["qwen_modulation_cache"]), VirtualClock(), pairs=8, factory=_factory
+        CASE, *toggle_variants(["qwen_modulation_cache"]), SteppedClock(), pairs=8, factory=_factory
     )
     by = {c.metric: c for c in res.comparisons()}
     slow = by["stage:DenoisingStage"]

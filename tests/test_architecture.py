@@ -22,6 +22,9 @@ from perfguard.storage.reports import write_results
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "perfguard"
 MAX_LINES = 800
+MAX_PARAMS = 10
+MAX_FUNCTION_LINES = 80
+EXEMPT = "Over the house limits because"
 
 # A module may import modules of its own rank or below, never above.
 RANKS = {
@@ -136,6 +139,38 @@ def test_no_module_is_over_the_size_limit() -> None:
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, long
+
+
+def _parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Parameters as the house rule counts them: self/cls do not count, *args/**kwargs
+    count one each."""
+    a = fn.args
+    positional = [*a.posonlyargs, *a.args]
+    if positional and positional[0].arg in ("self", "cls"):
+        positional = positional[1:]
+    return len(positional) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def _exempt(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The docstring says why: "Over the house limits because" and a reason after it."""
+    doc = ast.get_docstring(fn) or ""
+    at = doc.find(EXEMPT)
+    return at >= 0 and bool(doc[at + len(EXEMPT) :].strip(" .\n"))
+
+
+def test_no_function_is_over_the_house_limits() -> None:
+    """No function takes more than MAX_PARAMS parameters or spans more than
+    MAX_FUNCTION_LINES lines, unless its docstring says why."""
+    over = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for fn in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or _exempt(fn):
+                continue
+            params = _parameter_count(fn)
+            lines = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+            if params > MAX_PARAMS or lines > MAX_FUNCTION_LINES:
+                over.append(f"{p.relative_to(ROOT)}:{fn.lineno} {fn.name} {params}/{lines}")
+    assert not over, "\n".join(over)
 
 
 def test_each_test_module_stands_alone() -> None:

@@ -13,6 +13,7 @@ from perfguard.decision import changes
 from perfguard.errors import PerfguardError
 from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
+from tests.helpers import measured
 
 ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": "a" * 40, "hostname": "h"}
 
@@ -27,16 +28,7 @@ def ok(case_id: str, scale: float = 1.0, **case: Any) -> CaseResult:
         "step_median": [1.5 * scale] * 3,
         "peak_memory": [300.0, 300.0, 300.1234567],
     }
-    return CaseResult(
-        case_id=case_id,
-        samples=samples,
-        output_hash="abc",
-        deterministic=True,
-        load_ms=12.3456789,
-        warmup=1,
-        repeats=3,
-        case={"id": case_id, "tags": ["smoke"], **case},
-    )
+    return measured(case_id, samples, load_ms=12.3456789, case={"tags": ["smoke"], **case})
 
 
 def write(path: Path, data: Any) -> None:

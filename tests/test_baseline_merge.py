@@ -30,6 +30,7 @@ from perfguard.presentation.render import render_baseline_diff_markdown
 from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
 from perfguard.storage import baseline_merge as bm
+from tests.helpers import measured
 
 PG = Callable[..., tuple[int, str, str]]
 ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": "a" * 40, "hostname": "h"}
@@ -42,16 +43,7 @@ def ok(case_id: str, scale: float = 1.0) -> CaseResult:
         "step:0": [2.0 * scale, 2.1 * scale, 2.05 * scale],
         "peak_memory": [300.0, 300.0, 300.0],
     }
-    return CaseResult(
-        case_id=case_id,
-        samples=samples,
-        output_hash="abc",
-        deterministic=True,
-        load_ms=12.0,
-        warmup=1,
-        repeats=3,
-        case={"id": case_id},
-    )
+    return measured(case_id, samples)
 
 
 def make(path: Path, **cases: float) -> Path:

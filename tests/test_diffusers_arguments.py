@@ -29,7 +29,7 @@ from perfguard.results import Results
 from perfguard.storage import reports as rep
 from perfguard.storage.baseline import Baseline, scenario_from_result
 from perfguard.storage.cases import load_file, parse_case
-from tests.helpers import PG
+from tests.helpers import PG, diffusers_fields
 
 STEPS = 2
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -115,19 +115,8 @@ def flux(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _case(model: Path, **extra: object):  # type: ignore[no-untyped-def]
-    raw = {
-        "id": "flux",
-        "workload": "diffusers",
-        "model": str(model),
-        "prompt": "a red fox in the snow",
-        "negative_prompt": "blurry",
-        "height": 32,
-        "width": 32,
-        "steps": STEPS,
-        "guidance_scale": 3.5,
-        **extra,
-    }
-    return parse_case(raw, "test.toml")
+    fields = diffusers_fields("flux", model, STEPS, {"guidance_scale": 3.5, **extra})
+    return parse_case(fields, "test.toml")
 
 
 def _run(case):  # type: ignore[no-untyped-def]

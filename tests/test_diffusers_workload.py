@@ -19,7 +19,7 @@ from perfguard.device.platform import probe
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.runner import run_case
 from perfguard.storage.cases import parse_case
-from tests.helpers import PG
+from tests.helpers import PG, diffusers_fields
 
 STEPS = 2
 
@@ -113,20 +113,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _case_toml(case_id: str, model: Path, **extra: object) -> str:
-    fields = {
-        "id": case_id,
-        "workload": "diffusers",
-        "model": str(model),
-        "prompt": "a red fox in the snow",
-        "negative_prompt": "blurry",
-        "height": 32,
-        "width": 32,
-        "steps": STEPS,
-        "dtype": "float32",
-        "seed": 0,
-        "tags": ["smoke"],
-        **extra,
-    }
+    fields = diffusers_fields(
+        case_id, model, STEPS, {"dtype": "float32", "seed": 0, "tags": ["smoke"], **extra}
+    )
     lines = ["[[case]]"]
     for key, value in fields.items():
         if isinstance(value, dict):
@@ -147,18 +136,7 @@ def _registry(tmp_path: Path, *tables: str) -> str:
 
 
 def _case(model: Path, **extra: object):  # type: ignore[no-untyped-def]
-    raw = {
-        "id": "mine",
-        "workload": "diffusers",
-        "model": str(model),
-        "prompt": "a red fox in the snow",
-        "negative_prompt": "blurry",
-        "height": 32,
-        "width": 32,
-        "steps": STEPS,
-        **extra,
-    }
-    return parse_case(raw, "test.toml")
+    return parse_case(diffusers_fields("mine", model, STEPS, extra), "test.toml")
 
 
 # ---- measuring --------------------------------------------------------------------------

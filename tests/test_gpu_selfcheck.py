@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from perfguard.device import platform as pf
 from perfguard.device.timer import MB, stage
 from perfguard.workloads import qwen_image
+from tests.fake_pipeline import SteppedClock
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location(
@@ -316,21 +317,8 @@ def test_row2c_counts_modulation_cache_hits_and_fails_without_them(
 # ---- row 3: perfguard ab ----------------------------------------------------------------------
 
 
-class VirtualClock(pf.Platform):
-    def __init__(self) -> None:
-        super().__init__()
-        self.now_ns = 0
-        self.rng = np.random.default_rng(0)
-
-    def mark(self) -> int:
-        return self.now_ns
-
-    def work(self, ms: float) -> None:
-        self.now_ns += int(ms * 1e6 * (1 + 0.02 * self.rng.standard_normal()))
-
-
 def _ab_env(optimized_factor: float) -> Any:
-    plat = VirtualClock()
+    plat = SteppedClock(noise=0.02)
 
     def factory(case: Any, platform: Any) -> Any:
         on = any(case.toggle(t) for t in sc.AB_CASES if t in case.toggles)

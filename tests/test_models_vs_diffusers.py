@@ -62,11 +62,18 @@ def _padded_mask() -> torch.Tensor:
     return mask
 
 
-def test_qwen_state_dict_loads_strictly_from_diffusers() -> None:
-    theirs = diffusers.QwenImageTransformer2DModel(**QWEN_TINY)
-    ours = QwenImageTransformer2DModel(**QWEN_TINY)
+def _assert_loads_strictly(ours_cls: type, theirs_cls: type, config: dict) -> None:
+    """diffusers' state dict loads into ours strictly, with the same names in its order."""
+    theirs = theirs_cls(**config)
+    ours = ours_cls(**config)
     ours.load_state_dict(theirs.state_dict(), strict=True)
     assert list(ours.state_dict()) == list(theirs.state_dict())
+
+
+def test_qwen_state_dict_loads_strictly_from_diffusers() -> None:
+    _assert_loads_strictly(
+        QwenImageTransformer2DModel, diffusers.QwenImageTransformer2DModel, QWEN_TINY
+    )
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["no_mask", "padded_mask"])
@@ -162,10 +169,9 @@ assert GLM_BATCH == B
 
 
 def test_glm_state_dict_loads_strictly_from_diffusers() -> None:
-    theirs = diffusers.GlmImageTransformer2DModel(**GLM_TINY)
-    ours = GlmImageTransformer2DModel(**GLM_TINY)
-    ours.load_state_dict(theirs.state_dict(), strict=True)
-    assert list(ours.state_dict()) == list(theirs.state_dict())
+    _assert_loads_strictly(
+        GlmImageTransformer2DModel, diffusers.GlmImageTransformer2DModel, GLM_TINY
+    )
 
 
 @pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "masked_fill"])

@@ -13,6 +13,7 @@ import torch
 
 from perfguard.device.platform import Platform
 from perfguard.device.timer import StageTimer
+from perfguard.metrics import PIPELINE_STAGES
 from perfguard.storage.cases import Case, load_registry, select
 from perfguard.workloads.registry import build_pipeline
 
@@ -31,14 +32,7 @@ def _one_thread() -> object:
     torch.set_num_threads(threads)
 
 
-COMMON_STAGES = [
-    "InputValidationStage",
-    "TextEncodingStage",
-    "LatentPreparationStage",
-    "TimestepPreparationStage",
-    "DenoisingStage",
-    "DecodingStage",
-]
+COMMON_STAGES = list(PIPELINE_STAGES)
 
 
 def _run(case: Case) -> tuple[torch.Tensor, dict[str, float], list[float]]:

@@ -10,8 +10,10 @@ larger than the presets' init so a mismatch in the loop cannot hide in small val
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -54,6 +56,22 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
+def _reference_images(
+    reference: Any, pipe: Any, case: Case, output_type: str, **arguments: Any
+) -> torch.Tensor:
+    """diffusers' pipeline on our pipeline's prompts at the case's size, steps and seed,
+    with the model's own `arguments`."""
+    return reference(
+        prompt=pipe.prompts,
+        height=case.height,
+        width=case.width,
+        num_inference_steps=case.steps,
+        generator=torch.Generator().manual_seed(case.seed),
+        output_type=output_type,
+        **arguments,
+    ).images
+
+
 @pytest.mark.parametrize("guidance_scale", [4.0, 1.0], ids=["true_cfg", "no_cfg"])
 def test_qwen_image_latents_and_image_equal_diffusers(guidance_scale: float) -> None:
     case = replace(SMOKE["qwen_image"], steps=3, guidance_scale=guidance_scale)
@@ -67,17 +85,11 @@ def test_qwen_image_latents_and_image_equal_diffusers(guidance_scale: float) -> 
     )
     reference.set_progress_bar_config(disable=True)
 
-    def theirs(output_type: str) -> torch.Tensor:
-        return reference(
-            prompt=pipe.prompts,
-            negative_prompt=pipe.negative_prompts if case.cfg else None,
-            true_cfg_scale=case.guidance_scale,
-            height=case.height,
-            width=case.width,
-            num_inference_steps=case.steps,
-            generator=torch.Generator().manual_seed(case.seed),
-            output_type=output_type,
-        ).images
+    cfg = {
+        "negative_prompt": pipe.negative_prompts if case.cfg else None,
+        "true_cfg_scale": case.guidance_scale,
+    }
+    theirs = functools.partial(_reference_images, reference, pipe, case, **cfg)
 
     latents = pipe.generate("latent")
     image = pipe.generate()
@@ -87,8 +99,9 @@ def test_qwen_image_latents_and_image_equal_diffusers(guidance_scale: float) -> 
     assert image.std() > 1e-3  # a real image, not a constant the comparison could pass on
 
 
-def test_glm_image_latents_and_image_equal_diffusers_given_the_prior_tokens() -> None:
-    case = replace(SMOKE["glm_image"], steps=3, options={})  # diffusers samples the full prior
+def _glm_reference(case: Case):  # type: ignore[no-untyped-def]
+    """diffusers' GlmImagePipeline on our pipeline's components and diffusers' own DiT
+    (with our DiT's weights), and our pipeline."""
     pipe, transformer, scheduler = _pair(case, diffusers.GlmImageTransformer2DModel)
     reference = diffusers.GlmImagePipeline(
         tokenizer=pipe.tokenizer,
@@ -99,22 +112,19 @@ def test_glm_image_latents_and_image_equal_diffusers_given_the_prior_tokens() ->
         transformer=transformer,
         scheduler=scheduler,
     )
+    return reference, pipe
+
+
+def test_glm_image_latents_and_image_equal_diffusers_given_the_prior_tokens() -> None:
+    case = replace(SMOKE["glm_image"], steps=3, options={})  # diffusers samples the full prior
+    reference, pipe = _glm_reference(case)
     reference.set_progress_bar_config(disable=True)
     image = pipe.generate()
     prior = pipe.prior_token_ids.clone()
     latents = pipe.generate("latent")
 
-    def theirs(output_type: str) -> torch.Tensor:
-        return reference(
-            prompt=pipe.prompts,
-            height=case.height,
-            width=case.width,
-            num_inference_steps=case.steps,
-            guidance_scale=case.guidance_scale,
-            generator=torch.Generator().manual_seed(case.seed),
-            prior_token_ids=prior,
-            output_type=output_type,
-        ).images
+    given = {"guidance_scale": case.guidance_scale, "prior_token_ids": prior}
+    theirs = functools.partial(_reference_images, reference, pipe, case, **given)
 
     assert _max_diff(latents, theirs("latent")) <= ATOL
     assert _max_diff(image, theirs("pt")) <= ATOL
@@ -125,16 +135,7 @@ def test_glm_prior_tokens_equal_diffusers_generate_prior_tokens() -> None:
     """The AR stage: the processor's target + preview grids, grid tokens + 1 sampled with
     the case's seed, the target grid taken after the preview and upsampled 2x."""
     case = replace(SMOKE["glm_image"], options={})  # diffusers samples the full prior
-    pipe, transformer, scheduler = _pair(case, diffusers.GlmImageTransformer2DModel)
-    reference = diffusers.GlmImagePipeline(
-        tokenizer=pipe.tokenizer,
-        processor=pipe.processor,
-        text_encoder=pipe.text_encoder,
-        vision_language_encoder=pipe.vision_language_encoder,
-        vae=pipe.vae,
-        transformer=transformer,
-        scheduler=scheduler,
-    )
+    reference, pipe = _glm_reference(case)
     ours = pipe.generate_prior_tokens()
     theirs, _, _ = reference.generate_prior_tokens(
         prompt=pipe.prompts,

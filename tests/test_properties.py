@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -158,11 +159,21 @@ def real_files() -> dict[str, bytes]:
     return files
 
 
+JSON_READERS = {
+    "baseline": (store.load, "b.json"),
+    "report": (read_report, "r.json"),
+    "results": (read_results, "res.json"),
+}
+
+
+@pytest.mark.parametrize("which", list(JSON_READERS))
 @SETTINGS
 @given(data=st.data())
-def test_baseline_reader(tmp_path: Path, data: st.DataObject) -> None:
-    raw = data.draw(json_mutation(real_files()["baseline"]))
-    check_reader(store.load, tmp_path / "b.json", raw, "b.json")
+def test_json_file_reader(tmp_path: Path, data: st.DataObject, which: str) -> None:
+    """The baseline, report and results readers on mutations of a real file of theirs."""
+    read, name = JSON_READERS[which]
+    raw = data.draw(json_mutation(real_files()[which]))
+    check_reader(read, tmp_path / name, raw, name)
 
 
 @SETTINGS
@@ -170,20 +181,6 @@ def test_baseline_reader(tmp_path: Path, data: st.DataObject) -> None:
 def test_sglang_baseline_reader(tmp_path: Path, data: st.DataObject, which: str) -> None:
     raw = data.draw(json_mutation(real_files()[which]))
     check_reader(sglang.import_file, tmp_path / "perf_baselines.json", raw, "perf_baselines.json")
-
-
-@SETTINGS
-@given(data=st.data())
-def test_report_reader(tmp_path: Path, data: st.DataObject) -> None:
-    raw = data.draw(json_mutation(real_files()["report"]))
-    check_reader(read_report, tmp_path / "r.json", raw, "r.json")
-
-
-@SETTINGS
-@given(data=st.data())
-def test_results_reader(tmp_path: Path, data: st.DataObject) -> None:
-    raw = data.draw(json_mutation(real_files()["results"]))
-    check_reader(read_results, tmp_path / "res.json", raw, "res.json")
 
 
 @SETTINGS

@@ -344,6 +344,23 @@ def _factory(level: Callable[[int], float]) -> Callable[[Case, Platform], Callab
     return build
 
 
+def _adaptive_measure(
+    factory: Callable[[Case, Platform], Callable[[], Any]],
+) -> Callable[[Sequence[Case], Any], Results]:
+    """The gate's `measure`: 5 runs a case on the virtual clock, up to 20 when told."""
+
+    def measure(cases: Sequence[Case], until_for: Any) -> Results:
+        return run_in_process(
+            cases,
+            VirtualClock(),
+            MeasureOptions(repeats=5, warmup=0, max_repeats=20, progress=False),
+            until_for=until_for,
+            factory=factory,
+        )
+
+    return measure
+
+
 def test_run_case_stops_when_told_and_never_before_the_minimum_nor_after_the_maximum() -> None:
     seen: list[int] = []
 
@@ -383,16 +400,7 @@ def test_adaptive_sampling_stops_as_soon_as_every_verdict_is_clear(level: float,
             tolerance_overrides={M: {"rel": 0.1, "abs": 0.0}},
         ),
     )
-    factory = _factory(lambda i: level)
-
-    def measure(cases: Sequence[Case], until_for: Any) -> Results:
-        return run_in_process(
-            cases,
-            VirtualClock(),
-            MeasureOptions(repeats=5, warmup=0, max_repeats=20, progress=False),
-            until_for=until_for,
-            factory=factory,
-        )
+    measure = _adaptive_measure(_factory(lambda i: level))
 
     outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=0), measure, max_repeats=20)
     (case,) = outcome.judgement.cases
@@ -469,15 +477,7 @@ def test_the_gate_stops_unchanged_code_at_the_minimum_on_a_drifting_baseline() -
     baseline = new_baseline({"platform": "cpu", "hardware": "x"}).with_scenario(
         "c", dataclasses.replace(scenario_from_result(res), tolerance_overrides={M: {"rel": 0.03}})
     )
-
-    def measure(cases: Sequence[Case], until_for: Any) -> Results:
-        return run_in_process(
-            cases,
-            VirtualClock(),
-            MeasureOptions(repeats=5, warmup=0, max_repeats=20, progress=False),
-            until_for=until_for,
-            factory=_factory(lambda i: 10.0),
-        )
+    measure = _adaptive_measure(_factory(lambda i: 10.0))
 
     outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=0), measure, max_repeats=20)
     (case,) = outcome.judgement.cases

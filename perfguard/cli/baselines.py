@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.markup import escape
 
-from perfguard.cli.common import CONTEXT_SETTINGS, console
+from perfguard.cli.common import CONTEXT_SETTINGS, Decorator, console
 from perfguard.errors import (
     EXIT_CODES_HELP,
     EXIT_OK,
@@ -127,14 +127,14 @@ def baselines_diff(a: str, b: str, as_json: bool, fmt: str) -> int:
     return EXIT_OK
 
 
+def _out_option(help: str, *dest: str) -> Decorator:
+    """`--out FILE` (required): the baseline a command writes."""
+    return click.option("--out", *dest, required=True, type=click.Path(dir_okay=False), help=help)
+
+
 @baselines_group.command("merge", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="The merged baseline (may be one of the inputs; written atomically under its lock).",
-)
+@_out_option("The merged baseline (may be one of the inputs; written atomically under its lock).")
 @click.option(
     "--prefer",
     type=click.Choice(["newest", "first"]),
@@ -172,13 +172,7 @@ def baselines_merge(paths: tuple[str, ...], out: str, prefer: str | None) -> int
 
 @baselines_group.command("import-sglang", context_settings=CONTEXT_SETTINGS)
 @click.argument("src", type=click.Path(dir_okay=False))
-@click.option(
-    "--out",
-    "dst",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="The perfguard baseline to write.",
-)
+@_out_option("The perfguard baseline to write.", "dst")
 @click.option(
     "--platform",
     "platform_name",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import click
 from rich.markup import escape
 
@@ -11,6 +15,7 @@ from perfguard.cli.common import (
     baseline_option,
     cases_dir_option,
     console,
+    count_option,
     echo_err,
     json_file_option,
     max_reruns_option,
@@ -25,51 +30,69 @@ from perfguard.presentation.tables import ab_table, calibration_table
 from perfguard.storage.cases import Selection
 from perfguard.storage.jsonio import write_json_atomic
 
+if TYPE_CHECKING:
+    from perfguard.decision.calibrate import CheckSetup
+
+
+def check_setup_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The checks calibrated for (--check-processes, --max-reruns, --baseline-processes,
+    --trials); the command gets `setup: CheckSetup`. Goes below `measurement_options`,
+    whose `options` gives the checks' repeats."""
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        from perfguard.decision.calibrate import CheckSetup
+
+        kwargs.pop("check_isolate")
+        kwargs["setup"] = CheckSetup(
+            repeats=kwargs["options"].repeats,
+            baseline_processes=kwargs.pop("baseline_processes"),
+            check_processes=kwargs.pop("check_processes"),
+            max_reruns=kwargs.pop("max_reruns"),
+            trials=kwargs.pop("trials"),
+        )
+        return fn(**kwargs)
+
+    options = [
+        count_option("--check-processes", 1, 1, "The --processes of the checks calibrated for."),
+        max_reruns_option("The --max-reruns of the checks calibrated for."),
+        click.option(
+            "--check-isolate",
+            is_flag=True,
+            help="Accepted for older command lines; no effect: a check's confirmations "
+            "always run in fresh processes, and calibrate simulates them so.",
+        ),
+        count_option(
+            "--baseline-processes",
+            1,
+            1,
+            "The baseline's processes where the baseline does not record them.",
+        ),
+        count_option(
+            "--trials", 400, 50, "Simulated checks per point (false-alarm resolution ~ 1/trials)."
+        ),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
 
 @click.command("calibrate", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
 @platform_option
 @selection_options(shard=False)
 @baseline_option
-@click.option(
+@count_option(
     "--runs",
-    default=5,
-    show_default=True,
-    type=click.IntRange(min=2),
-    help="Fresh processes to measure each case in (the between-process noise needs 2+; "
+    5,
+    2,
+    "Fresh processes to measure each case in (the between-process noise needs 2+; "
     "--write needs 10+).",
 )
 @measurement_options(
     repeats=10, min_repeats=3, processes=None, workers=False, inject=False, progress=False
 )
 @profile_option
-@click.option(
-    "--check-processes",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="The --processes of the checks calibrated for.",
-)
-@max_reruns_option("The --max-reruns of the checks calibrated for.")
-@click.option(
-    "--check-isolate",
-    is_flag=True,
-    help="Accepted for older command lines; no effect: a check's confirmations always run "
-    "in fresh processes, and calibrate simulates them so.",
-)
-@click.option(
-    "--baseline-processes",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="The baseline's processes where the baseline does not record them.",
-)
-@click.option(
-    "--trials",
-    default=400,
-    show_default=True,
-    type=click.IntRange(min=50),
-    help="Simulated checks per point (false-alarm resolution ~ 1/trials).",
-)
+@check_setup_options
 @click.option("--all-metrics", is_flag=True, help="Per-step metrics too.")
 @click.option(
     "--write",
@@ -84,11 +107,7 @@ def calibrate_command(
     runs: int,
     options: MeasureOptions,
     profile: str,
-    check_processes: int,
-    max_reruns: int,
-    check_isolate: bool,
-    baseline_processes: int,
-    trials: int,
+    setup: CheckSetup,
     all_metrics: bool,
     write: bool,
     json_out: str | None,
@@ -102,15 +121,6 @@ def calibrate_command(
     say), and the tightest band that keeps false alarms within 1 %. --write stores those
     bands as per-case tolerance overrides in the baseline.
     """
-    from perfguard.decision.calibrate import CheckSetup
-
-    setup = CheckSetup(
-        repeats=options.repeats,
-        baseline_processes=baseline_processes,
-        check_processes=check_processes,
-        max_reruns=max_reruns,
-        trials=trials,
-    )
     result = api.calibrate(
         selection,
         options.replace(processes=runs),

@@ -180,145 +180,166 @@ def measurement_options(
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:
-            devices = parse_devices(kwargs.pop("devices_spec", None))
-            kwargs["options"] = MeasureOptions(
-                repeats=kwargs.pop("repeats"),
-                warmup=kwargs.pop("warmup"),
-                timeout=kwargs.pop("timeout"),
-                sync=kwargs.pop("sync"),
-                threads=kwargs.pop("threads"),
-                inject=inject_from(kwargs.pop("inject", None)) if inject else {},
-                factory=factory_from(kwargs.pop("factory_spec")),
-                devices=tuple(devices) if devices is not None else None,
-                isolate=kwargs.pop("isolate", False),
-                start_method=kwargs.pop("start_method", None),
-                processes=kwargs.pop("processes", 1),
-                max_repeats=kwargs.pop("max_repeats", None),
-                progress=kwargs.pop("progress", None),
-            )
+            kwargs["options"] = _measure_options_from(kwargs, inject=inject)
             return fn(**kwargs)
 
-        options: list[Decorator] = [
-            _shared(
-                "measurement",
-                "--repeats",
-                default=repeats,
-                show_default=True,
-                type=click.IntRange(min=min_repeats),
-                help="Measured runs per case (per process).",
-            ),
-            _shared(
-                "measurement",
-                "--warmup",
-                default=1,
-                show_default=True,
-                type=click.IntRange(min=0),
-                help="Untimed runs per case first (one-off costs: allocator, autotuning).",
-            ),
-            _shared(
-                "measurement",
-                "--timeout",
-                default=None,
-                type=click.FloatRange(min=0, min_open=True),
-                help="Seconds a case may take; past it the case is an error, the others run.",
-            ),
-            _shared(
-                "measurement",
-                "--sync",
-                default="none",
-                show_default=True,
-                type=click.Choice(SYNC_POLICIES),
-                help="Synchronize the device at every stage boundary (debugging).",
-            ),
-            _shared(
-                "measurement",
-                "--threads",
-                type=click.IntRange(min=1),
-                default=None,
-                help="torch intra-op threads for every case (default: $PERFGUARD_THREADS, "
-                "else the case's `threads`, else 1 on CPU and 4 on devices).",
-            ),
-            _shared(
-                "measurement",
-                "--factory",
-                "factory_spec",
-                default=None,
-                metavar="MODULE:FUNCTION",
-                help="Build each case's pipeline with this callable (case, platform) -> "
-                "pipeline instead of perfguard's workloads (env: PERFGUARD_FACTORY).",
-            ),
-        ]
+        options = _core_measurement_options(repeats, min_repeats)
         if progress:
-            options.append(
-                click.option(
-                    "--progress/--no-progress",
-                    default=None,
-                    help="Progress bar (default: only on a terminal).",
-                )
-            )
+            options.append(_PROGRESS_OPTION)
         if workers:
-            options += [
-                click.option(
-                    "--devices",
-                    "devices_spec",
-                    default=None,
-                    metavar="0,1,...",
-                    help="One worker process per device, pinned with CUDA_VISIBLE_DEVICES / "
-                    "HIP_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES; a case with "
-                    "num_devices > 1 runs through torchrun on that many of them.",
-                ),
-                click.option(
-                    "--isolate",
-                    is_flag=True,
-                    help="Run each case in a fresh subprocess; --timeout kills it (process tree).",
-                ),
-                click.option(
-                    "--start-method",
-                    default=None,
-                    type=click.Choice(START_METHODS),
-                    help="How worker processes start: forkserver forks them from a server "
-                    "that imported torch, transformers and diffusers once; spawn starts "
-                    "a fresh interpreter each (default: forkserver on Linux, else spawn).",
-                ),
-            ]
+            options += _WORKER_OPTIONS
         if processes is not None:
-            options.append(
-                click.option(
-                    "--processes",
-                    default=processes,
-                    show_default=True,
-                    type=click.IntRange(min=1),
-                    help="Measure each case in K fresh processes (REPEATS runs each) and pool "
-                    "them; the spread of their medians is the between-process noise the "
-                    "verdict uses.",
-                )
-            )
+            options.append(_processes_option(processes))
         if adaptive:
-            options.append(
-                click.option(
-                    "--max-repeats",
-                    default=None,
-                    type=click.IntRange(min=1),
-                    help="Adaptive sampling: after REPEATS runs keep measuring a case until "
-                    "every verdict is clear, up to this many runs (default: 20; in-process "
-                    "runs only).",
-                )
-            )
+            options.append(_MAX_REPEATS_OPTION)
         if inject:
-            options.append(
-                click.option(
-                    "--inject",
-                    default=None,
-                    metavar="STAGE=+N%",
-                    help="Slow a stage down by N % with real busy work, to prove the gate "
-                    "catches it (env: PERFGUARD_INJECT). Moves stage:STAGE by N %, each "
-                    "step:<i> inside it (so step_avg and step_median) by N %, the stages "
-                    "that enclose it and e2e by the added time; no other stage.",
-                )
-            )
+            options.append(_INJECT_OPTION)
         return _apply(wrapper, options)
 
     return decorate
+
+
+def _measure_options_from(kwargs: dict[str, Any], *, inject: bool) -> MeasureOptions:
+    """Pop the measurement group's raw flags out of `kwargs` into a `MeasureOptions`."""
+    devices = parse_devices(kwargs.pop("devices_spec", None))
+    return MeasureOptions(
+        repeats=kwargs.pop("repeats"),
+        warmup=kwargs.pop("warmup"),
+        timeout=kwargs.pop("timeout"),
+        sync=kwargs.pop("sync"),
+        threads=kwargs.pop("threads"),
+        inject=inject_from(kwargs.pop("inject", None)) if inject else {},
+        factory=factory_from(kwargs.pop("factory_spec")),
+        devices=tuple(devices) if devices is not None else None,
+        isolate=kwargs.pop("isolate", False),
+        start_method=kwargs.pop("start_method", None),
+        processes=kwargs.pop("processes", 1),
+        max_repeats=kwargs.pop("max_repeats", None),
+        progress=kwargs.pop("progress", None),
+    )
+
+
+def _core_measurement_options(repeats: int, min_repeats: int) -> list[Decorator]:
+    """The options every measuring command takes, in the order --help lists them."""
+    return [
+        _shared(
+            "measurement",
+            "--repeats",
+            default=repeats,
+            show_default=True,
+            type=click.IntRange(min=min_repeats),
+            help="Measured runs per case (per process).",
+        ),
+        _shared(
+            "measurement",
+            "--warmup",
+            default=1,
+            show_default=True,
+            type=click.IntRange(min=0),
+            help="Untimed runs per case first (one-off costs: allocator, autotuning).",
+        ),
+        _shared(
+            "measurement",
+            "--timeout",
+            default=None,
+            type=click.FloatRange(min=0, min_open=True),
+            help="Seconds a case may take; past it the case is an error, the others run.",
+        ),
+        _shared(
+            "measurement",
+            "--sync",
+            default="none",
+            show_default=True,
+            type=click.Choice(SYNC_POLICIES),
+            help="Synchronize the device at every stage boundary (debugging).",
+        ),
+        _shared(
+            "measurement",
+            "--threads",
+            type=click.IntRange(min=1),
+            default=None,
+            help="torch intra-op threads for every case (default: $PERFGUARD_THREADS, "
+            "else the case's `threads`, else 1 on CPU and 4 on devices).",
+        ),
+        _shared(
+            "measurement",
+            "--factory",
+            "factory_spec",
+            default=None,
+            metavar="MODULE:FUNCTION",
+            help="Build each case's pipeline with this callable (case, platform) -> "
+            "pipeline instead of perfguard's workloads (env: PERFGUARD_FACTORY).",
+        ),
+    ]
+
+
+def count_option(name: str, default: int, minimum: int, help: str) -> Decorator:
+    """An option that counts something: an integer of at least `minimum`, its default
+    shown."""
+    return click.option(
+        name, default=default, show_default=True, type=click.IntRange(min=minimum), help=help
+    )
+
+
+def _processes_option(default: int) -> Decorator:
+    return count_option(
+        "--processes",
+        default,
+        1,
+        "Measure each case in K fresh processes (REPEATS runs each) and pool them; the "
+        "spread of their medians is the between-process noise the verdict uses.",
+    )
+
+
+_PROGRESS_OPTION = click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar (default: only on a terminal).",
+)
+
+_WORKER_OPTIONS: list[Decorator] = [
+    click.option(
+        "--devices",
+        "devices_spec",
+        default=None,
+        metavar="0,1,...",
+        help="One worker process per device, pinned with CUDA_VISIBLE_DEVICES / "
+        "HIP_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES; a case with "
+        "num_devices > 1 runs through torchrun on that many of them.",
+    ),
+    click.option(
+        "--isolate",
+        is_flag=True,
+        help="Run each case in a fresh subprocess; --timeout kills it (process tree).",
+    ),
+    click.option(
+        "--start-method",
+        default=None,
+        type=click.Choice(START_METHODS),
+        help="How worker processes start: forkserver forks them from a server "
+        "that imported torch, transformers and diffusers once; spawn starts "
+        "a fresh interpreter each (default: forkserver on Linux, else spawn).",
+    ),
+]
+
+_MAX_REPEATS_OPTION = click.option(
+    "--max-repeats",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Adaptive sampling: after REPEATS runs keep measuring a case until "
+    "every verdict is clear, up to this many runs (default: 20; in-process "
+    "runs only).",
+)
+
+_INJECT_OPTION = click.option(
+    "--inject",
+    default=None,
+    metavar="STAGE=+N%",
+    help="Slow a stage down by N % with real busy work, to prove the gate "
+    "catches it (env: PERFGUARD_INJECT). Moves stage:STAGE by N %, each "
+    "step:<i> inside it (so step_avg and step_median) by N %, the stages "
+    "that enclose it and e2e by the added time; no other stage.",
+)
 
 
 def baseline_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -341,9 +362,7 @@ def profile_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def max_reruns_option(help: str) -> Decorator:
-    return click.option(
-        "--max-reruns", default=2, show_default=True, type=click.IntRange(min=0), help=help
-    )
+    return count_option("--max-reruns", 2, 0, help)
 
 
 def judge_options(max_reruns_help: str) -> Decorator:

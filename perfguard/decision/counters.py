@@ -72,7 +72,8 @@ NEW_STAGE = "new-stage"
 
 @dataclass(frozen=True)
 class CounterVerdict:
-    """The verdict on one counter: the fields of a `verdict.MetricVerdict` it becomes."""
+    """The verdict on one counter: the first fields of `verdict.MetricVerdict`, which
+    extends it (a counter's verdict becomes one)."""
 
     metric: str
     verdict: str

@@ -271,13 +271,7 @@ def judge_blocks(
     pooled: dict[str, dict[str, CaseResult]] = {BASE: {}, HEAD: {}}
     verdicts: list[CaseVerdict] = []
     for cid in sorted(case_ids):
-        parts = {
-            side: [b.results[side][cid] for b in blocks if cid in b.results[side]]
-            for side in (BASE, HEAD)
-        }
-        for side in (BASE, HEAD):
-            if parts[side]:
-                pooled[side][cid] = pool(parts[side])
+        head_blocks = _pool_case(pooled, blocks, cid)
         if cid in errors:
             head = pooled[HEAD].get(cid)
             verdicts.append(
@@ -290,54 +284,93 @@ def judge_blocks(
             )
             continue
         head, base = pooled[HEAD][cid], pooled[BASE][cid]
-        metrics: list[MetricVerdict] = []
-        for metric in sorted(set(head.samples) | set(base.samples), key=metric_sort_key):
-            if (cid, metric) in latched:
-                metrics.append(latched[(cid, metric)])
-                continue
-            metrics.append(
-                judge_relative_metric(
-                    metric,
-                    head.samples.get(metric),
-                    base.samples.get(metric),
-                    log_ratios(blocks, cid, metric),
-                    alpha=alpha_look,
-                    head_groups=head.groups,
-                    base_groups=base.groups,
-                    final=final,
-                )
-            )
-        work, output = counters.judge_exact(
-            head,
-            counters.WorkCounts.from_runs(base.work or []),
-            base.output_hash,
-            base.output_sketch,
-            overrides=[head.case.get("tolerance_overrides") or {}],
-            allow_output_change=allow_output_change,
+        metrics = _relative_metrics(
+            cid, head, base, blocks, alpha_look=alpha_look, final=final, latched=latched
         )
-        metrics += [MetricVerdict(**vars(c)) for c in work.metrics]
-        kinds = [m.verdict for m in metrics] + ([REGRESSION] if output and output.failed else [])
-        verdicts.append(
-            CaseVerdict(
-                cid,
-                worst(kinds),
-                tuple(metrics),
-                output_hash=head.output_hash,
-                baseline_output_hash=base.output_hash,
-                deterministic=head.deterministic,
-                work=work.to_json() or None,
-                output=None if output is None else output.to_json(),
-                sampling={
-                    "runs": head.repeats,
-                    "groups": len(head.groups) if head.groups else 1,
-                    "reruns": 0,
-                    "blocks": len(parts[HEAD]),
-                    "base_runs": base.repeats,
-                },
-            )
-        )
+        verdicts.append(_relative_case(cid, head, base, metrics, head_blocks, allow_output_change))
     judgement = Judgement(PROFILE_NAME, tuple(verdicts), fail_on_missing, advisory)
     return judgement, pooled
+
+
+def _pool_case(pooled: dict[str, dict[str, CaseResult]], blocks: Sequence[Block], cid: str) -> int:
+    """Pool each side's results of case `cid` over the blocks into `pooled`; the number
+    of blocks with a head result."""
+    parts = {
+        side: [b.results[side][cid] for b in blocks if cid in b.results[side]]
+        for side in (BASE, HEAD)
+    }
+    for side in (BASE, HEAD):
+        if parts[side]:
+            pooled[side][cid] = pool(parts[side])
+    return len(parts[HEAD])
+
+
+def _relative_metrics(
+    cid: str,
+    head: CaseResult,
+    base: CaseResult,
+    blocks: Sequence[Block],
+    *,
+    alpha_look: float,
+    final: bool,
+    latched: Mapping[tuple[str, str], MetricVerdict],
+) -> list[MetricVerdict]:
+    """The verdict on each metric of either side: latched where decided before, else
+    judged on the blocks' log ratios."""
+    return [
+        latched[(cid, metric)]
+        if (cid, metric) in latched
+        else judge_relative_metric(
+            metric,
+            head.samples.get(metric),
+            base.samples.get(metric),
+            log_ratios(blocks, cid, metric),
+            alpha=alpha_look,
+            head_groups=head.groups,
+            base_groups=base.groups,
+            final=final,
+        )
+        for metric in sorted(set(head.samples) | set(base.samples), key=metric_sort_key)
+    ]
+
+
+def _relative_case(
+    cid: str,
+    head: CaseResult,
+    base: CaseResult,
+    metrics: list[MetricVerdict],
+    head_blocks: int,
+    allow_output_change: bool,
+) -> CaseVerdict:
+    """The case verdict: the timing `metrics`, and the head's work counters and output
+    judged against the base's exactly."""
+    work, output = counters.judge_exact(
+        head,
+        counters.WorkCounts.from_runs(base.work or []),
+        base.output_hash,
+        base.output_sketch,
+        overrides=[head.case.get("tolerance_overrides") or {}],
+        allow_output_change=allow_output_change,
+    )
+    metrics = metrics + [MetricVerdict(**vars(c)) for c in work.metrics]
+    kinds = [m.verdict for m in metrics] + ([REGRESSION] if output and output.failed else [])
+    return CaseVerdict(
+        cid,
+        worst(kinds),
+        tuple(metrics),
+        output_hash=head.output_hash,
+        baseline_output_hash=base.output_hash,
+        deterministic=head.deterministic,
+        work=work.to_json() or None,
+        output=None if output is None else output.to_json(),
+        sampling={
+            "runs": head.repeats,
+            "groups": len(head.groups) if head.groups else 1,
+            "reruns": 0,
+            "blocks": head_blocks,
+            "base_runs": base.repeats,
+        },
+    )
 
 
 BASE = "B"

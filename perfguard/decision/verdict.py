@@ -45,21 +45,18 @@ verdicts are clear and within their bounds.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perfguard.decision import counters
+from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
 from perfguard.decision.estimate import PairedEstimate
 from perfguard.decision.stats import (
     Noise,
     Summary,
-    log_ratio_noise,
-    median_reach,
     summarize,
-    t_quantile,
 )
 from perfguard.decision.tolerances import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
@@ -112,49 +109,16 @@ OVERALL_FAIL = "fail"
 OVERALL_ERROR = "error"
 OVERALL_CONTENDED = "contended"
 
-# ---- the evidence a regression needs -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How much evidence a verdict needs, and which verdicts are flagged as borderline.
-
-    `alpha` is the one-sided false-alarm rate of the credibility test: a median above
-    its band is a regression only when the (1 - alpha) lower confidence bound of
-    median/baseline is above 1. 1 %, so that noise alone fails about one metric in a
-    hundred that already sit above their band, not one in twenty.
-
-    `borderline` (1.2) is how close to the band a credible slowdown counts as
-    borderline: its excess over the baseline is within 1.2x of the band's allowance, or
-    above 1/1.2 of it while still inside. Such a verdict could flip with the next
-    process's drift: the report flags it and shows its interval.
-    """
-
-    alpha: float = 0.01
-    borderline: float = 1.2
-
-    def __post_init__(self) -> None:
-        if not 0 < self.alpha < 0.5:
-            raise ValueError(f"alpha must be in (0, 0.5), not {self.alpha}")
-        if self.borderline < 1:
-            raise ValueError(f"borderline must be >= 1, not {self.borderline}")
-
-    def quantile(self, noise: Noise) -> float:
-        """Student's t at `alpha` with the degrees of freedom that estimated `noise`."""
-        return t_quantile(self.alpha, noise.dof)
-
-
-DEFAULT_RULE = Rule()
-
-
 # ---- one metric ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class MetricVerdict:
+class MetricVerdict(counters.CounterVerdict):
     """The verdict on one metric of one case, with everything a reader needs to check it.
 
-    `low` / `high` bound median/baseline at the rule's confidence (one-sided each);
+    Its first fields are a counter's verdict (`counters.CounterVerdict`: metric,
+    verdict, measured and baseline summaries, band, bound, ratio, reason). `low` /
+    `high` bound median/baseline at the rule's confidence (one-sided each);
     `significant` says whether `low` > 1 (slower beyond noise); `borderline` flags a
     verdict the next process could flip (reported); `clear` says more runs of the same
     process would not change the verdict (the bound lies outside [low, high] x
@@ -162,14 +126,6 @@ class MetricVerdict:
     `stats.median_reach`); `noise` is where the interval came from.
     """
 
-    metric: str
-    verdict: str
-    measured: Summary | None = None
-    baseline: Summary | None = None
-    band: Band | None = None
-    bound: float | None = None
-    ratio: float | None = None
-    reason: str = ""
     low: float | None = None
     high: float | None = None
     significant: bool | None = None
@@ -315,87 +271,79 @@ def judge_metric(
     measured = summarize(samples, groups=groups)
     if baseline is None:
         return MetricVerdict(metric, NEW_STAGE, measured=measured, reason="not in the baseline")
-    b, m = baseline.median, measured.median
-    bound = band.bound(b)
-    if b <= 0 or m <= 0:
-        # No ratio to put an interval on (a figure rounded to 0): the band alone decides.
-        verdict = REGRESSION if m > bound else PASS
-        reason = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}" if m > bound else ""
-        ratio = m / b if b > 0 else None
-        return MetricVerdict(metric, verdict, measured, baseline, band, bound, ratio, reason)
-    noise = log_ratio_noise(baseline, measured)
-    ratio = m / b
-    spread = math.exp(rule.quantile(noise) * noise.se)
-    low, high = ratio / spread, ratio * spread
-    significant = low > 1.0
-    allowance = bound - b
-    excess = (m - b) / allowance if allowance > 0 else math.inf
-    over = m > bound
-    one_process = noise.processes_current == 1
-    borderline = (over and (not significant or excess <= rule.borderline or one_process)) or (
-        significant and not over and excess > 1.0 / rule.borderline
-    )
-    # Clear: more runs of this process would not move the median across the bound. The
-    # test is on the median's own reach (`median_reach`: this process's standard error),
-    # not on the interval, which also holds the baseline's noise and the between-process
-    # spread that no further run can shrink: a stop waiting for the interval to clear a
-    # 3 % band never fired for unchanged code. Stopping on this is safe for the
-    # false-alarm rate: the gate only stops a case that is within its bounds, and a
-    # stop for futility removes rejections of the one final test, never adds one.
-    reach = median_reach(measured, baseline, rule.alpha)
-    clear = not (low * b <= bound < high * b) or m * reach <= bound or m / reach > bound
-    figures = f"baseline {_fmt(b, metric)}, rel {band.rel:g}, abs {band.abs:g}"
-    evidence = (
-        f"{1 - rule.alpha:.0%} lower bound {low:.3f}x from the {noise.source}"
-        if noise.se > 0
-        else "no spread known: the band alone decides"
-    )
-    if over and significant and speed is not None and speed > 1 and m / speed <= bound:
-        # The runner's slowness explains the excess as well as the code could, and the
-        # reference predicts a pipeline's speed far less precisely than the band is
-        # wide (docs/verdicts.md, `benchmarks/runner_speed.py`): no verdict either way.
-        verdict = CONTENDED
-        reason = (
-            f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} ({figures}), but the "
-            f"runner's reference workload is {speed:.3f}x slower than at baseline time, "
-            f"which would explain it ({_fmt(m / speed, metric)} divided by it): no verdict; "
-            "measure on a quiet runner or with the relative check (--against-ref)"
-        )
-    elif over and significant:
-        verdict = REGRESSION
-        reason = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} ({figures}); {evidence}"
-    elif m < band.improvement_below(b, improvement_threshold):
-        verdict = IMPROVEMENT
-        reason = (
-            f"median {_fmt(m, metric)} is more than {improvement_threshold:.0%} and "
-            f"{band.abs:g} {unit(metric)} below the baseline {_fmt(b, metric)}: "
-            "the baseline is stale"
-        )
-    elif over:
-        verdict = PASS
-        reason = (
-            f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)} ({figures}) but within "
-            f"noise: {evidence}"
-        )
-    else:
-        verdict = PASS
-        reason = ""
+    if baseline.median <= 0 or measured.median <= 0:
+        return _judge_on_the_band_alone(metric, measured, baseline, band)
+    c = Comparison.of(metric, measured, baseline, band, rule)
+    verdict, reason = _outcome(c, improvement_threshold, speed)
     return MetricVerdict(
         metric,
         verdict,
         measured,
         baseline,
         band,
-        bound,
-        ratio,
+        c.bound,
+        c.ratio,
         reason,
-        low=low,
-        high=high,
-        significant=significant,
-        borderline=borderline,
-        clear=clear,
-        noise=noise,
+        low=c.low,
+        high=c.high,
+        significant=c.significant,
+        borderline=c.borderline(),
+        clear=c.clear(),
+        noise=c.noise,
     )
+
+
+def _judge_on_the_band_alone(
+    metric: str, measured: Summary, baseline: Summary, band: Band
+) -> MetricVerdict:
+    """No ratio to put an interval on (a figure rounded to 0): the band alone decides."""
+    b, m = baseline.median, measured.median
+    bound = band.bound(b)
+    verdict = REGRESSION if m > bound else PASS
+    reason = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}" if m > bound else ""
+    ratio = m / b if b > 0 else None
+    return MetricVerdict(metric, verdict, measured, baseline, band, bound, ratio, reason)
+
+
+def _outcome(c: Comparison, improvement_threshold: float, speed: float | None) -> tuple[str, str]:
+    """The verdict on a comparison and its reason."""
+    m, b, bound, metric = c.m, c.b, c.bound, c.metric
+    over_bound = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}"
+    if c.over and c.significant and speed is not None and speed > 1 and m / speed <= bound:
+        return CONTENDED, _contended_reason(c, over_bound, speed)
+    if c.over and c.significant:
+        return REGRESSION, f"{over_bound} ({_figures(c)}); {_evidence(c)}"
+    if m < c.band.improvement_below(b, improvement_threshold):
+        return IMPROVEMENT, (
+            f"median {_fmt(m, metric)} is more than {improvement_threshold:.0%} and "
+            f"{c.band.abs:g} {unit(metric)} below the baseline {_fmt(b, metric)}: "
+            "the baseline is stale"
+        )
+    if c.over:
+        return PASS, f"{over_bound} ({_figures(c)}) but within noise: {_evidence(c)}"
+    return PASS, ""
+
+
+def _contended_reason(c: Comparison, over_bound: str, speed: float) -> str:
+    """The runner's slowness explains the excess as well as the code could, and the
+    reference predicts a pipeline's speed far less precisely than the band is wide
+    (docs/verdicts.md, `benchmarks/runner_speed.py`): no verdict either way."""
+    return (
+        f"{over_bound} ({_figures(c)}), but the "
+        f"runner's reference workload is {speed:.3f}x slower than at baseline time, "
+        f"which would explain it ({_fmt(c.m / speed, c.metric)} divided by it): "
+        "no verdict; measure on a quiet runner or with the relative check (--against-ref)"
+    )
+
+
+def _figures(c: Comparison) -> str:
+    return f"baseline {_fmt(c.b, c.metric)}, rel {c.band.rel:g}, abs {c.band.abs:g}"
+
+
+def _evidence(c: Comparison) -> str:
+    if c.noise.se > 0:
+        return f"{1 - c.rule.alpha:.0%} lower bound {c.low:.3f}x from the {c.noise.source}"
+    return "no spread known: the band alone decides"
 
 
 # ---- one case ------------------------------------------------------------------------------
@@ -547,30 +495,11 @@ def judge_case(
     Work counters and output are judged by `perfguard.decision.counters` (exact): a grown
     counter or a changed output not allowed fails the case whatever the timings say.
     """
-    common = {
-        "output_hash": result.output_hash,
-        "deterministic": result.deterministic,
-        "baseline_output_hash": scenario.output_hash if scenario else None,
-        "notes": scenario.notes if scenario else None,
-        "components": result.components,
-        "counters": result.counters,
-        "arguments": result.arguments,
-        "baseline_components": scenario.components if scenario else None,
-    }
+    common = _case_fields(result, scenario)
     if result.status != "ok":
         return CaseVerdict(case_id, ERROR, error=result.error or "case failed", **common)
-    samples = result.samples
     if scenario is None:
-        metrics = tuple(
-            MetricVerdict(
-                m,
-                MISSING_BASELINE,
-                measured=summarize(samples[m], groups=result.groups),
-                reason="no scenario",
-            )
-            for m in sorted(samples, key=metric_sort_key)
-        )
-        return CaseVerdict(case_id, MISSING_BASELINE, metrics, **common)
+        return _without_a_baseline(case_id, result, common)
     overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
     work, output = counters.judge_exact(
         result,
@@ -585,33 +514,67 @@ def judge_case(
     common["output"] = None if output is None else output.to_json()
     ref = scenario.reference.median if scenario.reference is not None else None
     result, scr = screen(result, ref, policy)
-    samples = result.samples
     base = scenario.metrics
     steps = gated_steps(scenario.step_count, step_fractions)
-    ignored = set(ignore_missing)
-    out: list[MetricVerdict] = []
-    for metric in sorted(set(samples) | set(base), key=metric_sort_key):
-        if steps is not None and metric.startswith("step:") and int(metric[5:]) not in steps:
-            continue
-        if metric not in samples and metric in ignored:
-            continue
-        band = profile.noise_band(profile.band(metric, overrides), base.get(metric))
-        out.append(
-            judge_metric(
-                metric,
-                samples.get(metric),
-                base.get(metric),
-                band,
-                improvement_threshold=improvement_threshold,
-                rule=rule,
-                groups=result.groups,
-                speed=scr.speed,
-            )
+    out = [
+        judge_metric(
+            metric,
+            result.samples.get(metric),
+            base.get(metric),
+            profile.noise_band(profile.band(metric, overrides), base.get(metric)),
+            improvement_threshold=improvement_threshold,
+            rule=rule,
+            groups=result.groups,
+            speed=scr.speed,
         )
+        for metric in _metrics_to_judge(result.samples, base, steps, set(ignore_missing))
+    ]
     out.extend(MetricVerdict(**vars(c)) for c in work.metrics)
     kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
     verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=scr.to_json(), **common)
     return contended(verdict, scr.reason) if scr.contended else verdict
+
+
+def _case_fields(result: CaseResult, scenario: Scenario | None) -> dict[str, Any]:
+    """What a case verdict carries from the run and its baseline scenario, whatever the
+    verdict."""
+    return {
+        "output_hash": result.output_hash,
+        "deterministic": result.deterministic,
+        "baseline_output_hash": scenario.output_hash if scenario else None,
+        "notes": scenario.notes if scenario else None,
+        "components": result.components,
+        "counters": result.counters,
+        "arguments": result.arguments,
+        "baseline_components": scenario.components if scenario else None,
+    }
+
+
+def _without_a_baseline(case_id: str, result: CaseResult, common: dict[str, Any]) -> CaseVerdict:
+    """A case the baseline has no scenario for: every metric `missing-baseline`."""
+    metrics = tuple(
+        MetricVerdict(
+            m,
+            MISSING_BASELINE,
+            measured=summarize(result.samples[m], groups=result.groups),
+            reason="no scenario",
+        )
+        for m in sorted(result.samples, key=metric_sort_key)
+    )
+    return CaseVerdict(case_id, MISSING_BASELINE, metrics, **common)
+
+
+def _metrics_to_judge(
+    samples: Mapping[str, Any], base: Mapping[str, Any], steps: set[int] | None, ignored: set[str]
+) -> list[str]:
+    """The run's and the baseline's metrics, in report order, less the steps not gated
+    (`steps`; None: all) and the missing metrics in `ignored`."""
+    return [
+        metric
+        for metric in sorted(set(samples) | set(base), key=metric_sort_key)
+        if not (steps is not None and metric.startswith("step:") and int(metric[5:]) not in steps)
+        and not (metric not in samples and metric in ignored)
+    ]
 
 
 # ---- overall -------------------------------------------------------------------------------

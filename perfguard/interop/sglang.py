@@ -188,6 +188,29 @@ def import_data(
     platform = platform or guess_platform(data, source)
     if platform not in PLATFORM_NAMES:
         raise PerfguardError(f"--platform: {platform!r} is not one of {', '.join(PLATFORM_NAMES)}")
+    metadata = _metadata(data, source, platform, hardware)
+    out: dict[str, Any] = {
+        "kind": BASELINE_KIND,
+        "schema_version": BASELINE_SCHEMA_VERSION,
+        "metadata": metadata,
+        "tolerances": _profiles(data.get("tolerances"), source, platform),
+        "improvement_threshold": DEFAULT_IMPROVEMENT_THRESHOLD,
+        "scenarios": {
+            cid: _scenario(s, f"{source}: $.scenarios.{cid}") for cid, s in scenarios.items()
+        },
+    }
+    extra = _take_settings(data, out, source)
+    if extra:
+        out["sglang_extra"] = extra
+    parse(out, f"{source} (imported)")
+    return out
+
+
+def _metadata(
+    data: Mapping[str, Any], source: str, platform: str, hardware: str | None
+) -> dict[str, Any]:
+    """The baseline's metadata from the sglang file's (hardware and date, else the file
+    name and now)."""
     meta_raw = data.get("metadata", {})
     if not isinstance(meta_raw, Mapping):
         raise PerfguardError(f"{source}: $.metadata: expected an object")
@@ -203,45 +226,42 @@ def import_data(
     }
     if isinstance(meta_raw.get("description"), str):
         metadata["description"] = meta_raw["description"]
+    return metadata
 
-    extra: dict[str, Any] = {}
-    tolerances = data.get("tolerances")
+
+def _profiles(tolerances: Any, source: str, platform: str) -> dict[str, Any]:
+    """The tolerance profiles: the file's (per profile, or the older flat layout used for
+    every profile), completed with perfguard's defaults for the platform."""
     if tolerances is None:
         profiles = {n: p.to_json() for n, p in sglang_profiles(platform).items()}
         for p in profiles.values():
             p["description"] = "perfguard's device defaults (the sglang file has no tolerances)"
-    elif isinstance(tolerances, Mapping) and all(
-        isinstance(v, Mapping) for v in tolerances.values()
-    ):
-        profiles = {
-            n: _profile(n, p, platform, f"{source}: $.tolerances.{n}", "profiles")
-            for n, p in tolerances.items()
-        }
-        for name, p in sglang_profiles(platform).items():
-            if name not in profiles:
-                profiles[name] = {
-                    **p.to_json(),
-                    "description": "perfguard default (not in the sglang file)",
-                }
-    elif isinstance(tolerances, Mapping):
+        return profiles
+    if not isinstance(tolerances, Mapping):
+        raise PerfguardError(f"{source}: $.tolerances: expected an object")
+    if not all(isinstance(v, Mapping) for v in tolerances.values()):
         # The older flat layout: one dict of class tolerances, used for every run.
-        profiles = {
+        return {
             n: _profile(n, tolerances, platform, f"{source}: $.tolerances", "flat")
             for n in ("pr_test", "long_term")
         }
-    else:
-        raise PerfguardError(f"{source}: $.tolerances: expected an object")
-
-    out: dict[str, Any] = {
-        "kind": BASELINE_KIND,
-        "schema_version": BASELINE_SCHEMA_VERSION,
-        "metadata": metadata,
-        "tolerances": profiles,
-        "improvement_threshold": DEFAULT_IMPROVEMENT_THRESHOLD,
-        "scenarios": {
-            cid: _scenario(s, f"{source}: $.scenarios.{cid}") for cid, s in scenarios.items()
-        },
+    profiles = {
+        n: _profile(n, p, platform, f"{source}: $.tolerances.{n}", "profiles")
+        for n, p in tolerances.items()
     }
+    for name, p in sglang_profiles(platform).items():
+        if name not in profiles:
+            profiles[name] = {
+                **p.to_json(),
+                "description": "perfguard default (not in the sglang file)",
+            }
+    return profiles
+
+
+def _take_settings(data: Mapping[str, Any], out: dict[str, Any], source: str) -> dict[str, Any]:
+    """Move the file's improvement threshold and step fractions into `out`; what else the
+    file holds (its metadata verbatim, and anything unknown), to keep as `sglang_extra`."""
+    extra: dict[str, Any] = {}
     for key, value in data.items():
         if key in ("scenarios", "tolerances"):
             continue
@@ -261,10 +281,7 @@ def import_data(
                 extra[key] = rest
         else:
             extra[key] = value  # metadata verbatim, and anything unknown
-    if extra:
-        out["sglang_extra"] = extra
-    parse(out, f"{source} (imported)")
-    return out
+    return extra
 
 
 def import_file(

@@ -459,11 +459,36 @@ def _metric_row(case: CaseVerdict, m: MetricVerdict, with_verdict: bool) -> list
     return row
 
 
+_MD_HEADER = ["case", "metric", "measured", "baseline", "bound", "ratio"]
+
+_ByVerdict = dict[str, list[tuple[CaseVerdict, MetricVerdict]]]
+
+
 def render_markdown(report: Report) -> str:
     """A PR comment: one summary line, regressions, failures, improvements, details."""
     icon = {"pass": "✅", "fail": "❌", "error": "⚠️", "contended": "⏳"}.get(report.verdict, "")
-    env = report.environment
     lines = [f"### {icon} {escape_md(summary_line(report))}", ""]
+    lines += [" · ".join(_md_context(report)), ""]
+    lines += _work_section(report)
+    runner = runner_text(report)
+    if runner:
+        lines += [escape_md(runner), ""]
+    by_verdict: _ByVerdict = {}
+    for case, m in _rows(report, all_metrics=True):
+        if m is not None:
+            by_verdict.setdefault(m.verdict, []).append((case, m))
+    lines += _md_regressions(report, by_verdict.get(REGRESSION, []))
+    lines += _md_failed(report)
+    lines += _md_missing(report, by_verdict)
+    lines += _md_unresolved(report)
+    lines += _md_improvements(report, by_verdict.get(IMPROVEMENT, []))
+    lines += _md_details(report)
+    return "\n".join(lines)
+
+
+def _md_context(report: Report) -> list[str]:
+    """What was measured against what: platform, baseline or base, injection, shards."""
+    env = report.environment
     context = [
         f"platform {escape_md(env.get('platform', '?'))} / {escape_md(env.get('hardware', '?'))}",
         escape_md(against_text(report))
@@ -482,22 +507,17 @@ def render_markdown(report: Report) -> str:
         context.append(f"**injected slowdown: {escape_md(inject)}**")
     if report.merged_from:
         context.append(f"merged from {len(report.merged_from)} shard(s)")
-    lines += [" · ".join(context), ""]
-    lines += _work_section(report)
-    runner = runner_text(report)
-    if runner:
-        lines += [escape_md(runner), ""]
+    return context
 
-    header = ["case", "metric", "measured", "baseline", "bound", "ratio"]
-    by_verdict: dict[str, list[tuple[CaseVerdict, MetricVerdict]]] = {}
-    for case, m in _rows(report, all_metrics=True):
-        if m is not None:
-            by_verdict.setdefault(m.verdict, []).append((case, m))
 
-    regressions = by_verdict.get(REGRESSION, [])
+def _md_regressions(
+    report: Report, regressions: list[tuple[CaseVerdict, MetricVerdict]]
+) -> list[str]:
+    """The regressions' table, the reasons that decided the verdicts, the evidence note."""
+    lines: list[str] = []
     if regressions:
         lines += [f"#### Regressions ({len(regressions)})", ""]
-        lines += _md_table(header, [_metric_row(c, m, False) for c, m in regressions])
+        lines += _md_table(_MD_HEADER, [_metric_row(c, m, False) for c, m in regressions])
         lines.append("")
     reasons = verdict_reasons(report)
     if reasons:
@@ -511,78 +531,79 @@ def render_markdown(report: Report) -> str:
     note = evidence_note(report)
     if note:
         lines += [escape_md(note), ""]
+    return lines
 
+
+def _md_failed(report: Report) -> list[str]:
     failed = [c for c in report.cases if c.verdict == ERROR]
-    if failed:
-        lines += [f"#### Cases that failed to run ({len(failed)})", ""]
-        lines += [f"- {escape_md(c.case_id)}: {escape_md(c.error or 'failed')}" for c in failed]
-        lines.append("")
+    if not failed:
+        return []
+    lines = [f"#### Cases that failed to run ({len(failed)})", ""]
+    lines += [f"- {escape_md(c.case_id)}: {escape_md(c.error or 'failed')}" for c in failed]
+    return [*lines, ""]
 
+
+def _md_missing(report: Report, by_verdict: _ByVerdict) -> list[str]:
     missing = [(c, m) for v in MISSING for c, m in by_verdict.get(v, [])]
+    if not missing:
+        return []
     no_scenario = sorted({c.case_id for c in report.cases if c.verdict == MISSING_BASELINE})
-    if missing:
-        enforced = " (failing: --fail-on-missing)" if report.judgement.fail_on_missing else ""
-        lines += [f"#### Missing or new metrics ({len(missing)}){enforced}", ""]
-        if no_scenario:
-            ids = ", ".join(escape_md(i) for i in no_scenario)
-            lines += [f"No baseline scenario for: {ids}.", ""]
-        rows = [[*_metric_row(c, m, True)] for c, m in missing if c.verdict != MISSING_BASELINE]
-        if rows:
-            lines += _md_table(["case", "metric", "verdict", *header[2:]], rows)
-        lines.append("")
+    enforced = " (failing: --fail-on-missing)" if report.judgement.fail_on_missing else ""
+    lines = [f"#### Missing or new metrics ({len(missing)}){enforced}", ""]
+    if no_scenario:
+        ids = ", ".join(escape_md(i) for i in no_scenario)
+        lines += [f"No baseline scenario for: {ids}.", ""]
+    rows = [[*_metric_row(c, m, True)] for c, m in missing if c.verdict != MISSING_BASELINE]
+    if rows:
+        lines += _md_table(["case", "metric", "verdict", *_MD_HEADER[2:]], rows)
+    return [*lines, ""]
 
+
+def _md_unresolved(report: Report) -> list[str]:
     open_ = unresolved(report) if report.relative else []
-    if open_:
+    if not open_:
+        return []
+    lines = [
+        f"#### Unresolved ({len(open_)}): passed with a note",
+        "",
+        "Neither clearly slower by the minimum effect nor clearly within it when the "
+        "check stopped; a longer `--budget-s` would resolve them.",
+        "",
+    ]
+    lines += _md_table(_MD_HEADER, [_metric_row(c, m, False) for c, m in open_])
+    return [*lines, ""]
+
+
+def _md_improvements(
+    report: Report, improvements: list[tuple[CaseVerdict, MetricVerdict]]
+) -> list[str]:
+    """The improvements' table and, against a baseline, the command that lowers it."""
+    if not improvements:
+        return []
+    title = "faster than the base" if report.relative else "the baseline is stale, not a failure"
+    lines = [f"#### Improvements ({len(improvements)}): {title}", ""]
+    lines += _md_table(_MD_HEADER, [_metric_row(c, m, False) for c, m in improvements])
+    lines.append("")
+    cmd = None if report.relative else tighten_command(report)
+    if cmd:
+        hardware = escape_md(report.environment.get("hardware", "?"))
         lines += [
-            f"#### Unresolved ({len(open_)}): passed with a note",
+            f"To lower the baseline, run on {hardware} and commit the file:",
             "",
-            "Neither clearly slower by the minimum effect nor clearly within it when the "
-            "check stopped; a longer `--budget-s` would resolve them.",
+            "```sh",
+            cmd,
+            "```",
             "",
         ]
-        lines += _md_table(header, [_metric_row(c, m, False) for c, m in open_])
-        lines.append("")
+    return lines
 
-    improvements = by_verdict.get(IMPROVEMENT, [])
-    if improvements:
-        title = (
-            "faster than the base" if report.relative else "the baseline is stale, not a failure"
-        )
-        lines += [f"#### Improvements ({len(improvements)}): {title}", ""]
-        lines += _md_table(header, [_metric_row(c, m, False) for c, m in improvements])
-        lines.append("")
-        cmd = None if report.relative else tighten_command(report)
-        if cmd:
-            lines += [
-                f"To lower the baseline, run on {escape_md(env.get('hardware', '?'))} "
-                "and commit the file:",
-                "",
-                "```sh",
-                cmd,
-                "```",
-                "",
-            ]
 
-    lines += ["<details><summary>All metrics</summary>", ""]
+def _md_details(report: Report) -> list[str]:
+    """Every case's line (output, notes, components, arguments, counters) and metrics,
+    folded."""
+    lines = ["<details><summary>All metrics</summary>", ""]
     for case in report.cases:
-        extra = []
-        if case.output_hash:
-            same = ""
-            if case.baseline_output_hash:
-                same = (
-                    " (same as baseline)"
-                    if case.baseline_output_hash == case.output_hash
-                    else (f" (baseline {escape_md(case.baseline_output_hash)})")
-                )
-            extra.append(f"output {escape_md(case.output_hash)}{same}")
-        if case.notes:
-            extra.append(f"notes: {escape_md(case.notes)}")
-        if case.components:
-            extra.append(f"components: {escape_md(components_line(case.components))}")
-        if case.arguments:
-            extra.append(f"call arguments: {escape_md(arguments_line(case.arguments))}")
-        if case.counters:
-            extra.append(f"counters per run: {escape_md(counters_line(case.counters))}")
+        extra = _md_case_facts(case)
         lines.append(
             f"**{escape_md(case.case_id)}**: {escape_md(case.verdict)}"
             + (f" · {' · '.join(extra)}" if extra else "")
@@ -591,10 +612,31 @@ def render_markdown(report: Report) -> str:
         timed = [m for m in case.metrics if _timed(m)]
         if timed:
             rows = [_metric_row(case, m, True)[1:] for m in timed]
-            lines += _md_table(["metric", "verdict", *header[2:]], rows)
+            lines += _md_table(["metric", "verdict", *_MD_HEADER[2:]], rows)
             lines.append("")
-    lines += ["</details>", ""]
-    return "\n".join(lines)
+    return [*lines, "</details>", ""]
+
+
+def _md_case_facts(case: CaseVerdict) -> list[str]:
+    extra = []
+    if case.output_hash:
+        same = ""
+        if case.baseline_output_hash:
+            same = (
+                " (same as baseline)"
+                if case.baseline_output_hash == case.output_hash
+                else (f" (baseline {escape_md(case.baseline_output_hash)})")
+            )
+        extra.append(f"output {escape_md(case.output_hash)}{same}")
+    if case.notes:
+        extra.append(f"notes: {escape_md(case.notes)}")
+    if case.components:
+        extra.append(f"components: {escape_md(components_line(case.components))}")
+    if case.arguments:
+        extra.append(f"call arguments: {escape_md(arguments_line(case.arguments))}")
+    if case.counters:
+        extra.append(f"counters per run: {escape_md(counters_line(case.counters))}")
+    return extra
 
 
 def write_markdown(path: str | os.PathLike[str], markdown: str) -> None:

@@ -186,80 +186,23 @@ class _Site:
         case_changes = [c for c in self.changes if c["case"] == case]
         report_ids = list(dict.fromkeys(int(r) for r in rows["report_id"]))
         rindex = {rid: i for i, rid in enumerate(report_ids)}
-        rep = self.reports.set_index("report_id")
-        reports_js = [
-            {
-                "c": _s(rep.at[rid, "commit_sha"]),
-                "d": str(rep.at[rid, "date"])[:19],
-                "h": self.href[rid],
-                "i": _s(rep.at[rid, "inject"]),
-            }
-            for rid in report_ids
-        ]
         xs = list(dict.fromkeys(self.x_of_report[rid] for rid in report_ids))
         xindex = {x: i for i, x in enumerate(xs)}
         data_metrics = []
-        body = [
-            self.nav(),
-            f"<h1>{esc(case)}</h1>",
-            f'<p class="meta">{len(report_ids)} report(s) · hardware: '
-            + ", ".join(
-                f'<b style="color:{self.colour[h]}">{esc(h)}</b>'
-                for h in self.hw
-                if h in set(rows["hw"])
-            )
-            + " · a point in its hardware's colour passed; "
-            '<span class="regression">red</span>: regression, '
-            '<span class="improvement">green</span>: improvement, orange: any other verdict; '
-            "shaded: the tolerance band around the dashed baseline; vertical dashed lines: "
-            "change points; click a point for its report</p>",
-        ]
+        body = [self.nav(), f"<h1>{esc(case)}</h1>", self._case_meta(rows, len(report_ids))]
         grouped = {name: g for name, g in rows.groupby("metric", sort=False)}
         for group in sorted(by_group, key=_group_order):
             body.append(f'<h2 id="g-{esc(slug(group))}">{esc(group)}</h2>')
             for metric in by_group[group]:
-                div = "m-" + slug(metric)
-                mrows = grouped[metric]
-                series = []
-                for h, hrows in mrows.groupby("hw", sort=False):
-                    series.append(self._series(h, hrows, rindex, xindex))
-                mch = [
-                    {
-                        "hw": self.hw.index(_hw_key(c["platform"], c["hardware"])),
-                        "x": xindex[self.x_of_report[c["report_id"]]],
-                        "ratio": _g(c["ratio"]),
-                        "dir": c["direction"],
-                        "c": _s(c["commit"]),
-                        "d": str(c["date"])[:19],
-                    }
-                    for c in case_changes
-                    if c["metric"] == metric
-                ]
-                data_metrics.append(
-                    {"m": metric, "unit": metric_unit(metric), "div": div, "series": series,
-                     "changes": mch}
-                )  # fmt: skip
-                hws = " ".join(sorted({s["key"] for s in series}))
-                body.append(
-                    f'<h3>{esc(metric)}</h3><div class="plot series" id="{div}" '
-                    f'data-metric="{esc(metric)}" data-hardware="{esc(hws)}" '
-                    f'data-changes="{len(mch)}"></div>'
-                )
-                if mch:
-                    body.append('<ul class="changes">')
-                    for c in mch:
-                        body.append(
-                            f'<li class="change {esc(c["dir"])}" data-metric="{esc(metric)}" '
-                            f'data-commit="{esc(c["c"] or "")}">{esc(self.hw[c["hw"]])}: '
-                            f"{_pct(c['ratio'])} {esc(c['dir'])} at {esc(c['c'] or '?')} "
-                            f"({esc(c['d'])})</li>"
-                        )
-                    body.append("</ul>")
+                changes = [c for c in case_changes if c["metric"] == metric]
+                entry, html = self._metric_plot(metric, grouped[metric], changes, rindex, xindex)
+                data_metrics.append(entry)
+                body += html
         data = {
             "case": case,
             "x": xs,
             "hw": [{"key": h, "colour": self.colour[h]} for h in self.hw],
-            "reports": reports_js,
+            "reports": self._reports_js(report_ids),
             "metrics": data_metrics,
         }
         self.files[self.case_file[case]] = page(
@@ -270,6 +213,81 @@ class _Site:
             scripts=["series.js"],
             asset_prefix="assets/",
         )
+
+    def _reports_js(self, report_ids: list[int]) -> list[dict[str, Any]]:
+        """Each report of a case page, as its script reads them: commit, date, link,
+        injection."""
+        rep = self.reports.set_index("report_id")
+        return [
+            {
+                "c": _s(rep.at[rid, "commit_sha"]),
+                "d": str(rep.at[rid, "date"])[:19],
+                "h": self.href[rid],
+                "i": _s(rep.at[rid, "inject"]),
+            }
+            for rid in report_ids
+        ]
+
+    def _case_meta(self, rows: pd.DataFrame, reports: int) -> str:
+        """The case page's line under its title: reports, hardware, how to read a plot."""
+        return (
+            f'<p class="meta">{reports} report(s) · hardware: '
+            + ", ".join(
+                f'<b style="color:{self.colour[h]}">{esc(h)}</b>'
+                for h in self.hw
+                if h in set(rows["hw"])
+            )
+            + " · a point in its hardware's colour passed; "
+            '<span class="regression">red</span>: regression, '
+            '<span class="improvement">green</span>: improvement, orange: any other verdict; '
+            "shaded: the tolerance band around the dashed baseline; vertical dashed lines: "
+            "change points; click a point for its report</p>"
+        )
+
+    def _metric_plot(
+        self,
+        metric: str,
+        mrows: pd.DataFrame,
+        changes: list[dict[str, Any]],
+        rindex: dict[int, int],
+        xindex: dict[str, int],
+    ) -> tuple[dict[str, Any], list[str]]:
+        """One metric of a case page: its series and change points for the script, and
+        its plot's HTML with the list of its change points."""
+        div = "m-" + slug(metric)
+        series = [
+            self._series(h, hrows, rindex, xindex) for h, hrows in mrows.groupby("hw", sort=False)
+        ]
+        mch = [
+            {
+                "hw": self.hw.index(_hw_key(c["platform"], c["hardware"])),
+                "x": xindex[self.x_of_report[c["report_id"]]],
+                "ratio": _g(c["ratio"]),
+                "dir": c["direction"],
+                "c": _s(c["commit"]),
+                "d": str(c["date"])[:19],
+            }
+            for c in changes
+        ]
+        entry = {"m": metric, "unit": metric_unit(metric), "div": div, "series": series,
+                 "changes": mch}  # fmt: skip
+        hws = " ".join(sorted({s["key"] for s in series}))
+        html = [
+            f'<h3>{esc(metric)}</h3><div class="plot series" id="{div}" '
+            f'data-metric="{esc(metric)}" data-hardware="{esc(hws)}" '
+            f'data-changes="{len(mch)}"></div>'
+        ]
+        if mch:
+            html.append('<ul class="changes">')
+            html += [
+                f'<li class="change {esc(c["dir"])}" data-metric="{esc(metric)}" '
+                f'data-commit="{esc(c["c"] or "")}">{esc(self.hw[c["hw"]])}: '
+                f"{_pct(c['ratio'])} {esc(c['dir'])} at {esc(c['c'] or '?')} "
+                f"({esc(c['d'])})</li>"
+                for c in mch
+            ]
+            html.append("</ul>")
+        return entry, html
 
     def _series(
         self, hw: str, rows: pd.DataFrame, rindex: dict[int, int], xindex: dict[str, int]

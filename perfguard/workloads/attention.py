@@ -6,7 +6,8 @@ float32 round-off, and parameter names match so diffusers state dicts load stric
 
 Contents, top-down:
 
-* output container and small layers: :class:`Transformer2DModelOutput`, :class:`RMSNorm`,
+* the config record :func:`init_config`, the output container and small layers:
+  :class:`Transformer2DModelOutput`, :class:`RMSNorm`,
   :func:`get_timestep_embedding`, :class:`Timesteps`, :class:`TimestepEmbedding`,
   :class:`FeedForward`;
 * rotary embeddings: :func:`apply_rotary_emb_complex` (Qwen, interleaved pairs as complex
@@ -22,9 +23,12 @@ Contents, top-down:
 from __future__ import annotations
 
 import functools
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +55,17 @@ __all__ = [
 # ----------------------------------------------------------------------------------------
 # Output container and small layers
 # ----------------------------------------------------------------------------------------
+
+
+def init_config(init: Callable[..., None], arguments: dict[str, Any]) -> SimpleNamespace:
+    """A diffusers-style read-only config (`model.config.patch_size`, ...): the values in
+    `arguments` (the constructor's `locals()`, taken before it binds any other name) of
+    `init`'s positional-or-keyword parameters, in their order, as diffusers'
+    `register_to_config` records them; keyword-only toggles are not config."""
+    params = list(inspect.signature(init).parameters.values())[1:]  # not self
+    return SimpleNamespace(
+        **{p.name: arguments[p.name] for p in params if p.kind is p.POSITIONAL_OR_KEYWORD}
+    )
 
 
 @dataclass

@@ -28,6 +28,7 @@ length.
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -107,6 +108,76 @@ SCHEDULER_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
+
+def _reduced_qwen(
+    hidden: int, heads: int, mrope: list[int], vision: int, vae_dim: int, z_dim: int
+) -> dict[str, dict[str, Any]]:
+    """A reduced Qwen-Image's component configs: a 2-layer text model with MLPs twice the
+    width and half the heads for keys and values, the tokenizer's vocabulary, one vision
+    block of 2 heads, and a VAE of one res block per level. The VAE's default latents_mean
+    / latents_std are the checkpoint's 16 values: another z_dim gets zeros and ones."""
+    vae: dict[str, Any] = dict(
+        base_dim=vae_dim,
+        z_dim=z_dim,
+        dim_mult=[1, 2, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+    )
+    if z_dim != 16:
+        vae.update(latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
+    return {
+        "text": dict(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=2,
+            num_attention_heads=heads,
+            num_key_value_heads=heads // 2,
+            mrope_section=mrope,
+            vocab_size=None,  # the tokenizer's size
+        ),
+        "vision": dict(
+            depth=1, hidden_size=vision, intermediate_size=2 * vision, num_heads=2, fullatt=(0,)
+        ),
+        "vae": vae,
+    }
+
+
+def _reduced_glm_ar(
+    hidden: int,
+    layers: int,
+    heads: int,
+    positions: int,
+    mrope: list[int],
+    vision: int,
+    image: int,
+    patch: int,
+    vocab_extra: int,
+) -> dict[str, Any]:
+    """A reduced GLM-Image AR model's config: MLPs twice the width, half the heads for
+    keys and values, one vision block of 2 heads, a VQ as wide as the vision tower."""
+    return dict(
+        text=dict(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads // 2,
+            max_position_embeddings=positions,
+            rope_parameters={"mrope_section": mrope},
+        ),
+        vision=dict(
+            depth=1,
+            hidden_size=vision,
+            num_heads=2,
+            image_size=image,
+            patch_size=patch,
+            intermediate_size=2 * vision,
+        ),
+        vq=dict(embed_dim=vision, latent_channels=vision),
+        vision_vocab_extra=vocab_extra,
+    )
+
+
 # Component configs per workload and preset. `full` sources:
 # * Qwen2.5-VL-7B: Qwen/Qwen2.5-VL-7B-Instruct config.json (the text encoder of
 #   Qwen/Qwen-Image text_encoder/config.json): text 3584 wide, 28 layers, 28 heads, 4 KV
@@ -126,50 +197,9 @@ SCHEDULER_CONFIGS: dict[str, dict[str, Any]] = {
 #   values, not the work.
 COMPONENT_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
     "qwen_image": {
-        "tiny": {
-            "text": dict(
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                num_key_value_heads=1,
-                mrope_section=[2, 3, 3],
-                vocab_size=None,  # the tokenizer's size
-            ),
-            "vision": dict(
-                depth=1, hidden_size=16, intermediate_size=32, num_heads=2, fullatt=(0,)
-            ),
-            "vae": dict(
-                base_dim=8,
-                z_dim=4,
-                dim_mult=[1, 2, 2, 2],
-                num_res_blocks=1,
-                temperal_downsample=[False, True, True],
-                latents_mean=[0.0] * 4,
-                latents_std=[1.0] * 4,
-            ),
-        },
-        "small": {
-            "text": dict(
-                hidden_size=256,
-                intermediate_size=512,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                mrope_section=[8, 12, 12],
-                vocab_size=None,
-            ),
-            "vision": dict(
-                depth=1, hidden_size=32, intermediate_size=64, num_heads=2, fullatt=(0,)
-            ),
-            "vae": dict(
-                base_dim=16,
-                z_dim=16,
-                dim_mult=[1, 2, 2, 2],
-                num_res_blocks=1,
-                temperal_downsample=[False, True, True],
-            ),
-        },
+        # _reduced_qwen(text width, heads, mrope, vision width, VAE base_dim, z_dim)
+        "tiny": _reduced_qwen(32, 2, [2, 3, 3], 16, 8, 4),
+        "small": _reduced_qwen(256, 4, [8, 12, 12], 32, 16, 16),
         "full": {
             "text": dict(
                 hidden_size=3584,
@@ -193,63 +223,18 @@ COMPONENT_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
     "glm_image": {
+        # _reduced_glm_ar(text width, layers, heads, positions, mrope, vision width, image
+        # size, patch size, vision vocab extra); tiny's extra 2: image start / end after
+        # the codebook.
         "tiny": {
-            "ar": dict(
-                text=dict(
-                    hidden_size=32,
-                    intermediate_size=64,
-                    num_hidden_layers=1,
-                    num_attention_heads=2,
-                    num_key_value_heads=1,
-                    max_position_embeddings=1024,
-                    rope_parameters={"mrope_section": [4, 2, 2]},
-                ),
-                vision=dict(
-                    depth=1,
-                    hidden_size=16,
-                    num_heads=2,
-                    image_size=32,
-                    patch_size=8,
-                    intermediate_size=32,
-                ),
-                vq=dict(embed_dim=16, latent_channels=16),
-                vision_vocab_extra=2,  # image start / end after the codebook
-            ),
+            "ar": _reduced_glm_ar(32, 1, 2, 1024, [4, 2, 2], 16, 32, 8, 2),
             "glyph": dict(d_model=32, d_ff=64, d_kv=16, num_heads=2, num_layers=1),
-            "vae": dict(
-                block_out_channels=[8, 8, 16, 16],
-                layers_per_block=1,
-                norm_num_groups=4,
-            ),
+            "vae": dict(block_out_channels=[8, 8, 16, 16], layers_per_block=1, norm_num_groups=4),
         },
         "small": {
-            "ar": dict(
-                text=dict(
-                    hidden_size=128,
-                    intermediate_size=256,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    max_position_embeddings=4096,
-                    rope_parameters={"mrope_section": [8, 4, 4]},
-                ),
-                vision=dict(
-                    depth=1,
-                    hidden_size=32,
-                    num_heads=2,
-                    image_size=64,
-                    patch_size=16,
-                    intermediate_size=64,
-                ),
-                vq=dict(embed_dim=32, latent_channels=32),
-                vision_vocab_extra=128,
-            ),
+            "ar": _reduced_glm_ar(128, 2, 4, 4096, [8, 4, 4], 32, 64, 16, 128),
             "glyph": dict(d_model=128, d_ff=256, d_kv=32, num_heads=4, num_layers=2),
-            "vae": dict(
-                block_out_channels=[16, 32, 32, 32],
-                layers_per_block=1,
-                norm_num_groups=8,
-            ),
+            "vae": dict(block_out_channels=[16, 32, 32, 32], layers_per_block=1, norm_num_groups=8),
         },
         "full": {
             "ar": dict(text={}, vision={}, vq={}, vision_vocab_extra=128),  # published
@@ -533,18 +518,43 @@ def glm_components(
 ) -> dict[str, Any]:
     """GLM-Image's `processor`, `vision_language_encoder` (the AR model), `tokenizer`,
     `text_encoder` (ByT5) and `vae` at `preset`."""
-    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
     from transformers.models.byt5.tokenization_byt5 import ByT5Tokenizer
-    from transformers.models.glm_image.configuration_glm_image import GlmImageConfig
-    from transformers.models.glm_image.modeling_glm_image import GlmImageForConditionalGeneration
-    from transformers.models.t5.configuration_t5 import T5Config
-    from transformers.models.t5.modeling_t5 import T5EncoderModel
 
     cfg = COMPONENT_CONFIGS["glm_image"][preset]
-    ar = cfg["ar"]
+    vision_vocab = codebook_size + cfg["ar"]["vision_vocab_extra"]
+    processor = glm_processor(vision_vocab, codebook_size, codebook_size + 1)
+    build = functools.partial(build_component, device=device, dtype=dtype)
+    glyph = dict(cfg["glyph"])
+    if glyph["d_model"] != text_dim:
+        raise ValueError(
+            f"glm_image {preset}: glyph encoder width {glyph['d_model']} != DiT {text_dim}"
+        )
+    return {
+        "processor": processor,
+        "vision_language_encoder": _glm_prior(
+            cfg["ar"], preset, processor, codebook_size, build, seed + 3
+        ),
+        "tokenizer": ByT5Tokenizer(),
+        "text_encoder": _glm_glyph_encoder(glyph, build, seed + 4),
+        "vae": _glm_vae(dict(cfg["vae"]), latent_channels, build, seed + 5),
+    }
+
+
+def _glm_prior(
+    ar: dict[str, Any],
+    preset: str,
+    processor: Any,
+    codebook_size: int,
+    build: Callable[..., nn.Module],
+    seed: int,
+) -> nn.Module:
+    """GLM-Image's AR model, whose image tokens are the codebook's ids and the two after
+    it (image start, image end)."""
+    from transformers.models.glm_image.configuration_glm_image import GlmImageConfig
+    from transformers.models.glm_image.modeling_glm_image import GlmImageForConditionalGeneration
+
     image_start, image_end = codebook_size, codebook_size + 1
     vision_vocab = codebook_size + ar["vision_vocab_extra"]
-    processor = glm_processor(vision_vocab, image_start, image_end)
     tok = processor.tokenizer
     text = dict(ar["text"])
     text.setdefault("vocab_size", 168064 if preset == "full" else len(tok))
@@ -561,9 +571,7 @@ def glm_components(
         image_start_token_id=image_start,
         image_end_token_id=image_end,
     )
-    prior = build_component(
-        lambda: GlmImageForConditionalGeneration(config), device=device, dtype=dtype, seed=seed + 3
-    )
+    prior = build(lambda: GlmImageForConditionalGeneration(config), seed=seed)
     prior.generation_config.pad_token_id = tok.pad_token_id
     # Random weights put probability on every id of the AR head, including the image-end
     # token (which would stop generation early) and ids past the DiT's codebook; trained
@@ -571,11 +579,16 @@ def glm_components(
     # config so that diffusers' GlmImagePipeline samples the same tokens) keeps the token
     # count and the DiT's lookup those of a real request.
     prior.generation_config.suppress_tokens = list(range(codebook_size, vision_vocab))
-    glyph = dict(cfg["glyph"])
-    if glyph["d_model"] != text_dim:
-        raise ValueError(
-            f"glm_image {preset}: glyph encoder width {glyph['d_model']} != DiT {text_dim}"
-        )
+    return prior
+
+
+def _glm_glyph_encoder(
+    glyph: dict[str, Any], build: Callable[..., nn.Module], seed: int
+) -> nn.Module:
+    """GLM-Image's ByT5 glyph encoder (a T5 encoder over bytes)."""
+    from transformers.models.t5.configuration_t5 import T5Config
+    from transformers.models.t5.modeling_t5 import T5EncoderModel
+
     t5 = T5Config(
         vocab_size=384,
         feed_forward_proj="gated-gelu",
@@ -585,12 +598,17 @@ def glm_components(
         tie_word_embeddings=False,
         **glyph,
     )
-    text_encoder = build_component(
-        lambda: T5EncoderModel(t5), device=device, dtype=dtype, seed=seed + 4
-    )
-    vae_cfg = dict(cfg["vae"])
+    return build(lambda: T5EncoderModel(t5), seed=seed)
+
+
+def _glm_vae(
+    vae_cfg: dict[str, Any], latent_channels: int, build: Callable[..., nn.Module], seed: int
+) -> nn.Module:
+    """GLM-Image's VAE: diffusers' AutoencoderKL without quant convs."""
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+
     blocks = len(vae_cfg["block_out_channels"])
-    vae = build_component(
+    return build(
         lambda: AutoencoderKL(
             in_channels=3,
             out_channels=3,
@@ -603,14 +621,5 @@ def glm_components(
             use_post_quant_conv=False,
             **vae_cfg,
         ),
-        device=device,
-        dtype=dtype,
-        seed=seed + 5,
+        seed=seed,
     )
-    return {
-        "processor": processor,
-        "vision_language_encoder": prior,
-        "tokenizer": ByT5Tokenizer(),
-        "text_encoder": text_encoder,
-        "vae": vae,
-    }

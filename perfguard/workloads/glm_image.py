@@ -34,7 +34,6 @@ Optimization (attribute, default on; the reference path sits beside it):
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -48,6 +47,7 @@ from perfguard.workloads.attention import (
     Transformer2DModelOutput,
     apply_rotary_emb_real,
     dense_attention,
+    init_config,
 )
 from perfguard.workloads.graphs import in_static_capture
 
@@ -412,22 +412,13 @@ class GlmImageTransformer2DModel(nn.Module):
         *,
         glm_prior_drop_inplace: bool = True,
     ) -> None:
+        """Over the house limits because the parameters are diffusers'
+        `GlmImageTransformer2DModel.__init__` (its config keys, passed by name from a
+        checkpoint's config), plus the toggle."""
         super().__init__()
         if attention_head_dim % 4:
             raise ValueError(f"attention_head_dim must be divisible by 4, got {attention_head_dim}")
-        # diffusers-style read-only config (`model.config.patch_size`, ...).
-        self.config = SimpleNamespace(
-            patch_size=patch_size,
-            in_channels=in_channels,
-            out_channels=out_channels,
-            num_layers=num_layers,
-            attention_head_dim=attention_head_dim,
-            num_attention_heads=num_attention_heads,
-            text_embed_dim=text_embed_dim,
-            time_embed_dim=time_embed_dim,
-            condition_dim=condition_dim,
-            prior_vq_quantizer_codebook_size=prior_vq_quantizer_codebook_size,
-        )
+        self.config = init_config(GlmImageTransformer2DModel.__init__, locals())
         # target_size and crop_coords: two sincos embeddings of 2 * condition_dim each.
         pooled_projection_dim = 2 * 2 * condition_dim
         inner_dim = num_attention_heads * attention_head_dim
@@ -502,7 +493,11 @@ class GlmImageTransformer2DModel(nn.Module):
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
         """See the module docstring for shapes. ``attention_kwargs`` is accepted and ignored;
-        ``kv_caches`` only when inactive (every layer's ``mode`` is ``None``)."""
+        ``kv_caches`` only when inactive (every layer's ``mode`` is ``None``).
+
+        Over the house limits because the signature is diffusers'
+        `GlmImageTransformer2DModel.forward`, which `GlmImagePipeline` calls by keyword.
+        """
         if kv_caches is not None and any(
             getattr(c, "mode", None) is not None for c in getattr(kv_caches, "caches", [kv_caches])
         ):

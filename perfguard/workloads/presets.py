@@ -55,79 +55,53 @@ TOGGLES: dict[str, str] = {
     "qwen_varlen_host_meta": "qwen_image",
 }
 
+
+def _table(fields: tuple[str, ...], rows: dict[str, tuple[Any, ...]]) -> dict[str, dict[str, Any]]:
+    """Constructor kwargs per preset from a table: a row of values in `fields`' order
+    (patch_size is 2 throughout)."""
+    return {
+        name: dict(patch_size=2, **dict(zip(fields, row, strict=True)))
+        for name, row in rows.items()
+    }
+
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "qwen_image": {
-        # in_channels = 4 * latent channels (2x2 patches packed by the pipeline);
-        # proj_out gives patch_size**2 * out_channels = in_channels, the packed layout.
-        "tiny": dict(
-            patch_size=2,
-            in_channels=16,
-            out_channels=4,
-            num_layers=2,
-            attention_head_dim=16,
-            num_attention_heads=2,
-            joint_attention_dim=32,
-            axes_dims_rope=(4, 6, 6),
+    # in_channels = 4 * latent channels (2x2 patches packed by the pipeline);
+    # proj_out gives patch_size**2 * out_channels = in_channels, the packed layout.
+    "qwen_image": _table(
+        (
+            "in_channels",
+            "out_channels",
+            "num_layers",
+            "attention_head_dim",
+            "num_attention_heads",
+            "joint_attention_dim",
+            "axes_dims_rope",
         ),
-        "small": dict(
-            patch_size=2,
-            in_channels=64,
-            out_channels=16,
-            num_layers=4,
-            attention_head_dim=32,
-            num_attention_heads=4,
-            joint_attention_dim=256,
-            axes_dims_rope=(8, 12, 12),
+        {
+            "tiny": (16, 4, 2, 16, 2, 32, (4, 6, 6)),
+            "small": (64, 16, 4, 32, 4, 256, (8, 12, 12)),
+            "full": (64, 16, 60, 128, 24, 3584, (16, 56, 56)),
+        },
+    ),
+    "glm_image": _table(
+        (
+            "in_channels",
+            "out_channels",
+            "num_layers",
+            "attention_head_dim",
+            "num_attention_heads",
+            "text_embed_dim",
+            "time_embed_dim",
+            "condition_dim",
+            "prior_vq_quantizer_codebook_size",
         ),
-        "full": dict(
-            patch_size=2,
-            in_channels=64,
-            out_channels=16,
-            num_layers=60,
-            attention_head_dim=128,
-            num_attention_heads=24,
-            joint_attention_dim=3584,
-            axes_dims_rope=(16, 56, 56),
-        ),
-    },
-    "glm_image": {
-        "tiny": dict(
-            patch_size=2,
-            in_channels=4,
-            out_channels=4,
-            num_layers=2,
-            attention_head_dim=16,
-            num_attention_heads=2,
-            text_embed_dim=32,
-            time_embed_dim=32,
-            condition_dim=8,
-            prior_vq_quantizer_codebook_size=64,
-        ),
-        "small": dict(
-            patch_size=2,
-            in_channels=16,
-            out_channels=16,
-            num_layers=4,
-            attention_head_dim=32,
-            num_attention_heads=4,
-            text_embed_dim=128,
-            time_embed_dim=64,
-            condition_dim=16,
-            prior_vq_quantizer_codebook_size=1024,
-        ),
-        "full": dict(
-            patch_size=2,
-            in_channels=16,
-            out_channels=16,
-            num_layers=30,
-            attention_head_dim=128,
-            num_attention_heads=32,
-            text_embed_dim=1472,
-            time_embed_dim=512,
-            condition_dim=256,
-            prior_vq_quantizer_codebook_size=16384,
-        ),
-    },
+        {
+            "tiny": (4, 4, 2, 16, 2, 32, 32, 8, 64),
+            "small": (16, 16, 4, 32, 4, 128, 64, 16, 1024),
+            "full": (16, 16, 30, 128, 32, 1472, 512, 256, 16384),
+        },
+    ),
 }
 
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -59,6 +58,7 @@ from perfguard.workloads.attention import (
     build_varlen_mask_meta,
     build_varlen_mask_meta_from_ranges,
     dense_attention,
+    init_config,
     joint_txt_img_ranges,
     varlen_attention,
 )
@@ -504,6 +504,9 @@ class QwenImageTransformer2DModel(nn.Module):
         qwen_modulation_cache: bool = True,
         qwen_varlen_host_meta: bool = True,
     ) -> None:
+        """Over the house limits because the parameters are diffusers'
+        `QwenImageTransformer2DModel.__init__` (its config keys, passed by name from a
+        checkpoint's config), plus the two toggles."""
         super().__init__()
         if use_layer3d_rope:
             raise NotImplementedError("use_layer3d_rope (Qwen-Image-Layered) is not supported")
@@ -512,21 +515,8 @@ class QwenImageTransformer2DModel(nn.Module):
                 f"sum(axes_dims_rope)={sum(axes_dims_rope)} must equal "
                 f"attention_head_dim={attention_head_dim}"
             )
-        # diffusers-style read-only config (`model.config.patch_size`, ...).
-        self.config = SimpleNamespace(
-            patch_size=patch_size,
-            in_channels=in_channels,
-            out_channels=out_channels,
-            num_layers=num_layers,
-            attention_head_dim=attention_head_dim,
-            num_attention_heads=num_attention_heads,
-            joint_attention_dim=joint_attention_dim,
-            guidance_embeds=guidance_embeds,
-            axes_dims_rope=tuple(axes_dims_rope),
-            zero_cond_t=zero_cond_t,
-            use_additional_t_cond=use_additional_t_cond,
-            use_layer3d_rope=use_layer3d_rope,
-        )
+        self.config = init_config(QwenImageTransformer2DModel.__init__, locals())
+        self.config.axes_dims_rope = tuple(axes_dims_rope)
         self.out_channels = out_channels or in_channels
         self.inner_dim = num_attention_heads * attention_head_dim
 
@@ -705,7 +695,11 @@ class QwenImageTransformer2DModel(nn.Module):
         *,
         txt_seq_lens: list[int] | None = None,
     ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
-        """See the module docstring for shapes. ``attention_kwargs`` is accepted and ignored."""
+        """See the module docstring for shapes. ``attention_kwargs`` is accepted and ignored.
+
+        Over the house limits because the signature is diffusers'
+        `QwenImageTransformer2DModel.forward`, which `QwenImagePipeline` calls by keyword.
+        """
         if encoder_hidden_states is None or timestep is None or img_shapes is None:
             raise ValueError("encoder_hidden_states, timestep and img_shapes are required")
         if guidance is not None:
@@ -716,29 +710,15 @@ class QwenImageTransformer2DModel(nn.Module):
 
         hidden_states = self.img_in(hidden_states)
         timestep = timestep.to(hidden_states.dtype)
+        modulate_index = None
         if self.zero_cond_t:
             timestep = torch.cat([timestep, timestep * 0], dim=0)
-            modulate_index = torch.tensor(
-                [
-                    [0] * math.prod(sample[0]) + [1] * sum(math.prod(s) for s in sample[1:])
-                    for sample in img_shapes
-                ],
-                device=timestep.device,
-                dtype=torch.int,
-            )
-        else:
-            modulate_index = None
+            modulate_index = _modulate_index(img_shapes, timestep.device)
 
         encoder_hidden_states = self.txt_in(self.txt_norm(encoder_hidden_states))
         batch_size, txt_len = encoder_hidden_states.shape[:2]
         img_len = hidden_states.shape[1]
-        if encoder_hidden_states_mask is not None and tuple(
-            encoder_hidden_states_mask.shape[:2]
-        ) != (batch_size, txt_len):
-            raise ValueError(
-                f"encoder_hidden_states_mask shape {tuple(encoder_hidden_states_mask.shape)} "
-                f"must be (batch_size, text_seq_len)=({batch_size}, {txt_len})"
-            )
+        _check_text_mask(encoder_hidden_states_mask, batch_size, txt_len)
 
         modulation_key = self._modulation_key(
             timestep_in, additional_t_cond, hidden_states.dtype, hidden_states.device
@@ -775,3 +755,26 @@ class QwenImageTransformer2DModel(nn.Module):
         if not return_dict:
             return (output,)
         return Transformer2DModelOutput(sample=output)
+
+
+def _modulate_index(
+    img_shapes: list[list[tuple[int, int, int]]], device: torch.device
+) -> torch.Tensor:
+    """zero_cond_t: per sample, 0 for the tokens of its first image (the one generated,
+    modulated by t) and 1 for those of the condition images (modulated by t = 0)."""
+    return torch.tensor(
+        [
+            [0] * math.prod(sample[0]) + [1] * sum(math.prod(s) for s in sample[1:])
+            for sample in img_shapes
+        ],
+        device=device,
+        dtype=torch.int,
+    )
+
+
+def _check_text_mask(mask: torch.Tensor | None, batch_size: int, txt_len: int) -> None:
+    if mask is not None and tuple(mask.shape[:2]) != (batch_size, txt_len):
+        raise ValueError(
+            f"encoder_hidden_states_mask shape {tuple(mask.shape)} "
+            f"must be (batch_size, text_seq_len)=({batch_size}, {txt_len})"
+        )

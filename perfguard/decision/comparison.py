@@ -1,0 +1,126 @@
+"""One metric's median against its baseline's: the rule that says how much evidence a
+verdict needs, and the interval, bound and stopping test it applies
+(`perfguard.decision.verdict` names the verdict and says why)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from perfguard.decision.stats import Noise, Summary, log_ratio_noise, median_reach, t_quantile
+from perfguard.decision.tolerances import Band
+
+# ---- the evidence a regression needs -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How much evidence a verdict needs, and which verdicts are flagged as borderline.
+
+    `alpha` is the one-sided false-alarm rate of the credibility test: a median above
+    its band is a regression only when the (1 - alpha) lower confidence bound of
+    median/baseline is above 1. 1 %, so that noise alone fails about one metric in a
+    hundred that already sit above their band, not one in twenty.
+
+    `borderline` (1.2) is how close to the band a credible slowdown counts as
+    borderline: its excess over the baseline is within 1.2x of the band's allowance, or
+    above 1/1.2 of it while still inside. Such a verdict could flip with the next
+    process's drift: the report flags it and shows its interval.
+    """
+
+    alpha: float = 0.01
+    borderline: float = 1.2
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 0.5:
+            raise ValueError(f"alpha must be in (0, 0.5), not {self.alpha}")
+        if self.borderline < 1:
+            raise ValueError(f"borderline must be >= 1, not {self.borderline}")
+
+    def quantile(self, noise: Noise) -> float:
+        """Student's t at `alpha` with the degrees of freedom that estimated `noise`."""
+        return t_quantile(self.alpha, noise.dof)
+
+
+DEFAULT_RULE = Rule()
+
+
+# ---- one metric against its baseline ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric's median `m` against its baseline's `b` (both > 0): the band's bound on
+    `m` and the rule's interval [low, high] on m/b."""
+
+    metric: str
+    measured: Summary
+    baseline: Summary
+    band: Band
+    rule: Rule
+    noise: Noise
+    low: float
+    high: float
+
+    @classmethod
+    def of(
+        cls, metric: str, measured: Summary, baseline: Summary, band: Band, rule: Rule
+    ) -> Comparison:
+        noise = log_ratio_noise(baseline, measured)
+        ratio = measured.median / baseline.median
+        spread = math.exp(rule.quantile(noise) * noise.se)
+        return cls(metric, measured, baseline, band, rule, noise, ratio / spread, ratio * spread)
+
+    @property
+    def m(self) -> float:
+        return self.measured.median
+
+    @property
+    def b(self) -> float:
+        return self.baseline.median
+
+    @property
+    def bound(self) -> float:
+        return self.band.bound(self.b)
+
+    @property
+    def ratio(self) -> float:
+        return self.m / self.b
+
+    @property
+    def over(self) -> bool:
+        """The median is above the band's bound."""
+        return self.m > self.bound
+
+    @property
+    def significant(self) -> bool:
+        """Slower beyond noise: the interval's lower end is above 1."""
+        return self.low > 1.0
+
+    def borderline(self) -> bool:
+        """A verdict the next process could flip: over the bound but not credibly (or by
+        little, or on one process), or credibly slower but well within the bound."""
+        allowance = self.bound - self.b
+        excess = (self.m - self.b) / allowance if allowance > 0 else math.inf
+        one_process = self.noise.processes_current == 1
+        edge = self.rule.borderline
+        return (self.over and (not self.significant or excess <= edge or one_process)) or (
+            self.significant and not self.over and excess > 1.0 / edge
+        )
+
+    def clear(self) -> bool:
+        """More runs of this process would not move the median across the bound.
+
+        The test is on the median's own reach (`median_reach`: this process's standard
+        error), not on the interval, which also holds the baseline's noise and the
+        between-process spread that no further run can shrink: a stop waiting for the
+        interval to clear a 3 % band never fired for unchanged code. Stopping on this is
+        safe for the false-alarm rate: the gate only stops a case that is within its
+        bounds, and a stop for futility removes rejections of the one final test, never
+        adds one.
+        """
+        m, b, bound = self.m, self.b, self.bound
+        reach = median_reach(self.measured, self.baseline, self.rule.alpha)
+        return (
+            not (self.low * b <= bound < self.high * b) or m * reach <= bound or m / reach > bound
+        )
