@@ -60,6 +60,12 @@ def probe(name: str | None = None) -> Platform:
     return platform.probe(name)
 
 
+def resolve_platform(platform: Platform | str | None) -> Platform:
+    """`platform` as given, else the one it names (None: the probed one); the commands
+    that start a warm server first probe only after it (`perfguard.measurement.warm`)."""
+    return probe(platform) if platform is None or isinstance(platform, str) else platform
+
+
 def baseline_path(path: str | None, platform: str, hardware: str) -> str:
     """`path`, else the default baseline of this platform and hardware."""
     from perfguard.storage.baseline import default_path
@@ -139,7 +145,7 @@ def run(
     selection: Selection,
     options: MeasureOptions,
     *,
-    platform: Platform | None = None,
+    platform: Platform | str | None = None,
     out: str | None = None,
     echo: Echo = _stderr,
     warm: Any = None,
@@ -150,7 +156,7 @@ def run(
     """
     from perfguard.storage.reports import write_results
 
-    platform = platform or probe()
+    platform = resolve_platform(platform)
     split_by = baseline_path(None, platform.name, platform.hardware_slug())
     cases = select_cases(platform.name, selection, split_by=split_by, echo=echo)
     results = run_cases(cases, platform, options, warm=warm)
@@ -184,7 +190,7 @@ def gen_baselines(
     baseline: str | None = None,
     tighten: bool = False,
     prune: bool = False,
-    platform: Platform | None = None,
+    platform: Platform | str | None = None,
     echo: Echo = _stderr,
     say: Echo = print,
     warm: Any = None,
@@ -210,7 +216,7 @@ def gen_baselines(
     from perfguard.device.platform import fingerprint
     from perfguard.storage import baseline as store
 
-    platform = platform or probe()
+    platform = resolve_platform(platform)
     path = baseline_path(baseline, platform.name, platform.hardware_slug())
     cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
     environment = fingerprint(platform)
@@ -250,13 +256,9 @@ def gen_baselines(
 # ---- check ----------------------------------------------------------------------------------
 
 
-# Confirmations (default 2) start workers, as does a first measurement in them.
-@in_warm_pool(
-    lambda o, kw: (
-        not o.counters_only
-        and (o.isolated or (kw.get("judging") or JudgeOptions()).max_reruns != 0)
-    )
-)
+# Only a first measurement in workers starts the server first: a server started for
+# confirmations that may never come cost a check ~3 s on a 2-core runner (docs/verdicts.md).
+@in_warm_pool(lambda options, kw: options.isolated and not options.counters_only)
 def check(
     selection: Selection,
     options: MeasureOptions,
@@ -264,7 +266,7 @@ def check(
     judging: JudgeOptions | None = None,
     baseline: str | None = None,
     out: str | None = None,
-    platform: Platform | None = None,
+    platform: Platform | str | None = None,
     echo: Echo = _stderr,
     warm: Any = None,
 ) -> Report:
@@ -288,7 +290,7 @@ def check(
     from perfguard.storage.reports import build_against, write_results
 
     judging = judging or JudgeOptions()
-    platform = platform or probe()
+    platform = resolve_platform(platform)
     cases, base, path = _stored_setup(selection, options, judging, baseline, platform, echo)
     if options.counters_only:
         return _check_counters(cases, platform, options, judging, (base, path), selection, out)
@@ -302,11 +304,6 @@ def check(
     def measure_cases(todo: Any, until_for: Any) -> Results:
         stop = until_for if adaptive else None
         return run_cases(list(todo), platform, first, until_for=stop, warm=warm)
-
-    if in_process and warm.starters:
-        from perfguard.measurement.workers import preload_modules
-
-        warm.settle(preload_modules(cases, options.factory))
 
     def confirm(todo: Any, until_for: Any) -> Results:
         # A fresh process for each confirmation: the process, not the run, is the unit

@@ -295,7 +295,7 @@ def _stored(
         judging=judging,
         baseline=baseline_path,
         out=outputs.results,
-        platform=api.probe(platform_name),
+        platform=platform_name,
         echo=echo_err,
     )
 

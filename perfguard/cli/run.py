@@ -42,8 +42,7 @@ def run_command(
     step, peak memory) and each output's hash. A case that raises or times out is recorded
     as an error and the others still run (exit 3).
     """
-    platform = api.probe(platform_name)
-    results = api.run(selection, options, platform=platform, out=out, echo=echo_err)
+    results = api.run(selection, options, platform=platform_name, out=out, echo=echo_err)
     console().print(results_table(results))
     if out:
         console().print(escape(f"results written to {out}"))
@@ -93,7 +92,7 @@ def gen_baselines(
         baseline=baseline_path,
         tighten=tighten,
         prune=prune,
-        platform=api.probe(platform_name),
+        platform=platform_name,
         echo=echo_err,
         say=lambda line: out.print(escape(line)),
     )

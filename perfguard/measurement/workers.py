@@ -53,7 +53,6 @@ can run under perfguard, in process or in workers alike.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import queue
@@ -443,18 +442,6 @@ class WarmPool:
             if key not in self.starters:
                 self.starters[key] = WorkerStarter(env, label, method, preload)
             return self.starters[key]
-
-    def settle(self, modules: Sequence[str]) -> None:
-        """Import `modules` in this process, then wait until every server started so
-        far is ready: a measurement made here then starts with the other cores quiet,
-        not beside a server still importing. A server that could not start is said
-        when a worker is wanted (`WorkerStarter.new` starts another)."""
-        for name in modules:
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name.lstrip("?"))
-        for starter in list(self.starters.values()):
-            if starter.server is not None and starter.server.ready is None:
-                starter.server.start(STARTUP_TIMEOUT_S)
 
     def close(self) -> None:
         with self.lock:
