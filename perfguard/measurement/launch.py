@@ -335,7 +335,7 @@ def worker_environment(
 
 EarlyServer = tuple[dict[str, str], str, str, list[str], WarmServer]
 """What `early_server` started: the environment, label, start method and modules of the
-one-slot worker it serves, and the server (`workers.WarmPool.adopt` takes it)."""
+one-slot worker it serves, and the server (`workers.WarmPool(early)` takes it over)."""
 
 
 def early_server(options: Any, wanted: bool) -> EarlyServer | None:
@@ -352,12 +352,11 @@ def early_server(options: Any, wanted: bool) -> EarlyServer | None:
     imports every workload's modules, since the cases are not known yet either
     (`perfguard.workloads.modules.everything`).
     """
-    from perfguard.workloads.modules import RUNNER, everything
-
     if not wanted or options.start_method != "forkserver" or options.devices:
         return None
-    factory = options.factory.partition(":")[0] if options.factory else None
-    preload = [RUNNER[0], factory] if factory else everything()
+    from perfguard.workloads.modules import preload_for
+
+    preload = preload_for(None, options.factory)
     env = worker_environment(os.environ, "", None, options.threads)
     label = "worker"
     server = WarmServer(env, f"warm server of the {label}", preload=preload, root=import_root())

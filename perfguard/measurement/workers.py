@@ -585,15 +585,11 @@ def _env_for(
     return env
 
 
-def preload_modules(cases: Sequence[Case], factory: str | None = None) -> list[str]:
-    """What a warm server imports for `cases`: perfguard's runner and the workloads'
-    modules (`perfguard.workloads.modules.preload`); with a factory, the runner and the
-    factory's module (it builds the pipelines, not perfguard's workloads)."""
-    from perfguard.workloads.modules import RUNNER, preload
+def preload_modules(cases: Sequence[Case] | None, factory: str | None = None) -> list[str]:
+    """What a warm server imports for `cases` (`perfguard.workloads.modules.preload_for`)."""
+    from perfguard.workloads.modules import preload_for
 
-    if factory:
-        return [RUNNER[0], factory.partition(":")[0]]
-    return preload(cases)
+    return preload_for(cases, factory)
 
 
 def run_in_workers(

@@ -66,3 +66,12 @@ def everything() -> list[str]:
     for names in BY_WORKLOAD.values():
         out += [n for n in names if n not in out]
     return out
+
+
+def preload_for(cases: Iterable[Any] | None, factory: str | None = None) -> list[str]:
+    """What a warm server imports for `cases` (None: every workload, the cases not yet
+    known); with a factory, the runner and the factory's module (it builds the
+    pipelines, not perfguard's workloads)."""
+    if factory:
+        return [RUNNER[0], factory.partition(":")[0]]
+    return everything() if cases is None else preload(cases)
