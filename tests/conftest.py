@@ -22,9 +22,15 @@ def _lock_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _no_platform_override(monkeypatch: pytest.MonkeyPatch, _lock_dir: str) -> None:
     """A PERFGUARD_* variable set in the developer's shell must not change test outcomes;
     baseline locks go to a folder of the test session, not the developer's cache."""
-    for var in ("PERFGUARD_PLATFORM", "PERFGUARD_INJECT", "PERFGUARD_CASES", "PERFGUARD_FACTORY"):
+    for var in (
+        "PERFGUARD_PLATFORM", "PERFGUARD_INJECT", "PERFGUARD_CASES", "PERFGUARD_FACTORY",
+        "PERFGUARD_SERVER", "PERFGUARD_SERVER_DIR",
+    ):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PERFGUARD_LOCK_DIR", _lock_dir)
+    # No resident server outlives a test: commands import their own modules, as a test
+    # of the resident server itself asks for (tests/test_resident.py).
+    monkeypatch.setenv("PERFGUARD_SERVER_IDLE_S", "0")
 
 
 @pytest.fixture

@@ -19,7 +19,11 @@ __all__ = ["cli", "main"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The console script: import the commands, then run them through the one exit path."""
+    """The console script: a measuring command runs in a fork of the resident server
+    (`perfguard.measurement.resident`) where one serves; otherwise, and in that fork,
+    import the commands, then run them through the one exit path."""
+    if _resident_exit(sys.argv[1:] if argv is None else argv):
+        return
     try:
         from perfguard.cli.app import run_main
     except BaseException as exc:  # an install whose imports fail: still one line, exit 70
@@ -35,6 +39,23 @@ def main(argv: list[str] | None = None) -> None:
         )
         sys.exit(EXIT_INTERNAL)
     run_main(argv)
+
+
+def _resident_exit(argv: list[str]) -> bool:
+    """Run `argv` through the resident server and exit with its status; False where it
+    does not go through one. A bad `$PERFGUARD_SERVER_IDLE_S` is exit 2, like any usage
+    error."""
+    from perfguard.errors import EXIT_USAGE, PerfguardError
+    from perfguard.measurement.resident import run_command
+
+    try:
+        code = run_command(argv)
+    except PerfguardError as exc:
+        sys.stderr.write(f"perfguard: {exc}\n")
+        sys.exit(EXIT_USAGE)
+    if code is None:
+        return False
+    sys.exit(code)
 
 
 def __getattr__(name: str) -> Any:  # `from perfguard.cli import cli`, imported on first use

@@ -39,8 +39,10 @@ dies, the server kills its workers and exits.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -128,28 +130,38 @@ def _returncode(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
 
-def _child(sock: socket.socket, msg: dict[str, Any], fds: list[int]) -> None:
-    """In the forked worker: a session of its own, its pipes, then the worker module."""
+def _child(closing: list[socket.socket], msg: dict[str, Any], fds: list[int]) -> None:
+    """In the forked process: a session of its own, its pipes, then its code.
+
+    A worker (`{"module", "argv"}`) gets two descriptors, its stdin and its result pipe,
+    and a third where its output goes (else the server's stderr). A command of the
+    resident server (`{"call": "module:function", "argv"}`) gets the caller's stdin,
+    stdout and stderr. `env` and `cwd`, when sent, replace the server's.
+    """
     code = 70
     try:
-        sock.close()
+        for sock in closing:
+            sock.close()
         os.setsid()
         _die_with_parent()
-        stdin_fd, result_fd = fds
-        os.dup2(stdin_fd, 0)
-        os.close(stdin_fd)
-        os.dup2(2, 1)  # the worker's stdout goes where the server's stderr goes
-        sys.stdin = os.fdopen(0, "r", encoding="utf-8", closefd=False)
-        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if "env" in msg:
+            os.environ.clear()
+            os.environ.update({str(k): str(v) for k, v in msg["env"].items()})
+        if msg.get("cwd"):
+            os.chdir(str(msg["cwd"]))
         # What a fresh interpreter would draw, not the server's state (numpy seeds its
         # global generator from the OS at import; torch's default seed is fixed anyway).
         random.seed()
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             numpy.random.seed()
-        argv = [str(a).replace("{result_fd}", str(result_fd)) for a in msg["argv"]]
-        code = run_module(str(msg["module"]), argv)
+        if "call" in msg:
+            code = _run_command(msg, fds)
+        else:
+            code = _run_worker(msg, fds)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -157,6 +169,90 @@ def _child(sock: socket.socket, msg: dict[str, Any], fds: list[int]) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _run_worker(msg: dict[str, Any], fds: list[int]) -> int:
+    stdin_fd, result_fd = fds[0], fds[1]
+    os.dup2(stdin_fd, 0)
+    os.close(stdin_fd)
+    if len(fds) > 2:  # where the caller wants the worker's output
+        os.dup2(fds[2], 2)
+        os.close(fds[2])
+    os.dup2(2, 1)  # the worker's stdout goes where its stderr goes
+    sys.stdin = os.fdopen(0, "r", encoding="utf-8", closefd=False)
+    argv = [str(a).replace("{result_fd}", str(result_fd)) for a in msg["argv"]]
+    return run_module(str(msg["module"]), argv)
+
+
+def _run_command(msg: dict[str, Any], fds: list[int]) -> int:
+    """A command line of the resident server: the caller's stdio, then `module:function`
+    called with `argv`, as the console script would; its exit status."""
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
+    encoding = os.environ.get("PYTHONIOENCODING", "").partition(":")[0] or "utf-8"
+    sys.stdin = open(0, encoding=encoding, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding=encoding, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding=encoding, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stdout.reconfigure(line_buffering=os.isatty(1))
+    sys.stderr.reconfigure(line_buffering=True)
+    argv = [str(a) for a in msg["argv"]]
+    sys.argv = [str(msg.get("prog", "perfguard")), *argv]
+    module, _, function = str(msg["call"]).partition(":")
+    code: int = 0
+    try:
+        getattr(importlib.import_module(module), function)(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        atexit._run_exitfuncs()  # what an interpreter's exit would run (os._exit skips it)
+    return code
+
+
+def _preload(preload: list[str]) -> dict[str, Any]:
+    """Import `preload` ("?module": where it exists); the server's ready message, or
+    why it cannot serve (`{"ready": false, "error"}`)."""
+    started = time.perf_counter()
+    done: list[str] = []
+    # The collector off while importing: imports make millions of objects and almost no
+    # garbage, and the collections they trigger were ~1.3 s of ~6 s on the CPU runner.
+    gc.disable()
+    try:
+        for name in preload:
+            optional = name.startswith("?")
+            name = name.lstrip("?")
+            try:
+                importlib.import_module(name)
+            except BaseException as exc:  # a worker could not import it either: say so, once
+                if optional and isinstance(exc, ImportError):
+                    continue
+                text = f"cannot import {name}: {type(exc).__name__}: {exc}".splitlines()[0]
+                return {"ready": False, "error": text[:400]}
+            done.append(name)
+    finally:
+        gc.enable()
+    # Importing must not have started what a fork cannot copy: a device runtime. (The
+    # parent sets PYTORCH_NVML_BASED_CUDA_CHECK, so that a library asking
+    # `torch.cuda.is_available()` at import does not initialise the driver.)
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        return {"ready": False, "error": "importing the modules initialised CUDA, which a "
+                "forked worker cannot use: use --start-method spawn"}  # fmt: skip
+    # What the imports made is never garbage: `gc.freeze` moves it out of the collector's
+    # reach, so that a worker's `gc.collect()` (the runner's, after each case) scans what
+    # the worker made (~1 ms), not every module object (~0.3 s on the CPU runner), and
+    # does not write to, and so copy, the pages it shares with the server.
+    gc.freeze()
+    return {
+        "ready": True,
+        "pid": os.getpid(),
+        "preloaded": done,
+        "import_s": round(time.perf_counter() - started, 3),
+    }
 
 
 def serve_forks(root: str, control_fd: int, preload: list[str]) -> int:
@@ -170,38 +266,10 @@ def serve_forks(root: str, control_fd: int, preload: list[str]) -> int:
     parent = os.getppid()
     _set_root(root)
     sock = socket.socket(fileno=control_fd)
-    started = time.perf_counter()
-    done: list[str] = []
-    for name in preload:
-        optional = name.startswith("?")  # "?module": import it where it exists
-        name = name.lstrip("?")
-        try:
-            importlib.import_module(name)
-        except BaseException as exc:  # a worker could not import it either: say so, once
-            if optional and isinstance(exc, ImportError):
-                continue
-            text = f"cannot import {name}: {type(exc).__name__}: {exc}".splitlines()[0][:400]
-            _send(sock, {"ready": False, "error": text})
-            return 1
-        done.append(name)
-    # Importing must not have started what a fork cannot copy: a device runtime. (The
-    # parent sets PYTORCH_NVML_BASED_CUDA_CHECK, so that a library asking
-    # `torch.cuda.is_available()` at import does not initialise the driver.)
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is not None and cuda.is_initialized():
-        _send(sock, {"ready": False, "error": "importing the modules initialised CUDA, which "
-                     "a forked worker cannot use: use --start-method spawn"})  # fmt: skip
+    hello = _preload(preload)
+    _send(sock, hello)
+    if not hello["ready"]:
         return 1
-    _send(
-        sock,
-        {
-            "ready": True,
-            "pid": os.getpid(),
-            "preloaded": done,
-            "import_s": round(time.perf_counter() - started, 3),
-        },
-    )
     children: set[int] = set()
     try:
         while True:
@@ -216,18 +284,18 @@ def serve_forks(root: str, control_fd: int, preload: list[str]) -> int:
                 return 1  # the parent died: the finally below ends the workers
             if not ready:
                 continue
-            data, fds, _, _ = socket.recv_fds(sock, MAX_PACKET, 2)
+            data, fds, _, _ = socket.recv_fds(sock, MAX_PACKET, 3)
             if not data:
                 return 0  # the parent closed the socket: the finally below ends the workers
             msg = json.loads(data)
-            if len(fds) != 2:
+            if len(fds) not in (2, 3):
                 for fd in fds:
                     os.close(fd)
                 _send(sock, {"forked": msg.get("fork"), "error": "expected two descriptors"})
                 continue
             pid = os.fork()
             if pid == 0:
-                _child(sock, msg, fds)
+                _child([sock], msg, fds)
             for fd in fds:
                 os.close(fd)
             children.add(pid)
@@ -241,12 +309,178 @@ def serve_forks(root: str, control_fd: int, preload: list[str]) -> int:
                 os.waitpid(pid, 0)
 
 
+# ---- the resident server ---------------------------------------------------------------------
+
+
+def _module_files() -> list[list[Any]]:
+    """`[path, mtime_ns, size]` of every imported module's file: what a client compares
+    with the files on disk before it trusts this server (`resident.stale`)."""
+    out: list[list[Any]] = []
+    seen: set[str] = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or path in seen:
+            continue
+        seen.add(path)
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            out.append([path, st.st_mtime_ns, st.st_size])
+    return out
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+class _Resident:
+    """The resident server's state: its listening socket, its clients, whose children."""
+
+    def __init__(self, sock_path: str, manifest_path: str) -> None:
+        self.sock_path, self.manifest_path = sock_path, manifest_path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        tmp = f"{sock_path}.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        self.listener.bind(tmp)
+        self.listener.listen(64)
+        self.inode = os.stat(tmp).st_ino
+        self.tmp = tmp
+        self.clients: list[socket.socket] = []
+        self.owner: dict[int, socket.socket] = {}  # child pid -> the client that asked
+        self.hello: dict[str, Any] = {}
+
+    def publish(self, manifest: dict[str, Any]) -> None:
+        """Write the manifest, then move the socket to its name: a client that connects
+        finds a server that has imported everything and says which files."""
+        _write_json(self.manifest_path, manifest)
+        os.replace(self.tmp, self.sock_path)
+
+    def ours(self) -> bool:
+        """Whether the socket's name is still ours (a newer server replaces a stale one)."""
+        try:
+            return os.stat(self.sock_path).st_ino == self.inode
+        except OSError:
+            return False
+
+    def reap(self) -> None:
+        while self.owner:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            client = self.owner.pop(pid, None)
+            if client is not None:
+                _send(client, {"exited": pid, "returncode": _returncode(status)})
+
+    def drop(self, client: socket.socket) -> None:
+        """A client left (or died): what it started dies with it."""
+        with contextlib.suppress(ValueError):
+            self.clients.remove(client)
+        for pid, owner in list(self.owner.items()):
+            if owner is client:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            client.close()
+
+    def handle(self, client: socket.socket) -> bool:
+        """One packet from `client`; False when a client asked the server to stop."""
+        try:
+            data, fds, _, _ = socket.recv_fds(client, MAX_PACKET, 3)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            self.drop(client)
+            return True
+        msg = json.loads(data)
+        if msg.get("stop"):
+            for fd in fds:
+                os.close(fd)
+            return False
+        if len(fds) not in (2, 3):
+            for fd in fds:
+                os.close(fd)
+            _send(client, {"forked": msg.get("fork"), "error": "expected 2 or 3 descriptors"})
+            return True
+        pid = os.fork()
+        if pid == 0:
+            _child([self.listener, *self.clients], msg, fds)
+        for fd in fds:
+            os.close(fd)
+        self.owner[pid] = client
+        _send(client, {"forked": msg.get("fork"), "pid": pid})
+        return True
+
+    def close(self) -> None:
+        for pid in list(self.owner):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        for pid in list(self.owner):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        if self.ours():
+            with contextlib.suppress(OSError):
+                os.unlink(self.sock_path)
+        with contextlib.suppress(OSError, ValueError):
+            with open(self.manifest_path, encoding="utf-8") as fh:
+                mine = json.load(fh).get("pid") == os.getpid()
+            if mine:  # not a newer server's
+                os.unlink(self.manifest_path)
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+        self.listener.close()
+
+
+def serve_resident(root: str, config: dict[str, Any]) -> int:
+    """The resident server (`perfguard.measurement.resident`): import `preload`, then
+    listen on `socket` and fork what each client asks for (commands, workers) until it
+    has been idle for `idle_s` seconds, a client asks it to stop, or a newer server
+    takes its socket's name. Each client first reads the ready message, which names
+    the manifest of imported files (`manifest`) that says whether the server is stale.
+    """
+    _set_root(root)
+    sock_path, manifest_path = str(config["socket"]), str(config["manifest"])
+    hello = _preload(list(config["preload"]))
+    if not hello["ready"]:
+        _write_json(manifest_path, {**config, **hello})
+        return 1
+    server = _Resident(sock_path, manifest_path)
+    hello = {**hello, "key": config["key"], "manifest": manifest_path}
+    server.publish({**config, **hello, "started_at": time.time(), "files": _module_files()})
+    idle_s, idle_since = float(config["idle_s"]), time.monotonic()
+    try:
+        while True:
+            server.reap()
+            now = time.monotonic()
+            if server.clients or server.owner:
+                idle_since = now
+            elif now - idle_since >= idle_s or not server.ours():
+                return 0
+            ready, _, _ = select.select([server.listener, *server.clients], [], [], 0.2)
+            for sock in ready:
+                if sock is server.listener:
+                    client, _ = server.listener.accept()
+                    server.clients.append(client)
+                    _send(client, hello)
+                elif not server.handle(sock):
+                    return 0
+    finally:
+        server.close()
+
+
 def main(argv: list[str]) -> int:
     mode, rest = argv[0], argv[1:]
     if mode == "boot":
         return boot(rest[0], rest[1], rest[2:])
     if mode == "serve-forks":
         return serve_forks(rest[0], int(rest[1]), list(json.loads(rest[2])))
+    if mode == "serve-resident":
+        return serve_resident(rest[0], dict(json.loads(rest[1])))
     raise SystemExit(f"unknown mode {mode!r}")
 
 

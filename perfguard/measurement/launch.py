@@ -139,7 +139,7 @@ class ForkedProcess:
     the server itself is gone the worker died with it (`PR_SET_PDEATHSIG`).
     """
 
-    def __init__(self, server: WarmServer, pid: int, stdin: IO[bytes]) -> None:
+    def __init__(self, server: ForkChannel, pid: int, stdin: IO[bytes]) -> None:
         self.server = server
         self.pid = pid
         self.stdin: IO[bytes] | None = stdin
@@ -170,41 +170,15 @@ class ForkedProcess:
         return "still running"
 
 
-class WarmServer:
-    """One warm server (`forkserver.serve_forks`) for workers of one environment."""
+class ForkChannel:
+    """A control socket to a server that forks workers (`forkserver.serve_forks`, or the
+    resident server's `serve_resident`): fork requests out, forks and exits back."""
 
     _ids = itertools.count(1)
 
-    def __init__(
-        self,
-        env: Mapping[str, str],
-        label: str,
-        *,
-        preload: Sequence[str],
-        root: str,
-        cwd: str | None = None,
-    ) -> None:
+    def __init__(self, sock: socket.socket, label: str) -> None:
         self.label = label
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", BOOT, "serve-forks", root, str(theirs.fileno()),
-                 json.dumps(list(preload))],
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd(),
-                # `torch.cuda.is_available()` through NVML: it must not initialise the
-                # driver in a process that forks workers which use the device.
-                env={**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},
-                cwd=cwd,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
-            )  # fmt: skip
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.sock = ours
+        self.sock = sock
         self.cond = threading.Condition()
         self.exits: dict[int, int] = {}
         self.forked: dict[int, dict[str, Any]] = {}
@@ -234,9 +208,42 @@ class WarmServer:
                 self.cond.notify_all()
 
     def describe(self) -> str:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
-        return describe_exit(self.proc.poll())
+        return "its socket closed"
+
+    def _request(self) -> tuple[dict[str, Any], list[int]]:
+        """What every fork request of this channel adds (`env`, ...) and extra descriptors."""
+        return {}, []
+
+    def fork(self, module: str, argv: Sequence[str]) -> tuple[ForkedProcess, int]:
+        """A new worker running `module argv...` (`{result_fd}` names its result pipe):
+        its process and the read end of its result pipe. `OSError` when the server is gone."""
+        stdin_r, stdin_w = os.pipe()
+        result_r, result_w = os.pipe()
+        ident = next(self._ids)
+        extra, fds = self._request()
+        try:
+            msg = json.dumps({"fork": ident, "module": module, "argv": list(argv), **extra})
+            socket.send_fds(self.sock, [msg.encode()], [stdin_r, result_w, *fds])
+        except BaseException:
+            for fd in (stdin_w, result_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(stdin_r)
+            os.close(result_w)
+        deadline = time.monotonic() + FORK_TIMEOUT_S
+        with self.cond:
+            while ident not in self.forked and not self.dead and time.monotonic() < deadline:
+                self.cond.wait(0.5)
+            reply = self.forked.pop(ident, None)
+        if reply is None or "pid" not in reply:
+            os.close(stdin_w)
+            os.close(result_r)
+            if self.dead:
+                raise OSError(f"{self.label} died ({self.describe()})")
+            why = reply.get("error") if reply else f"no answer within {FORK_TIMEOUT_S:g} s"
+            raise OSError(f"{self.label} could not fork a worker: {why}")
+        return ForkedProcess(self, int(reply["pid"]), os.fdopen(stdin_w, "wb")), result_r
 
     def start(self, timeout: float) -> str | None:
         """Wait until the server has imported its modules; the reason it did not, else None."""
@@ -262,44 +269,65 @@ class WarmServer:
 
     @property
     def alive(self) -> bool:
-        return not self.dead and self.proc.poll() is None
-
-    def fork(self, module: str, argv: Sequence[str]) -> tuple[ForkedProcess, int]:
-        """A new worker running `module argv...` (`{result_fd}` names its result pipe):
-        its process and the read end of its result pipe. `OSError` when the server is gone."""
-        stdin_r, stdin_w = os.pipe()
-        result_r, result_w = os.pipe()
-        ident = next(self._ids)
-        try:
-            msg = json.dumps({"fork": ident, "module": module, "argv": list(argv)}).encode()
-            socket.send_fds(self.sock, [msg], [stdin_r, result_w])
-        except BaseException:
-            for fd in (stdin_w, result_r):
-                os.close(fd)
-            raise
-        finally:
-            os.close(stdin_r)
-            os.close(result_w)
-        deadline = time.monotonic() + FORK_TIMEOUT_S
-        with self.cond:
-            while ident not in self.forked and not self.dead and time.monotonic() < deadline:
-                self.cond.wait(0.5)
-            reply = self.forked.pop(ident, None)
-        if reply is None or "pid" not in reply:
-            os.close(stdin_w)
-            os.close(result_r)
-            if self.dead:
-                raise OSError(f"{self.label} died ({self.describe()})")
-            why = reply.get("error") if reply else f"no answer within {FORK_TIMEOUT_S:g} s"
-            raise OSError(f"{self.label} could not fork a worker: {why}")
-        return ForkedProcess(self, int(reply["pid"]), os.fdopen(stdin_w, "wb")), result_r
+        return not self.dead
 
     def close(self) -> None:
-        """End the server: closing the socket makes it kill its workers and exit."""
+        """End the connection: the server kills the workers it forked for it."""
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def kill(self) -> None:
+        self.close()
+
+
+class WarmServer(ForkChannel):
+    """One warm server (`forkserver.serve_forks`) for workers of one environment, started
+    by this process and ended with it."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        label: str,
+        *,
+        preload: Sequence[str],
+        root: str,
+        cwd: str | None = None,
+    ) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", BOOT, "serve-forks", root, str(theirs.fileno()),
+                 json.dumps(list(preload))],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd(),
+                # `torch.cuda.is_available()` through NVML: it must not initialise the
+                # driver in a process that forks workers which use the device.
+                env={**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},
+                cwd=cwd,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        super().__init__(ours, label)
+
+    def describe(self) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        return describe_exit(self.proc.poll())
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def close(self) -> None:
+        """End the server: closing the socket makes it kill its workers and exit."""
+        super().close()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -313,6 +341,28 @@ class WarmServer:
             self.proc.wait(timeout=10)
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+class ResidentChannel(ForkChannel):
+    """Workers forked by the resident server this command runs in
+    (`perfguard.measurement.resident`), in `env` and `cwd`, their output on our stderr."""
+
+    def __init__(self, path: str, label: str, env: Mapping[str, str], cwd: str | None) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(path)
+        except OSError:
+            sock.close()
+            raise
+        self.env, self.cwd = dict(env), cwd or os.getcwd()
+        super().__init__(sock, f"{label} (resident server)")
+
+    def _request(self) -> tuple[dict[str, Any], list[int]]:
+        fd = log_fd()
+        return {"env": self.env, "cwd": self.cwd}, [] if fd is None else [fd]
+
+    def describe(self) -> str:
+        return "the resident server closed the connection"
 
 
 def worker_environment(
@@ -353,6 +403,8 @@ def early_server(options: Any, wanted: bool) -> EarlyServer | None:
     (`perfguard.workloads.modules.everything`).
     """
     if not wanted or options.start_method != "forkserver" or options.devices:
+        return None
+    if os.environ.get("PERFGUARD_SERVER"):  # a resident server forks the workers
         return None
     from perfguard.workloads.modules import preload_for
 

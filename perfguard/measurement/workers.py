@@ -73,7 +73,9 @@ from perfguard.device.platform import cpu_list as _cpu_list
 from perfguard.errors import PerfguardError
 from perfguard.measurement.launch import (
     EarlyServer,
+    ForkChannel,
     ForkedProcess,
+    ResidentChannel,
     WarmServer,
     describe_exit,
     import_root,
@@ -214,7 +216,7 @@ class Worker:
         module: str = WORKER_MODULE,
         *,
         root: str | None = None,
-        server: WarmServer | None = None,
+        server: ForkChannel | None = None,
     ) -> None:
         self.label = label
         self.proc: subprocess.Popen[bytes] | ForkedProcess
@@ -350,6 +352,24 @@ class Worker:
                 self.proc.stdin.close()
 
 
+def resident_channel(
+    env: dict[str, str], label: str, root: str, cwd: str | None
+) -> ResidentChannel | None:
+    """Fork this slot's workers from the resident server this command runs in, when that
+    server's key fits the workers' environment and import root (it differs in
+    `PERFGUARD_*` and visible-devices variables at most); else None (a server of the
+    slot's own is started)."""
+    from perfguard.measurement import resident
+
+    path = os.environ.get(resident.ENV_SOCKET)
+    if not path or resident.server_key(env, root) != resident.server_key(os.environ, import_root()):
+        return None
+    try:
+        return ResidentChannel(path, label, env, cwd)
+    except OSError:
+        return None
+
+
 class WorkerStarter:
     """Starts the workers of one slot (one environment): fresh interpreters (`spawn`), or
     forks of one warm server (`forkserver`), started on first use and replaced when it
@@ -369,7 +389,7 @@ class WorkerStarter:
         self.env, self.label, self.method = env, label, method
         self.preload, self.cwd, self.module = list(preload), cwd, module
         self.root = root or import_root()
-        self.server: WarmServer | None = None
+        self.server: ForkChannel | None = None
 
     def warm_up(self) -> None:
         """Start the warm server now, without waiting for it (so that several start
@@ -378,10 +398,12 @@ class WorkerStarter:
             return
         if self.server is not None:
             self.server.kill()
-        self.server = WarmServer(
-            self.env, f"warm server of the {self.label}", preload=self.preload,
-            root=self.root, cwd=self.cwd,
-        )  # fmt: skip
+        self.server = resident_channel(self.env, self.label, self.root, self.cwd)
+        if self.server is None:
+            self.server = WarmServer(
+                self.env, f"warm server of the {self.label}", preload=self.preload,
+                root=self.root, cwd=self.cwd,
+            )  # fmt: skip
 
     def ready(self) -> str | None:
         """Wait for the server started by `warm_up`; the reason it could not start, or None."""

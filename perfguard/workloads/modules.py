@@ -46,6 +46,20 @@ BY_WORKLOAD = {"qwen_image": QWEN_IMAGE, "glm_image": GLM_IMAGE, "diffusers": DI
 RUNNER = ("perfguard.measurement.runner", "perfguard.workloads.registry")
 """perfguard's own measuring modules (torch, the timer, the runner, the pipelines)."""
 
+COMMANDS = (
+    "perfguard.cli.app",
+    "perfguard.api",
+    "perfguard.decision.gate",
+    "perfguard.interop.diffusers",
+    "perfguard.measurement.relative",
+    "perfguard.measurement.workers",
+    "perfguard.presentation.render",
+    "perfguard.presentation.work_report",
+    "perfguard.storage.reports",
+)
+"""What a measuring command imports besides the workloads: the command line, the
+library, the gate and the reports (the resident server preloads them)."""
+
 
 def preload(cases: Iterable[Any]) -> list[str]:
     """What a warm server imports before forking workers for `cases`: perfguard's runner,
