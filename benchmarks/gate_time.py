@@ -4,9 +4,15 @@ For each revision (a checkout; `python -m perfguard` run with it as the working
 directory, so that its own perfguard is the one imported), each round times, of
 unchanged code:
 
-- `gen-baselines --tag smoke` into a fresh baseline file,
+- `gen-baselines --tag smoke` into a fresh baseline file, with no resident server
+  running (each round has a server directory of its own: the first command starts the
+  server and pays the imports, as on a fresh CI machine),
 - `check --tag smoke` against it,
+- `check --tag smoke` again (`check again`: what a developer's next check waits),
 - with `--against`, `check --tag smoke --against DIR` with the revision as its own base.
+
+A revision without a resident server (`PERFGUARD_SERVER_IDLE_S` unknown to it) imports
+in every command, as it always did. The round's servers are stopped at its end.
 
 The revisions alternate round by round (ABBA), so a slow spell of a shared machine hits
 both alike; the figures are medians over the rounds, with the exit codes seen.
@@ -18,7 +24,10 @@ both alike; the figures are medians over the rounds, with the exit codes seen.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +46,13 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int]:
     return took, proc.returncode
 
 
+def stop_servers(directory: Path) -> None:
+    """End the resident servers a round started (their manifests name their pids)."""
+    for manifest in directory.glob("server-*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            os.kill(int(json.loads(manifest.read_text())["pid"]), signal.SIGTERM)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--revision", action="append", required=True, metavar="NAME=DIR")
@@ -45,24 +61,32 @@ def main() -> None:
     ap.add_argument("--tag", default="smoke")
     args = ap.parse_args()
     revisions = [(n, Path(d).resolve()) for n, _, d in (r.partition("=") for r in args.revision)]
-    env = dict(os.environ, PERFGUARD_THREADS="1")
+    env = dict(os.environ, PERFGUARD_THREADS="1", PERFGUARD_SERVER_IDLE_S="600")
     env.pop("PERFGUARD_INJECT", None)
+    env.pop("PERFGUARD_SERVER", None)
     figures: dict[str, dict[str, list[tuple[float, int]]]] = {n: {} for n, _ in revisions}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = revisions if r % 2 == 0 else revisions[::-1]
             for name, root in order:
                 base = Path(tmp, f"{name}-{r}.json")
+                servers = Path(tempfile.mkdtemp(prefix="pgs", dir="/tmp"))
+                servers.chmod(0o700)
+                run_env = {**env, "PERFGUARD_SERVER_DIR": str(servers)}
                 py = [sys.executable, "-m", "perfguard"]
                 sel = ["--tag", args.tag, "--no-progress"]
                 steps = {
                     "gen-baselines": [*py, "gen-baselines", *sel, "--baseline", str(base)],
                     "check": [*py, "check", *sel, "--baseline", str(base)],
+                    "check again": [*py, "check", *sel, "--baseline", str(base)],
                 }
                 if args.against:
                     steps["check --against"] = [*py, "check", *sel, "--against", str(root)]
-                for step, cmd in steps.items():
-                    figures[name].setdefault(step, []).append(timed(cmd, root, env))
+                try:
+                    for step, cmd in steps.items():
+                        figures[name].setdefault(step, []).append(timed(cmd, root, run_env))
+                finally:
+                    stop_servers(servers)
                 print(f"round {r + 1}/{args.rounds}: {name} done", file=sys.stderr, flush=True)
     steps = list(next(iter(figures.values())))
     print(f"{args.rounds} round(s), revisions interleaved; medians in seconds (exit codes)")

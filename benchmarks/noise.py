@@ -16,11 +16,20 @@ workers share the server's address-space layout and hash seed, so if either is a
 source of between-process drift, their spread comes out narrower than the spawned ones'.
 
     python benchmarks/noise.py --processes 24 --start-methods spawn forkserver
+
+`--commands cold resident` compares how a whole command's process starts: each round
+runs `perfguard run --case CASE` once as a fresh interpreter (`PERFGUARD_SERVER_IDLE_S=0`,
+every command imports its own modules) and once forked from the resident server that
+lives for the whole benchmark (`perfguard.measurement.resident`), in alternating order.
+This is the process a `check` measures in. (The thread-count mode runs cold commands.)
+
+    python benchmarks/noise.py --processes 24 --commands cold resident
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -31,8 +40,14 @@ import tempfile
 from pathlib import Path
 
 
-def one_process(case: str, repeats: int, threads: int, out: Path, extra: list[str]) -> dict:
+def one_process(
+    case: str, repeats: int, threads: int, out: Path, extra: list[str], how: str = "cold"
+) -> dict:
+    """One `perfguard run` command: a fresh interpreter (`cold`) or a fork of the resident
+    server (`resident`, the server directory in `$PERFGUARD_SERVER_DIR`)."""
     env = dict(os.environ, PERFGUARD_THREADS=str(threads))
+    env.pop("PERFGUARD_SERVER", None)
+    env["PERFGUARD_SERVER_IDLE_S"] = "0" if how == "cold" else "900"
     cmd = [
         sys.executable,
         "-m",
@@ -93,6 +108,28 @@ def start_method_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, f
     return rows
 
 
+def command_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, float, float]]]:
+    """Per-process figures of whole `perfguard run` commands, cold and resident."""
+    import signal
+
+    rows: dict[str, list[tuple[float, float, float]]] = {m: [] for m in args.commands}
+    with tempfile.TemporaryDirectory(prefix="pgn", dir="/tmp") as tmp:
+        os.environ["PERFGUARD_SERVER_DIR"] = tmp
+        try:
+            for i in range(args.processes):
+                order = args.commands if i % 2 == 0 else list(reversed(args.commands))
+                for m in order:
+                    out = Path(tmp) / "r.json"
+                    res = one_process(args.case, args.repeats, args.threads[0], out, [], m)
+                    rows[m].append(summarize_process(res["samples"][args.metric], res["reference"]))
+                print(f"process {i + 1}/{args.processes}", file=sys.stderr, flush=True)
+        finally:
+            for manifest in Path(tmp).glob("server-*.json"):
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    os.kill(int(json.loads(manifest.read_text())["pid"]), signal.SIGTERM)
+    return rows
+
+
 def summarize_process(xs: list[float], ref: list[float]) -> tuple[float, float, float]:
     q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
     med = statistics.median(xs)
@@ -120,9 +157,19 @@ def main() -> None:
         choices=("spawn", "forkserver"),
         help="Compare how worker processes start instead of thread counts.",
     )
+    ap.add_argument(
+        "--commands",
+        nargs="+",
+        default=None,
+        choices=("cold", "resident"),
+        help="Compare whole commands: fresh interpreters against resident-server forks.",
+    )
     args = ap.parse_args()
     rows: dict[str, list[tuple[float, float, float]]]
-    if args.start_methods:
+    if args.commands:
+        rows = command_rows(args)
+        label = "command"
+    elif args.start_methods:
         rows = start_method_rows(args)
         label = "start method"
     else:

@@ -433,8 +433,10 @@ def test_smoke_case_gen_baselines_then_check_passes_and_an_injected_slowdown_fai
     assert report["settings"]["inject"] == "DenoisingStage=+50%"
     # confirmed in fresh processes before it is reported (two, unless one of them ran on
     # a contended runner and was left out)
-    assert case["sampling"]["confirmations"] >= 1
-    assert case["sampling"]["groups"] == 1 + case["sampling"]["confirmations"]
+    sampling = case["sampling"]
+    if sampling["confirmations"] == 0:  # the verdict says why: a busy runner, nothing else
+        assert "ran on a contended runner; left out" in sampling.get("note", ""), sampling
+    assert sampling["groups"] == 1 + sampling["confirmations"]
 
 
 def test_a_reader_that_closes_the_pipe_early_keeps_the_verdicts_exit_code(

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from perfguard import __version__
-from perfguard.cli import baselines, calibrate, cases, check, history, report, run
+from perfguard.cli import baselines, calibrate, cases, check, history, report, run, server
 from perfguard.cli.common import CONTEXT_SETTINGS
 from perfguard.errors import (
     EXIT_CODES_HELP,
@@ -52,6 +52,7 @@ for _command in (
     report.report_group,
     report.merge_command,
     history.history_group,
+    server.server_group,
 ):
     cli.add_command(_command)
 

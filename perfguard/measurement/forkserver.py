@@ -52,6 +52,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -143,9 +144,14 @@ def _child(closing: list[socket.socket], msg: dict[str, Any], fds: list[int]) ->
         for sock in closing:
             sock.close()
         os.setsid()
-        _die_with_parent()
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        if "call" not in msg:  # a command outlives a dead server (its lifeline is the caller)
+            _die_with_parent()
+        # The dispositions a fresh interpreter starts with: SIGPIPE and SIGXFSZ ignored
+        # (a closed pipe is a BrokenPipeError), SIGINT a KeyboardInterrupt.
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if "env" in msg:
             os.environ.clear()
@@ -158,10 +164,7 @@ def _child(closing: list[socket.socket], msg: dict[str, Any], fds: list[int]) ->
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             numpy.random.seed()
-        if "call" in msg:
-            code = _run_command(msg, fds)
-        else:
-            code = _run_worker(msg, fds)
+        code = _run_command(msg, fds) if "call" in msg else _run_worker(msg, fds)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -185,11 +188,21 @@ def _run_worker(msg: dict[str, Any], fds: list[int]) -> int:
 
 
 def _run_command(msg: dict[str, Any], fds: list[int]) -> int:
-    """A command line of the resident server: the caller's stdio, then `module:function`
-    called with `argv`, as the console script would; its exit status."""
-    for target, fd in enumerate(fds[:3]):
+    """A command line of the resident server: the caller's stdin, stdout and stderr,
+    then `module:function` called with `argv`, as the console script would; its exit
+    status, also written on the caller's status pipe (`fds[3]`).
+
+    The command lives as long as its caller: the caller holds the write end of the
+    lifeline (`fds[4]`), and when it is gone (the caller killed, its terminal closed)
+    the command's process group is killed. A server that dies does not end the command:
+    the workers it forked from the server fail their cases (exit 3), the caller still
+    gets the status.
+    """
+    stdio, status_fd, lifeline = fds[:3], fds[3], fds[4]
+    for target, fd in enumerate(stdio):
         os.dup2(fd, target)
         os.close(fd)
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     encoding = os.environ.get("PYTHONIOENCODING", "").partition(":")[0] or "utf-8"
     sys.stdin = open(0, encoding=encoding, closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", encoding=encoding, closefd=False)  # noqa: SIM115
@@ -199,9 +212,10 @@ def _run_command(msg: dict[str, Any], fds: list[int]) -> int:
     argv = [str(a) for a in msg["argv"]]
     sys.argv = [str(msg.get("prog", "perfguard")), *argv]
     module, _, function = str(msg["call"]).partition(":")
-    code: int = 0
+    code: int = 70
     try:
         getattr(importlib.import_module(module), function)(argv)
+        code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
@@ -209,7 +223,17 @@ def _run_command(msg: dict[str, Any], fds: list[int]) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
         atexit._run_exitfuncs()  # what an interpreter's exit would run (os._exit skips it)
+        with contextlib.suppress(OSError):
+            os.write(status_fd, f"{code}\n".encode())
     return code
+
+
+def _watch_lifeline(fd: int) -> None:
+    """Kill this command's process group when its caller is gone (EOF on the lifeline)."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 1):
+            pass
+    os.killpg(os.getpid(), signal.SIGKILL)
 
 
 def _preload(preload: list[str]) -> dict[str, Any]:
@@ -350,7 +374,7 @@ class _Resident:
         self.tmp = tmp
         self.clients: list[socket.socket] = []
         self.owner: dict[int, socket.socket] = {}  # child pid -> the client that asked
-        self.hello: dict[str, Any] = {}
+        self.served = 0  # processes forked so far
 
     def publish(self, manifest: dict[str, Any]) -> None:
         """Write the manifest, then move the socket to its name: a client that connects
@@ -391,7 +415,7 @@ class _Resident:
     def handle(self, client: socket.socket) -> bool:
         """One packet from `client`; False when a client asked the server to stop."""
         try:
-            data, fds, _, _ = socket.recv_fds(client, MAX_PACKET, 3)
+            data, fds, _, _ = socket.recv_fds(client, MAX_PACKET, 5)
         except OSError:
             data, fds = b"", []
         if not data:
@@ -402,10 +426,10 @@ class _Resident:
             for fd in fds:
                 os.close(fd)
             return False
-        if len(fds) not in (2, 3):
+        if len(fds) != (5 if "call" in msg else 2) and not (len(fds) == 3 and "call" not in msg):
             for fd in fds:
                 os.close(fd)
-            _send(client, {"forked": msg.get("fork"), "error": "expected 2 or 3 descriptors"})
+            _send(client, {"forked": msg.get("fork"), "error": "wrong number of descriptors"})
             return True
         pid = os.fork()
         if pid == 0:
@@ -413,6 +437,7 @@ class _Resident:
         for fd in fds:
             os.close(fd)
         self.owner[pid] = client
+        self.served += 1
         _send(client, {"forked": msg.get("fork"), "pid": pid})
         return True
 
@@ -466,7 +491,7 @@ def serve_resident(root: str, config: dict[str, Any]) -> int:
                 if sock is server.listener:
                     client, _ = server.listener.accept()
                     server.clients.append(client)
-                    _send(client, hello)
+                    _send(client, {**hello, "served": server.served})
                 elif not server.handle(sock):
                     return 0
     finally:

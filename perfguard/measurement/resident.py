@@ -40,6 +40,7 @@ import fcntl
 import hashlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -101,9 +102,15 @@ def _keyed(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def server_key(env: Mapping[str, str], root: str) -> str:
-    """Which server may serve a process of `env` importing perfguard from `root`."""
-    text = json.dumps([sys.executable, root, sorted(_keyed(env).items())])
+    """Which server may serve a process of `env` importing perfguard from `root` (and,
+    where `$PYTHONPATH` names a relative directory, from this working directory)."""
+    here = os.getcwd() if any(_relative(env.get("PYTHONPATH", ""))) else None
+    text = json.dumps([sys.executable, root, here, sorted(_keyed(env).items())])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _relative(pythonpath: str) -> list[str]:
+    return [p for p in pythonpath.split(os.pathsep) if p and not os.path.isabs(p)]
 
 
 def state_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -157,7 +164,9 @@ def read_manifest(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def connect(path: str, key: str, timeout: float = 10.0) -> tuple[socket.socket, dict[str, Any]] | None:
+def connect(
+    path: str, key: str, timeout: float = 10.0
+) -> tuple[socket.socket, dict[str, Any]] | None:
     """A connection to the server at `path` and its ready message; None if none answers."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -212,7 +221,9 @@ def _start(
     with open(paths.log, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-c", BOOT, "serve-resident", root, json.dumps(config)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd="/",
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+            # Where a relative $PYTHONPATH entry points (the key has this directory then).
+            cwd=os.getcwd() if _relative(env.get("PYTHONPATH", "")) else "/",
             start_new_session=True,
         )  # fmt: skip
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -226,7 +237,8 @@ def _start(
                 got[0].close()
         if proc.poll() is not None:
             m = read_manifest(paths.manifest) or {}
-            raise Unavailable(m.get("error") or f"it exited (code {proc.returncode}; see {paths.log})")
+            why = m.get("error") or f"it exited (code {proc.returncode}; see {paths.log})"
+            raise Unavailable(why)
         time.sleep(0.02)
     proc.kill()
     raise Unavailable(f"it did not start within {START_TIMEOUT_S:g} s")
@@ -271,18 +283,24 @@ def preload_modules() -> list[str]:
 def run_command(argv: Sequence[str]) -> int | None:
     """Run `perfguard ARGV` in a fork of the resident server; its exit status, or None
     when this command line does not go through one (run it here)."""
-    env = os.environ
-    if not wanted(argv, env):
+    if not wanted(argv, os.environ):
         return None
-    from perfguard.measurement.launch import import_root
-
-    root = import_root()
     try:
-        sock, _ = ensure(env, root, preload_modules(), idle_seconds(env))
+        return serve(argv, preload_modules())
     except Unavailable as exc:
         sys.stderr.write(f"perfguard: no resident server ({exc}); importing here\n")
         return None
-    return _forward(sock, argv, Paths(state_dir(env), server_key(env, root)).socket)
+
+
+def serve(argv: Sequence[str], preload: Sequence[str], call: str = "perfguard.cli:main") -> int:
+    """Call `call(argv)` in a fork of this environment's resident server (started, with
+    `preload` imported, if none runs), with our stdio; its exit status. `Unavailable`
+    when no server can be had."""
+    from perfguard.measurement.launch import import_root
+
+    env, root = os.environ, import_root()
+    sock, _ = ensure(env, root, preload, idle_seconds(env))
+    return _forward(sock, argv, Paths(state_dir(env), server_key(env, root)).socket, call)
 
 
 def _stdio() -> list[int]:
@@ -297,13 +315,24 @@ def _stdio() -> list[int]:
     return out
 
 
-def _forward(sock: socket.socket, argv: Sequence[str], path: str) -> int:
-    """Hand the command line to the server, pass signals on, return its exit status."""
+def _forward(sock: socket.socket, argv: Sequence[str], path: str, call: str) -> int:
+    """Hand the command line to the server, pass signals on, return its exit status.
+
+    The status comes back on a pipe of its own, so that it arrives even when the server
+    dies meanwhile; our end of the lifeline pipe, held until we exit, is what keeps the
+    command alive (`forkserver._run_command`).
+    """
     msg = {
-        "fork": 1, "call": "perfguard.cli:main", "argv": list(argv), "prog": "perfguard",
+        "fork": 1, "call": call, "argv": list(argv), "prog": "perfguard",
         "env": {**os.environ, ENV_SOCKET: path}, "cwd": os.getcwd(),
     }  # fmt: skip
-    socket.send_fds(sock, [json.dumps(msg).encode()], _stdio())
+    status_r, status_w = os.pipe()
+    life_r, _life_w = os.pipe()  # our end stays open until we exit
+    try:
+        socket.send_fds(sock, [json.dumps(msg).encode()], [*_stdio(), status_w, life_r])
+    finally:
+        os.close(status_w)
+        os.close(life_r)
     pid: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
@@ -313,25 +342,85 @@ def _forward(sock: socket.socket, argv: Sequence[str], path: str) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
+    return _wait_status(sock, status_r, pid)
+
+
+def _wait_status(sock: socket.socket, status_fd: int, pid: list[int]) -> int:
+    """The command's exit status from its status pipe; how it died when the pipe ends
+    without one (from the server's word, when the server is still there)."""
+    status, exited = b"", None
+    watch: list[Any] = [sock, status_fd]
     while True:
-        try:
-            data = sock.recv(1 << 16)
-        except InterruptedError:
-            continue
-        except OSError:
-            data = b""
-        if not data:
+        ready, _, _ = select.select(watch, [], [])
+        if sock in ready:
+            try:
+                data = sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                watch.remove(sock)  # the server died: the command goes on, its status will come
+            else:
+                reply = json.loads(data)
+                if "error" in reply:
+                    sys.stderr.write(f"perfguard: internal error (exit 70): {reply['error']}\n")
+                    return 70
+                if "pid" in reply:
+                    pid.append(int(reply["pid"]))
+                if "exited" in reply:
+                    exited = int(reply["returncode"])
+        if status_fd in ready:
+            chunk = os.read(status_fd, 64)
+            status += chunk
+            if chunk:
+                continue
+            if status.strip():
+                return int(status.strip())
+            # No status: the command was killed. Its server says by what, if it is there.
+            deadline = time.monotonic() + 2.0
+            while exited is None and sock in watch and time.monotonic() < deadline:
+                if select.select([sock], [], [], 0.1)[0]:
+                    data = sock.recv(1 << 16)
+                    if not data:
+                        break
+                    exited = json.loads(data).get("returncode", exited)
+            how = f"killed by signal {-exited}" if exited is not None and exited < 0 else "killed"
             sys.stderr.write(
-                "perfguard: internal error (exit 70, not a verdict): the resident server "
-                "ended while the command ran; run it again, or with PERFGUARD_SERVER_IDLE_S=0\n"
+                f"perfguard: internal error (exit 70, not a verdict): the command was {how}\n"
             )
             return 70
-        reply = json.loads(data)
-        if "error" in reply:
-            sys.stderr.write(f"perfguard: internal error (exit 70): {reply['error']}\n")
-            return 70
-        if "pid" in reply:
-            pid.append(int(reply["pid"]))
-        elif "exited" in reply:
-            code = int(reply["returncode"])
-            return code if code >= 0 else 128 - code
+
+
+def servers(env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The resident servers of this user (`perfguard server status`): each manifest's
+    key, pid, root, idle_s, import_s and start time, with `answers` (whether it takes
+    connections), `served` (processes it forked) and `stale` (a changed file, or None)."""
+    directory = state_dir(env)
+    out = []
+    for manifest_path in sorted(directory.glob("server-*.json")):
+        manifest = read_manifest(str(manifest_path))
+        if manifest is None or not manifest.get("ready"):
+            continue
+        key = str(manifest.get("key", ""))
+        got = connect(str(manifest.get("socket", "")), key, timeout=2.0)
+        if got is not None:
+            got[0].close()
+        info = {k: manifest.get(k) for k in ("key", "pid", "root", "python", "idle_s", "import_s")}
+        info["started_at"] = manifest.get("started_at")
+        info["answers"] = got is not None
+        info["served"] = got[1].get("served") if got is not None else None
+        info["stale"] = stale(manifest)
+        out.append(info)
+    return out
+
+
+def stop_all(env: Mapping[str, str] | None = None) -> int:
+    """Ask every resident server of this user to leave (what it is running is killed);
+    how many were asked."""
+    asked = 0
+    for info in servers(env):
+        path = str(Paths(state_dir(env), str(info["key"])).socket)
+        got = connect(path, str(info["key"]), timeout=2.0)
+        if got is not None:
+            stop(got[0])
+            asked += 1
+    return asked
