@@ -21,6 +21,8 @@ prints a table and writes a JSON file with one row per check, each `passed`, `fa
 | 8   | the stage timer's cost per enter+exit on the device, with and without allocator peaks |
 | 9   | two ranks over NCCL, when two GPUs are visible |
 | 10  | the flash-attn varlen branch against the packed torch path (flash-attn from a wheel) |
+| 11  | work counters: the op stream's sync count against the device's |
+| 12  | resident server: three `perfguard run` commands (one `--isolate`) forked from one server that holds no device context |
 
 Every row is a composition of library calls (`perfguard.device.timer`,
 `perfguard.measurement.ab.run_ab`, `perfguard.measurement.workers.run_in_workers`,
@@ -945,6 +947,58 @@ def check_work_counters(env: Env) -> tuple[str, str, dict[str, Any]]:
 
 # ---- the run --------------------------------------------------------------------------------
 
+# ---- row 12: the resident server on the device ---------------------------------------------
+
+
+def check_resident(env: Env) -> tuple[str, str, dict[str, Any]]:
+    """Two `perfguard run` commands and one `--isolate` run through one resident server
+    of a private directory: each command is a fork that starts the device runtime
+    itself, the server never holds a context, and the later commands reuse it."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    env.require_cuda()
+    from perfguard.measurement import resident
+
+    directory = tempfile.mkdtemp(prefix="pgs", dir="/tmp")
+    run_env = {**os.environ, resident.ENV_DIR: directory, resident.ENV_IDLE: "120"}
+    run_env.pop(resident.ENV_SOCKET, None)
+    out = Path(directory, "r.json")
+    walls, codes, statuses = [], [], []
+    base = [sys.executable, "-m", "perfguard", "run", "--platform", env.platform.name]
+    case = ["--case", "qwen_image_t2i_smoke", "--repeats", "2", "--no-progress", "--out", str(out)]
+    try:
+        for extra in ([], [], ["--isolate"]):
+            t0 = time.perf_counter()
+            proc = subprocess.run([*base, *case, *extra], env=run_env, capture_output=True,
+                                  text=True, timeout=600)  # fmt: skip
+            walls.append(round(time.perf_counter() - t0, 2))
+            codes.append(proc.returncode)
+            data = json.loads(out.read_text()) if out.exists() else {}
+            statuses.append(data.get("cases", {}).get("qwen_image_t2i_smoke", {}).get("status"))
+        info = resident.servers(run_env)
+        pids = _compute_pids()
+    finally:
+        resident.stop_all(run_env)
+    server = info[0] if info else {}
+    holds = pids is not None and server.get("pid") in pids
+    ok = codes == [0, 0, 0] and statuses == ["ok"] * 3 and len(info) == 1 and not holds
+    return verdict(
+        ok and (server.get("served") or 0) >= 4,
+        f"3 commands through one server ({server.get('served')} forks), wall {walls} s; the "
+        "server holds no device context",
+        f"exit codes {codes}, statuses {statuses}, {len(info)} server(s), server holds a "
+        f"context: {holds}",
+        walls_s=walls,
+        exit_codes=codes,
+        statuses=statuses,
+        server=server,
+        server_holds_context=holds,
+    )
+
+
 CHECKS: list[tuple[str, str, Callable[[Env], tuple[str, str, dict[str, Any]]]]] = [
     ("0", "no device context in the parent", check_context),
     ("1", "timer: events vs host clock, syncs per stage", check_timer),
@@ -960,6 +1014,7 @@ CHECKS: list[tuple[str, str, Callable[[Env], tuple[str, str, dict[str, Any]]]]] 
     ("9", "two ranks over NCCL", check_nccl),
     ("10", "flash-attn varlen", check_flash_varlen),
     ("11", "work counters: op-stream syncs vs the device", check_work_counters),
+    ("12", "resident server: commands and workers forked on the device", check_resident),
 ]
 
 

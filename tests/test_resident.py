@@ -145,11 +145,15 @@ def test_an_edited_file_starts_a_new_server_and_the_stale_one_leaves(
     again.close()
     assert same["pid"] == hello["pid"]  # nothing changed: the same server
 
+    busy, _ = resident.ensure(server_env, ROOT, preload, 60)  # a command still running there
     (tmp_path / "mods" / "pg_marker.py").write_text("VALUE = 22\n")
     fresh, new = resident.ensure(server_env, ROOT, preload, 60)
     fresh.close()
     assert new["pid"] != hello["pid"]
-    assert _wait_gone(int(hello["pid"]))
+    time.sleep(0.5)
+    assert _alive(int(hello["pid"]))  # the stale server finishes what it runs
+    busy.close()
+    assert _wait_gone(int(hello["pid"]))  # and then leaves
     assert [s["pid"] for s in resident.servers(server_env)] == [new["pid"]]
 
 

@@ -35,6 +35,15 @@ the server answers `{"forked": ID, "pid"}` and, when a worker exits,
 says). Each worker starts a session of its own (its process group is killed as one)
 and dies with the server (`PR_SET_PDEATHSIG`); when the parent closes the socket or
 dies, the server kills its workers and exits.
+
+The resident server (`serve-resident ROOT CONFIG_JSON`, `perfguard.measurement.resident`)
+speaks the same protocol on a listening `SOCK_SEQPACKET` socket, to any number of
+clients at once, and outlives them: it greets each client with its ready message, a
+fork request may carry the `env` and `cwd` the child takes and a third descriptor for
+the worker's output, and a command request (`{"call": "module:function", "argv"}`)
+carries five: the caller's stdin, stdout and stderr, a status pipe and a lifeline
+(`_run_command`). What a client started is killed when it leaves; the server leaves
+when idle, when asked (`{"stop": true}`) or when a newer server takes its socket's name.
 """
 
 from __future__ import annotations

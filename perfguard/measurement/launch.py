@@ -3,7 +3,9 @@
 `perfguard.measurement.forkserver` is the code that runs in the new process (by path,
 with `python -c`, so that the working directory cannot shadow perfguard); this module
 starts it and keeps the handles: `spawn_worker` starts a fresh interpreter as before,
-`WarmServer` starts one server per worker environment and forks workers from it.
+`WarmServer` starts one server per worker environment and forks workers from it, and
+`ResidentChannel` forks them from the resident server a command runs in
+(`perfguard.measurement.resident`); both speak through a `ForkChannel`.
 
 Why a server of our own rather than `multiprocessing`'s forkserver: a worker is pinned by
 its environment (the visible-devices variable, cores, threads), which must be in place

@@ -197,7 +197,9 @@ def _fresh(paths: Paths) -> tuple[socket.socket, dict[str, Any]] | None:
         return None
     manifest = read_manifest(paths.manifest)
     if manifest is None or manifest.get("pid") != got[1].get("pid") or stale(manifest):
-        stop(got[0])  # edited code: never measure what is no longer on disk
+        # Edited code: never measure what is no longer on disk. The new server takes the
+        # socket's name, and the stale one leaves once the commands it runs are done.
+        got[0].close()
         return None
     return got
 

@@ -41,7 +41,9 @@ How a worker starts (`MeasureOptions.start_method`, `perfguard.measurement.launc
 `forkserver` (the default on Linux) forks it from a warm server of its slot that
 imported torch, transformers, diffusers and perfguard once (`WorkerStarter`; a dead
 server's cases are errors and the next case gets a new server), `spawn` starts a fresh
-interpreter. Either way it imports the perfguard this process runs, never a folder of
+interpreter. In a command forked by the resident server, a slot whose environment fits
+that server's key forks its workers from it (`resident_channel`), with no server of
+its own to start. Either way it imports the perfguard this process runs, never a folder of
 that name in the working directory, and one that cannot start says why in one line.
 
 Pipelines come from `perfguard.workloads.registry.build_pipeline` unless a factory is
