@@ -22,7 +22,7 @@ prints a table and writes a JSON file with one row per check, each `passed`, `fa
 | 9   | two ranks over NCCL, when two GPUs are visible |
 | 10  | the flash-attn varlen branch against the packed torch path (flash-attn from a wheel) |
 | 11  | work counters: the op stream's sync count against the device's |
-| 12  | resident server: three `perfguard run` commands (one `--isolate`) forked from one server that holds no device context |
+| 12  | resident server: 3 `perfguard run` (one `--isolate`), one server, no device context |
 
 Every row is a composition of library calls (`perfguard.device.timer`,
 `perfguard.measurement.ab.run_ab`, `perfguard.measurement.workers.run_in_workers`,

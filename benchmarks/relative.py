@@ -119,7 +119,12 @@ def blocks_of(row: dict[str, Any]) -> list[tuple[float, dict[str, dict[str, dict
     for cid, res in head.cases.items():
         scenario = base.scenarios[cid]
         for metric, values in res.samples.items():
-            per_block = [_median(g) for g in split_groups(values, res.groups)]
+            if len(values) == len(res.groups or ()):  # one figure a block (peak memory)
+                per_block = list(values)
+            elif len(values) == sum(res.groups or ()):
+                per_block = [_median(g) for g in split_groups(values, res.groups)]
+            else:
+                continue
             base_blocks = scenario.metrics[metric].processes or ()
             if len(per_block) != len(out) or len(base_blocks) != len(out):
                 continue
