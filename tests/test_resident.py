@@ -48,6 +48,18 @@ if __name__ == "__main__":
 """
 
 
+PROBE = """
+import json, os, sys
+
+def main(argv):
+    umask = os.umask(0)
+    with open(argv[0], "w") as fh:
+        json.dump({"affinity": sorted(os.sched_getaffinity(0)), "umask": umask,
+                   "cwd": os.getcwd(), "marker": os.environ.get("PG_MARKER")}, fh)
+    sys.exit(5)
+"""
+
+
 @pytest.fixture
 def server_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """A private server directory (short: a socket's path has ~100 characters at most),
@@ -57,6 +69,7 @@ def server_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict
     mods.mkdir()
     (mods / "pg_sleeper.py").write_text(SLEEPER)
     (mods / "pg_marker.py").write_text("VALUE = 1\n")
+    (mods / "pg_probe.py").write_text(PROBE)
     monkeypatch.setenv(resident.ENV_DIR, directory)
     monkeypatch.setenv(resident.ENV_IDLE, "60")
     monkeypatch.setenv("PYTHONPATH", f"{mods}{os.pathsep}{ROOT}")
@@ -176,9 +189,9 @@ def test_a_killed_caller_takes_what_it_started_with_it(
         import os, time
         from perfguard.measurement import resident
         from perfguard.measurement.launch import ResidentChannel, import_root
-        sock, _ = resident.ensure(os.environ, import_root(), ["pg_marker"], 60)
+        sock, hello = resident.ensure(os.environ, import_root(), ["pg_marker"], 60)
         path = resident.Paths(resident.state_dir(), resident.server_key(os.environ, import_root()))
-        channel = ResidentChannel(path.socket, "worker", dict(os.environ), None)
+        channel = ResidentChannel(path.socket, "worker", dict(os.environ), None, hello["pid"])
         channel.fork("pg_sleeper", [{str(pidfile)!r}])
         time.sleep(120)
         """,
@@ -291,3 +304,47 @@ def test_the_real_commands_and_their_workers_fork_from_one_server(
     assert json.loads(results.read_text())["cases"]["glm_image_t2i_smoke"]["repeats"] == 2
     (again,) = resident.servers(env)
     assert again["pid"] == info["pid"] and again["served"] == 4
+
+
+def test_a_command_takes_the_callers_affinity_umask_cwd_and_environment(
+    server_env: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "probe.json"
+    client = _client(
+        f"""
+        import os, sys
+        from perfguard.measurement import resident
+        os.sched_setaffinity(0, {{sorted(os.sched_getaffinity(0))[-1]}})
+        os.umask(0o027)
+        os.environ["PG_MARKER"] = "from-the-caller"
+        sys.exit(resident.serve([{str(out)!r}], ["pg_marker"], call="pg_probe:main"))
+        """,
+        server_env,
+        cwd=tmp_path,
+    )
+    _, err = client.communicate(timeout=120)
+    assert client.returncode == 5, err
+    seen = json.loads(out.read_text())
+    assert seen["affinity"] == [sorted(os.sched_getaffinity(0))[-1]]
+    assert seen["umask"] == 0o027 and seen["cwd"] == str(tmp_path)
+    assert seen["marker"] == "from-the-caller"
+
+
+def test_a_garbled_request_is_refused_to_its_client_only(server_env: dict[str, str]) -> None:
+    sock, hello = resident.ensure(server_env, ROOT, ["pg_marker"], 60)
+    sock.send(b"{not json")
+    assert "error" in json.loads(sock.recv(1 << 16))
+    sock.close()
+    again, same = resident.ensure(server_env, ROOT, ["pg_marker"], 60)
+    assert same["pid"] == hello["pid"]  # the server lived through it
+    again.close()
+
+    # A command's workers fork only from the server the command came from.
+    from perfguard.measurement.launch import ResidentChannel
+
+    path = resident.Paths(resident.state_dir(), resident.server_key(server_env, ROOT)).socket
+    with pytest.raises(OSError, match="not this command's resident server"):
+        ResidentChannel(path, "worker", server_env, None, int(hello["pid"]) + 1)
+    channel = ResidentChannel(path, "worker", server_env, None, int(hello["pid"]))
+    assert channel.start(5) is None
+    channel.close()

@@ -67,6 +67,8 @@ import traceback
 from typing import Any
 
 MAX_PACKET = 1 << 16
+RESIDENT_PACKET = 1 << 22
+"""The longest request the resident server takes (a command's carries its environment)."""
 
 
 def _die_with_parent() -> None:
@@ -167,6 +169,7 @@ def _child(closing: list[socket.socket], msg: dict[str, Any], fds: list[int]) ->
             os.environ.update({str(k): str(v) for k, v in msg["env"].items()})
         if msg.get("cwd"):
             os.chdir(str(msg["cwd"]))
+        _take_process_state(msg.get("process") or {})
         # What a fresh interpreter would draw, not the server's state (numpy seeds its
         # global generator from the OS at import; torch's default seed is fixed anyway).
         random.seed()
@@ -181,6 +184,19 @@ def _child(closing: list[socket.socket], msg: dict[str, Any], fds: list[int]) ->
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _take_process_state(state: dict[str, Any]) -> None:
+    """The caller's CPU affinity (`taskset`), niceness and umask, as a process it started
+    would have inherited them."""
+    if state.get("affinity") and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, [int(c) for c in state["affinity"]])
+    if "nice" in state:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, int(state["nice"]))
+    if "umask" in state:
+        os.umask(int(state["umask"]))
 
 
 def _run_worker(msg: dict[str, Any], fds: list[int]) -> int:
@@ -211,6 +227,8 @@ def _run_command(msg: dict[str, Any], fds: list[int]) -> int:
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
         os.close(fd)
+    for fd in (status_fd, lifeline):  # not for what the command starts
+        os.set_inheritable(fd, False)
     threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     encoding = os.environ.get("PYTHONIOENCODING", "").partition(":")[0] or "utf-8"
     sys.stdin = open(0, encoding=encoding, closefd=False)  # noqa: SIM115
@@ -234,6 +252,7 @@ def _run_command(msg: dict[str, Any], fds: list[int]) -> int:
         atexit._run_exitfuncs()  # what an interpreter's exit would run (os._exit skips it)
         with contextlib.suppress(OSError):
             os.write(status_fd, f"{code}\n".encode())
+            os.close(status_fd)
     return code
 
 
@@ -358,6 +377,14 @@ def _module_files() -> list[list[Any]]:
         with contextlib.suppress(OSError):
             st = os.stat(path)
             out.append([path, st.st_mtime_ns, st.st_size])
+    # The import path's directories too: a package installed or removed there (one that
+    # was optional at import, say) changes the directory's mtime.
+    for entry in sys.path:
+        if entry and entry not in seen and os.path.isdir(entry):
+            seen.add(entry)
+            with contextlib.suppress(OSError):
+                st = os.stat(entry)
+                out.append([entry, st.st_mtime_ns, st.st_size])
     return out
 
 
@@ -422,29 +449,36 @@ class _Resident:
             client.close()
 
     def handle(self, client: socket.socket) -> bool:
-        """One packet from `client`; False when a client asked the server to stop."""
+        """One packet from `client`; False when a client asked the server to stop. A
+        packet that cannot be served (garbled, too long, a fork that fails) is refused
+        to that client only: the server and everyone else's commands go on."""
         try:
-            data, fds, _, _ = socket.recv_fds(client, MAX_PACKET, 5)
+            data, fds, flags, _ = socket.recv_fds(client, RESIDENT_PACKET, 5)
         except OSError:
-            data, fds = b"", []
+            data, fds, flags = b"", [], 0
         if not data:
             self.drop(client)
             return True
-        msg = json.loads(data)
-        if msg.get("stop"):
-            for fd in fds:
-                os.close(fd)
-            return False
-        if len(fds) != (5 if "call" in msg else 2) and not (len(fds) == 3 and "call" not in msg):
-            for fd in fds:
-                os.close(fd)
-            _send(client, {"forked": msg.get("fork"), "error": "wrong number of descriptors"})
+        pid = -1
+        try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise ValueError(f"a request over {RESIDENT_PACKET} bytes")
+            msg = json.loads(data)
+            if msg.get("stop"):
+                return False
+            if len(fds) not in ((5,) if "call" in msg else (2, 3)):
+                raise ValueError("wrong number of descriptors")
+            pid = os.fork()
+        except (ValueError, OSError) as exc:
+            _send(client, {"forked": None, "error": f"{type(exc).__name__}: {exc}"[:400]})
             return True
-        pid = os.fork()
+        finally:
+            if pid != 0:  # the child keeps its descriptors; here they are the client's
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
         if pid == 0:
             _child([self.listener, *self.clients], msg, fds)
-        for fd in fds:
-            os.close(fd)
         self.owner[pid] = client
         self.served += 1
         _send(client, {"forked": msg.get("fork"), "pid": pid})

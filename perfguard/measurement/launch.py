@@ -349,15 +349,25 @@ class ResidentChannel(ForkChannel):
     """Workers forked by the resident server this command runs in
     (`perfguard.measurement.resident`), in `env` and `cwd`, their output on our stderr."""
 
-    def __init__(self, path: str, label: str, env: Mapping[str, str], cwd: str | None) -> None:
+    def __init__(
+        self, path: str, label: str, env: Mapping[str, str], cwd: str | None, pid: int | None
+    ) -> None:
+        """Connect to the server at `path`; `OSError` unless it is the one of `pid` (a
+        newer server that took the name since imports newer code than this command)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            sock.settimeout(10.0)
             sock.connect(path)
-        except OSError:
+            hello = json.loads(sock.recv(1 << 16) or b"{}")
+            sock.settimeout(None)
+            if not hello.get("ready") or (pid is not None and hello.get("pid") != pid):
+                raise OSError(f"{path} is another resident server now")
+        except (OSError, ValueError):
             sock.close()
-            raise
+            raise OSError(f"{path}: not this command's resident server") from None
         self.env, self.cwd = dict(env), cwd or os.getcwd()
         super().__init__(sock, f"{label} (resident server)")
+        self.ready = hello
 
     def _request(self) -> tuple[dict[str, Any], list[int]]:
         fd = log_fd()

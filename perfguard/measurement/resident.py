@@ -5,8 +5,8 @@ most of a smoke gate importing torch, transformers and diffusers (~6 s on the 2-
 runner) before it measures for ~2 s. The console script (`perfguard.cli.main`) asks a
 resident server instead: a process of the same interpreter and environment that has
 imported those modules once and forks each command line, with the caller's stdin,
-stdout, stderr, environment and working directory; the command's workers (baseline
-processes, confirmations) are forked from it too. The first command starts the server
+stdout, stderr, environment, working directory, CPU affinity, niceness and umask; the
+command's workers (baseline processes, confirmations) are forked from it too. The first command starts the server
 (and pays the imports once); later ones start in milliseconds. The server ends after
 `$PERFGUARD_SERVER_IDLE_S` seconds without a client (default 600; `0` turns it off:
 every command imports its own modules, as before), or on `perfguard server stop`.
@@ -53,8 +53,9 @@ from typing import Any
 ENV_IDLE = "PERFGUARD_SERVER_IDLE_S"
 ENV_DIR = "PERFGUARD_SERVER_DIR"
 ENV_SOCKET = "PERFGUARD_SERVER"
-"""Set in a command the resident server forked: the socket its workers fork from (and
-a sign that the console script must not ask a server again)."""
+"""Set in a command the resident server forked, `SOCKET#PID`: the server its workers
+fork from (that one only: a newer server under the same name imports newer code), and a
+sign that the console script must not ask a server again."""
 
 DEFAULT_IDLE_S = 600.0
 START_TIMEOUT_S = 300.0
@@ -300,54 +301,80 @@ def serve(argv: Sequence[str], preload: Sequence[str], call: str = "perfguard.cl
     when no server can be had."""
     from perfguard.measurement.launch import import_root
 
+    _reserve_stdio()
     env, root = os.environ, import_root()
-    sock, _ = ensure(env, root, preload, idle_seconds(env))
-    return _forward(sock, argv, Paths(state_dir(env), server_key(env, root)).socket, call)
+    sock, hello = ensure(env, root, preload, idle_seconds(env))
+    path = Paths(state_dir(env), server_key(env, root)).socket
+    return _forward(sock, argv, path, call, int(hello["pid"]))
 
 
-def _stdio() -> list[int]:
-    """Our stdin, stdout and stderr to hand over (/dev/null for one that is closed)."""
-    out = []
+def _reserve_stdio() -> None:
+    """Put /dev/null on a closed stdin, stdout or stderr before any socket or pipe is
+    opened, so that none of those takes descriptor 0, 1 or 2 and is handed over as the
+    command's stdio."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
-            out.append(fd)
         except OSError:
-            out.append(os.open(os.devnull, os.O_RDWR))
-    return out
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
-def _forward(sock: socket.socket, argv: Sequence[str], path: str, call: str) -> int:
+def _process_state() -> dict[str, Any]:
+    """What a process started here would inherit besides the environment (`taskset`,
+    `nice`, the umask): the fork takes it on (`forkserver._take_process_state`)."""
+    state: dict[str, Any] = {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
+    if hasattr(os, "sched_getaffinity"):
+        state["affinity"] = sorted(os.sched_getaffinity(0))
+    umask = os.umask(0)
+    os.umask(umask)
+    state["umask"] = umask
+    return state
+
+
+def _forward(sock: socket.socket, argv: Sequence[str], path: str, call: str, hello_pid: int) -> int:
     """Hand the command line to the server, pass signals on, return its exit status.
 
     The status comes back on a pipe of its own, so that it arrives even when the server
     dies meanwhile; our end of the lifeline pipe, held until we exit, is what keeps the
     command alive (`forkserver._run_command`).
     """
-    msg = {
-        "fork": 1, "call": call, "argv": list(argv), "prog": "perfguard",
-        "env": {**os.environ, ENV_SOCKET: path}, "cwd": os.getcwd(),
-    }  # fmt: skip
+    try:
+        msg = {
+            "fork": 1, "call": call, "argv": list(argv), "prog": "perfguard",
+            "env": {**os.environ, ENV_SOCKET: f"{path}#{hello_pid}"}, "cwd": os.getcwd(),
+            "process": _process_state(),
+        }  # fmt: skip
+    except OSError as exc:  # a working directory that is gone, say
+        raise Unavailable(f"cannot describe this process: {exc}") from None
     status_r, status_w = os.pipe()
     life_r, _life_w = os.pipe()  # our end stays open until we exit
     try:
-        socket.send_fds(sock, [json.dumps(msg).encode()], [*_stdio(), status_w, life_r])
+        socket.send_fds(sock, [json.dumps(msg).encode()], [0, 1, 2, status_w, life_r])
+    except OSError as exc:  # nothing started: this command may still run here
+        os.close(status_r)
+        raise Unavailable(f"the server did not take the command: {exc}") from None
     finally:
         os.close(status_w)
         os.close(life_r)
     pid: list[int] = []
+    pending: list[int] = []  # signals that came before the command's pid
 
     def forward(signum: int, _frame: Any) -> None:
+        if not pid:
+            pending.append(signum)
         for p in pid:
             with contextlib.suppress(OSError):
                 os.kill(p, signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
-    return _wait_status(sock, status_r, pid)
+    return _wait_status(sock, status_r, pid, pending)
 
 
-def _wait_status(sock: socket.socket, status_fd: int, pid: list[int]) -> int:
+def _wait_status(sock: socket.socket, status_fd: int, pid: list[int], pending: list[int]) -> int:
     """The command's exit status from its status pipe; how it died when the pipe ends
     without one (from the server's word, when the server is still there)."""
     status, exited = b"", None
@@ -368,11 +395,16 @@ def _wait_status(sock: socket.socket, status_fd: int, pid: list[int]) -> int:
                     return 70
                 if "pid" in reply:
                     pid.append(int(reply["pid"]))
+                    for signum in pending:
+                        with contextlib.suppress(OSError):
+                            os.kill(pid[0], signum)
                 if "exited" in reply:
                     exited = int(reply["returncode"])
         if status_fd in ready:
             chunk = os.read(status_fd, 64)
             status += chunk
+            if b"\n" in status:  # the whole status: whatever else holds the pipe open
+                return int(status.split(b"\n", 1)[0])
             if chunk:
                 continue
             if status.strip():

@@ -363,11 +363,11 @@ def resident_channel(
     slot's own is started)."""
     from perfguard.measurement import resident
 
-    path = os.environ.get(resident.ENV_SOCKET)
+    path, _, pid = os.environ.get(resident.ENV_SOCKET, "").partition("#")
     if not path or resident.server_key(env, root) != resident.server_key(os.environ, import_root()):
         return None
     try:
-        return ResidentChannel(path, label, env, cwd)
+        return ResidentChannel(path, label, env, cwd, int(pid) if pid.isdigit() else None)
     except OSError:
         return None
 
