@@ -6,8 +6,9 @@ runner) before it measures for ~2 s. The console script (`perfguard.cli.main`) a
 resident server instead: a process of the same interpreter and environment that has
 imported those modules once and forks each command line, with the caller's stdin,
 stdout, stderr, environment, working directory, CPU affinity, niceness and umask; the
-command's workers (baseline processes, confirmations) are forked from it too. The first command starts the server
-(and pays the imports once); later ones start in milliseconds. The server ends after
+command's workers (baseline processes, confirmations) are forked from it too. The
+first command starts the server (and pays the imports once); later ones start in
+milliseconds. The server ends after
 `$PERFGUARD_SERVER_IDLE_S` seconds without a client (default 600; `0` turns it off:
 every command imports its own modules, as before), or on `perfguard server stop`.
 
