@@ -24,10 +24,7 @@ both alike; the figures are medians over the rounds, with the exit codes seen.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -47,10 +44,10 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int]:
 
 
 def stop_servers(directory: Path) -> None:
-    """End the resident servers a round started (their manifests name their pids)."""
-    for manifest in directory.glob("server-*.json"):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            os.kill(int(json.loads(manifest.read_text())["pid"]), signal.SIGTERM)
+    """End the resident servers a round started (`perfguard server stop` of its directory)."""
+    from perfguard.measurement.resident import ENV_DIR, stop_all
+
+    stop_all({ENV_DIR: str(directory)})
 
 
 def main() -> None:

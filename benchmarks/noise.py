@@ -29,7 +29,6 @@ This is the process a `check` measures in. (The thread-count mode runs cold comm
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -110,8 +109,6 @@ def start_method_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, f
 
 def command_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, float, float]]]:
     """Per-process figures of whole `perfguard run` commands, cold and resident."""
-    import signal
-
     rows: dict[str, list[tuple[float, float, float]]] = {m: [] for m in args.commands}
     with tempfile.TemporaryDirectory(prefix="pgn", dir="/tmp") as tmp:
         os.environ["PERFGUARD_SERVER_DIR"] = tmp
@@ -124,9 +121,9 @@ def command_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, float,
                     rows[m].append(summarize_process(res["samples"][args.metric], res["reference"]))
                 print(f"process {i + 1}/{args.processes}", file=sys.stderr, flush=True)
         finally:
-            for manifest in Path(tmp).glob("server-*.json"):
-                with contextlib.suppress(OSError, ValueError, KeyError):
-                    os.kill(int(json.loads(manifest.read_text())["pid"]), signal.SIGTERM)
+            from perfguard.measurement.resident import ENV_DIR, stop_all
+
+            stop_all({ENV_DIR: tmp})
     return rows
 
 

@@ -117,6 +117,15 @@ def _client(code: str, env: dict[str, str], **kw: object) -> subprocess.Popen[st
     )  # fmt: skip
 
 
+def _serving(
+    env: dict[str, str], argv: list[str], call: str, setup: str = "", **kw: object
+) -> subprocess.Popen[str]:
+    """A caller that runs `call(argv)` through `resident.serve`, after the `setup` line(s)."""
+    code = "import os, sys\nfrom perfguard.measurement import resident\n" + textwrap.dedent(setup)
+    code += f"\nsys.exit(resident.serve({argv!r}, ['pg_marker'], call={call!r}))\n"
+    return _client(code, env, **kw)
+
+
 def _server_pid(env: dict[str, str]) -> int:
     (info,) = resident.servers(env)
     return int(info["pid"])
@@ -209,15 +218,7 @@ def test_a_command_outlives_a_dead_server_and_its_status_still_arrives(
     server_env: dict[str, str], tmp_path: Path
 ) -> None:
     pidfile, go = tmp_path / "command.pid", tmp_path / "go"
-    client = _client(
-        f"""
-        import sys
-        from perfguard.measurement import resident
-        argv = [{str(pidfile)!r}, {str(go)!r}]
-        sys.exit(resident.serve(argv, ["pg_marker"], call="pg_sleeper:main"))
-        """,
-        server_env,
-    )
+    client = _serving(server_env, [str(pidfile), str(go)], "pg_sleeper:main")
     command = int(_wait_file(pidfile))
     server = _server_pid(server_env)
     os.kill(server, signal.SIGKILL)
@@ -232,14 +233,7 @@ def test_a_command_outlives_a_dead_server_and_its_status_still_arrives(
 
 def test_a_killed_caller_kills_its_command(server_env: dict[str, str], tmp_path: Path) -> None:
     pidfile = tmp_path / "command.pid"
-    client = _client(
-        f"""
-        import sys
-        from perfguard.measurement import resident
-        sys.exit(resident.serve([{str(pidfile)!r}], ["pg_marker"], call="pg_sleeper:main"))
-        """,
-        server_env,
-    )
+    client = _serving(server_env, [str(pidfile)], "pg_sleeper:main")
     command = int(_wait_file(pidfile))
     client.kill()
     client.wait(timeout=30)
@@ -310,18 +304,12 @@ def test_a_command_takes_the_callers_affinity_umask_cwd_and_environment(
     server_env: dict[str, str], tmp_path: Path
 ) -> None:
     out = tmp_path / "probe.json"
-    client = _client(
-        f"""
-        import os, sys
-        from perfguard.measurement import resident
-        os.sched_setaffinity(0, {{sorted(os.sched_getaffinity(0))[-1]}})
+    setup = """
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
         os.umask(0o027)
         os.environ["PG_MARKER"] = "from-the-caller"
-        sys.exit(resident.serve([{str(out)!r}], ["pg_marker"], call="pg_probe:main"))
-        """,
-        server_env,
-        cwd=tmp_path,
-    )
+    """
+    client = _serving(server_env, [str(out)], "pg_probe:main", setup, cwd=tmp_path)
     _, err = client.communicate(timeout=120)
     assert client.returncode == 5, err
     seen = json.loads(out.read_text())

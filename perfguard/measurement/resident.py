@@ -252,7 +252,12 @@ def ensure(
     env: Mapping[str, str], root: str, preload: Sequence[str], idle_s: float
 ) -> tuple[socket.socket, dict[str, Any]]:
     """A connection to a fresh server for `env` and `root`, started if none runs."""
-    paths = Paths(state_dir(env), server_key(env, root))
+    return _ensure(Paths(state_dir(env), server_key(env, root)), root, preload, idle_s)
+
+
+def _ensure(
+    paths: Paths, root: str, preload: Sequence[str], idle_s: float
+) -> tuple[socket.socket, dict[str, Any]]:
     got = _fresh(paths)
     if got is not None:
         return got
@@ -304,9 +309,9 @@ def serve(argv: Sequence[str], preload: Sequence[str], call: str = "perfguard.cl
 
     _reserve_stdio()
     env, root = os.environ, import_root()
-    sock, hello = ensure(env, root, preload, idle_seconds(env))
-    path = Paths(state_dir(env), server_key(env, root)).socket
-    return _forward(sock, argv, path, call, int(hello["pid"]))
+    paths = Paths(state_dir(env), server_key(env, root))
+    sock, hello = _ensure(paths, root, preload, idle_seconds(env))
+    return _forward(sock, argv, paths.socket, call, int(hello["pid"]))
 
 
 def _reserve_stdio() -> None:
@@ -425,18 +430,19 @@ def _wait_status(sock: socket.socket, status_fd: int, pid: list[int], pending: l
             return 70
 
 
+def _manifests(env: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    """The manifests of this user's servers that started (a failed start leaves one too)."""
+    found = (read_manifest(str(m)) for m in sorted(state_dir(env).glob("server-*.json")))
+    return [m for m in found if m is not None and m.get("ready")]
+
+
 def servers(env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The resident servers of this user (`perfguard server status`): each manifest's
     key, pid, root, idle_s, import_s and start time, with `answers` (whether it takes
     connections), `served` (processes it forked) and `stale` (a changed file, or None)."""
-    directory = state_dir(env)
     out = []
-    for manifest_path in sorted(directory.glob("server-*.json")):
-        manifest = read_manifest(str(manifest_path))
-        if manifest is None or not manifest.get("ready"):
-            continue
-        key = str(manifest.get("key", ""))
-        got = connect(str(manifest.get("socket", "")), key, timeout=2.0)
+    for manifest in _manifests(env):
+        got = connect(str(manifest.get("socket", "")), str(manifest.get("key", "")), timeout=2.0)
         if got is not None:
             got[0].close()
         info = {k: manifest.get(k) for k in ("key", "pid", "root", "python", "idle_s", "import_s")}
@@ -452,9 +458,8 @@ def stop_all(env: Mapping[str, str] | None = None) -> int:
     """Ask every resident server of this user to leave (what it is running is killed);
     how many were asked."""
     asked = 0
-    for info in servers(env):
-        path = str(Paths(state_dir(env), str(info["key"])).socket)
-        got = connect(path, str(info["key"]), timeout=2.0)
+    for manifest in _manifests(env):
+        got = connect(str(manifest.get("socket", "")), str(manifest.get("key", "")), timeout=2.0)
         if got is not None:
             stop(got[0])
             asked += 1
