@@ -190,6 +190,7 @@ def gen_baselines(
     baseline: str | None = None,
     tighten: bool = False,
     prune: bool = False,
+    timing: str | None = None,
     platform: Platform | str | None = None,
     echo: Echo = _stderr,
     say: Echo = print,
@@ -202,7 +203,8 @@ def gen_baselines(
     lock, so an interrupt loses at most the case in flight. Refuses fault injection
     (a baseline must never contain injected time) and refuses to touch a baseline it
     cannot read, before measuring anything. `say` is told each case's outcome as soon as
-    it is saved (or why it was not).
+    it is saved (or why it was not). `timing` (`raw` or `normalized`; None: the
+    platform's default) is how the timed runs are stored (`perfguard.decision.normalize`).
     """
     from perfguard.device.inject import ENV_INJECT, inject_from
 
@@ -240,7 +242,9 @@ def gen_baselines(
             scr = dataclasses.replace(scr, dropped=0)
         else:
             result = quiet
-        store.record_case(path, result, environment, tighten=tighten, dropped_runs=scr.dropped)
+        store.record_case(
+            path, result, environment, tighten=tighten, dropped_runs=scr.dropped, timing=timing
+        )
         update.saved.append(result.case_id)
         e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
         where = f", {len(result.groups)} processes" if result.groups else ""

@@ -17,6 +17,7 @@ from perfguard.cli.common import (
     platform_option,
     selection_options,
 )
+from perfguard.decision.normalize import TIMINGS
 from perfguard.errors import EXIT_CASE_FAILED, EXIT_CODES_HELP, EXIT_OK, PerfguardError
 from perfguard.measurement.options import MeasureOptions
 from perfguard.presentation.tables import results_table
@@ -61,6 +62,15 @@ def run_command(
     help="Only lower a figure, and only on a credible improvement (99 %), to the new median.",
 )
 @click.option("--prune", is_flag=True, help="Drop scenarios whose case no longer exists.")
+@click.option(
+    "--timing",
+    type=click.Choice(TIMINGS),
+    default=None,
+    help="Store each timed run as measured (raw) or scaled by the reference workload "
+    "timed beside it to the runner speed of its median (normalized: the shared runner's "
+    "slow and fast spells divide out; docs/verdicts.md). Checks follow the baseline. "
+    "[default: normalized on cpu, raw on devices]",
+)
 @click.option("--inject", default=None, hidden=True)
 def gen_baselines(
     platform_name: str | None,
@@ -69,6 +79,7 @@ def gen_baselines(
     options: MeasureOptions,
     tighten: bool,
     prune: bool,
+    timing: str | None,
     inject: str | None,
 ) -> int:
     """Measure the selected cases and store them in the baseline file.
@@ -92,6 +103,7 @@ def gen_baselines(
         baseline=baseline_path,
         tighten=tighten,
         prune=prune,
+        timing=timing,
         platform=platform_name,
         echo=echo_err,
         say=lambda line: out.print(escape(line)),

@@ -53,6 +53,7 @@ from perfguard.decision import counters
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
 from perfguard.decision.estimate import PairedEstimate
+from perfguard.decision.normalize import NORMALIZED, normalized
 from perfguard.decision.stats import (
     Noise,
     Summary,
@@ -514,6 +515,12 @@ def judge_case(
     common["output"] = None if output is None else output.to_json()
     ref = scenario.reference.median if scenario.reference is not None else None
     result, scr = screen(result, ref, policy)
+    runner = scr.to_json()
+    speed = scr.speed
+    scaled = normalized(result, ref) if scenario.normalized and ref else None
+    if scaled is not None:
+        # The runner's speed is divided out run by run: nothing is left for it to excuse.
+        result, speed, runner["timing"] = scaled, None, NORMALIZED
     base = scenario.metrics
     steps = gated_steps(scenario.step_count, step_fractions)
     out = [
@@ -525,13 +532,13 @@ def judge_case(
             improvement_threshold=improvement_threshold,
             rule=rule,
             groups=result.groups,
-            speed=scr.speed,
+            speed=speed,
         )
         for metric in _metrics_to_judge(result.samples, base, steps, set(ignore_missing))
     ]
     out.extend(MetricVerdict(**vars(c)) for c in work.metrics)
     kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
-    verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=scr.to_json(), **common)
+    verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=runner, **common)
     return contended(verdict, scr.reason) if scr.contended else verdict
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from perfguard.decision.normalize import normalized
 from perfguard.device import reference
 from perfguard.device.threads import case_threads
 from perfguard.errors import PerfguardError
@@ -45,6 +46,13 @@ def check_comparable(results: Any, baseline: Baseline, source: str) -> None:
                 f"{source}: case {cid!r}: the baseline's reference workload is version "
                 f"{scenario.reference_version}, this perfguard's is {reference.version()}: "
                 "regenerate the baseline"
+            )
+        if scenario.normalized and normalized(res, scenario.reference.median) is None:
+            raise PerfguardError(
+                f"{source}: case {cid!r}: the baseline's timings are normalized by the "
+                "reference workload beside each run (timing: normalized), and these "
+                "results have no reference time for every run to normalize by: measure "
+                "with `perfguard run`/`check`, or make the baseline with --timing raw"
             )
 
 

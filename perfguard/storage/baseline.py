@@ -42,6 +42,14 @@ import filelock
 from perfguard import __version__
 from perfguard.decision.changes import credibly_lower
 from perfguard.decision.counters import OutputSketch, WorkCounts
+from perfguard.decision.normalize import (
+    NORMALIZED,
+    is_timed,
+    level_of,
+    normalized,
+    rescaled,
+    timing_of,
+)
 from perfguard.decision.stats import (
     Summary,
     summarize,
@@ -100,6 +108,13 @@ class Scenario:
     """The work counters of the counted runs (`perfguard.decision.counters`)."""
     output_sketch: Mapping[str, Any] | None = None
     """A compact reference of the output, for the output-equivalence check."""
+    timing: str | None = None
+    """`normalized`: the timed metrics are at the runner speed of `reference.median`
+    (`perfguard.decision.normalize`); None (absent): raw times."""
+
+    @property
+    def normalized(self) -> bool:
+        return self.timing == NORMALIZED and self.reference is not None
 
     @property
     def step_count(self) -> int:
@@ -139,6 +154,7 @@ class Scenario:
             "reference": None if self.reference is None else self.reference.to_json(DIGITS),
             "reference_version": self.reference_version,
             "dropped_runs": self.dropped_runs,
+            "timing": self.timing,
             "source": self.source,
             "components": None
             if self.components is None
@@ -188,6 +204,7 @@ class Scenario:
             else Summary.from_json(data["reference"]),
             reference_version=data.get("reference_version"),
             dropped_runs=data.get("dropped_runs"),
+            timing=data.get("timing"),
             source=data.get("source"),
             components=data.get("components"),
             work=None if data.get("work") is None else WorkCounts.from_json(data["work"]),
@@ -347,6 +364,8 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
             for stage in scen.get(key, {}):
                 if not is_metric_name(f"stage:{stage}"):
                     yield ["scenarios", cid, key, stage], "not a valid stage name"
+        if scen.get("timing") == NORMALIZED and not (scen.get("reference") or {}).get("median"):
+            yield ["scenarios", cid, "timing"], "normalized timings need the reference's median"
         if scen.get("work") is not None:
             yield from _work_errors(["scenarios", cid, "work"], scen["work"])
         if scen.get("output_sketch") is not None:
@@ -484,15 +503,24 @@ def scenario_from_result(
     *,
     reference_version: str | None = None,
     dropped_runs: int | None = None,
+    timing: str | None = None,
 ) -> Scenario:
     """The scenario a successful run gives: each metric summarized, samples kept.
 
     The thread counts and the reference workload's figure travel with the metrics:
     a later check compares like with like (`check_comparable`) and sees whether the
-    runner is as fast as it was (`perfguard.decision.gate`).
+    runner is as fast as it was (`perfguard.decision.gate`). With `timing` normalized
+    the timed metrics are stored at the runner speed of the reference median
+    (`perfguard.decision.normalize`); a result whose runs have no reference times to
+    scale by (a virtual clock, an imported log) is stored raw, and says so.
     """
     if result.status != "ok" or not result.samples:
         raise ValueError(f"{result.case_id}: only a successful run makes a baseline")
+    if timing == NORMALIZED:
+        level = level_of(result)
+        scaled = None if level is None else normalized(result, level)
+        timing = None if scaled is None else NORMALIZED
+        result = scaled or result
     metrics: dict[str, Summary] = {}
     for name in sorted(result.samples, key=metric_sort_key):
         values = result.samples[name]
@@ -519,6 +547,7 @@ def scenario_from_result(
         components=result.components,
         work=WorkCounts.from_runs(result.work or []),
         output_sketch=dict(result.output_sketch) if result.output_sketch else None,
+        timing=timing,
     )
 
 
@@ -539,7 +568,7 @@ def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -
     metrics = dict(new.metrics)
     load_ms = new.load_ms
     if tighten:
-        for name, before in old.metrics.items():
+        for name, before in _in_units_of(old, new).metrics.items():
             after = metrics.get(name)
             if after is None or not credibly_lower(before, after):
                 metrics[name] = before
@@ -552,6 +581,20 @@ def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -
         notes=old.notes,
         tolerance_overrides=old.tolerance_overrides,
         extra=old.extra,
+    )
+
+
+def _in_units_of(old: Scenario, new: Scenario) -> Scenario:
+    """`old` with its timed metrics in `new`'s units: normalized figures are at the
+    runner speed of their own scenario's reference median, so two of them compare only
+    at one speed. Raw figures, and an old scenario of another timing, are unchanged
+    (then `tighten` compares what it can, as before normalization existed)."""
+    if not (old.normalized and new.normalized) or not old.reference.median:
+        return old
+    factor = new.reference.median / old.reference.median
+    return dataclasses.replace(
+        old,
+        metrics={m: rescaled(s, factor) if is_timed(m) else s for m, s in old.metrics.items()},
     )
 
 
@@ -584,11 +627,13 @@ def record_case(
     tighten: bool = False,
     keep_samples: bool = True,
     dropped_runs: int | None = None,
+    timing: str | None = None,
 ) -> Baseline:
     """Store one case's fresh measurement in the baseline at `path` (locked, atomic).
 
     The reference workload's version comes from `environment` (the fingerprint records
-    it as `reference_workload`): a later check compares like with like.
+    it as `reference_workload`): a later check compares like with like. `timing` None is
+    the platform's default (`perfguard.decision.normalize.default_timing`).
     """
     version = environment.get("reference_workload")
     scenario = scenario_from_result(
@@ -596,6 +641,7 @@ def record_case(
         keep_samples,
         reference_version=str(version) if version else None,
         dropped_runs=dropped_runs,
+        timing=timing_of(environment, timing),
     )
     with lock(path):
         current = open_for_update(path, environment)

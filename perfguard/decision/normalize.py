@@ -1,0 +1,123 @@
+"""Timings at the baseline's runner speed: each run divided by the reference beside it.
+
+A shared CPU runner changes speed in spells of a few seconds to a minute (other tenants
+of the host, its memory bandwidth and caches): on the project's 2-core runner the
+median of the qwen smoke case's `DenoisingStage` moved by 15-20 % (sd of log medians)
+between fresh processes of one quiet hour, its runs by up to 1.8x inside one process,
+and the reference workload (`perfguard.device.reference`), timed right before and after
+every run, moved with them. Both see the same machine at the same moment, so each run
+divided by the reference time beside it keeps what the code did and drops most of
+what the machine did: the between-process sd of that normalized median was 3-5 %
+against 11-15 % raw (9 % against 20 % for the qwen smoke `DenoisingStage`), and the
+reference's elasticity was 0.87-1.17 per metric (the slope of log metric on log
+reference over every run; 1 means the runner's speed divides out exactly). The figures
+are in docs/verdicts.md, from `python benchmarks/noise.py --normalized`.
+
+`normalized` scales each timed run to the baseline's reference median `level`:
+`x * level / reference`, so a figure still reads in milliseconds, "at the runner speed of
+the baseline". A baseline made with `timing: normalized` stores its timed metrics that
+way (the level is its own reference median), and a check against it normalizes its runs
+to the same level before it judges them; the gate's statistics (intervals, the futility
+stop, confirmations) are unchanged, they see the normalized samples. Memory and the work
+counters are never scaled: they do not depend on the runner's speed.
+
+Why the earlier objection to dividing by the runner's speed does not apply here: it
+divided one measurement's median by the ratio of two reference medians, measured under
+neighbours that took the core (`benchmarks/runner_speed.py`: 11-18 % scatter), and used
+it only to excuse a slowdown. Here every run carries its own reference reading, the
+runs a burst disturbed are still dropped first (`perfguard.decision.contention`), and
+whatever scatter is left is in the normalized samples themselves, so the verdict's
+interval widens with it instead of trusting it.
+
+The default is `normalized` on CPU and `raw` on CUDA, ROCm and NPU, whose kernels do not
+share the host's spells the same way and where no device has measured it yet
+(`benchmarks/gpu_selfcheck.py` prints both spreads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from perfguard.decision.stats import Summary
+from perfguard.metrics import metric_class
+
+RAW = "raw"
+NORMALIZED = "normalized"
+TIMINGS = (RAW, NORMALIZED)
+
+_TIMED_CLASSES = frozenset(
+    {"e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg"}
+)
+
+
+def is_timed(metric: str) -> bool:
+    """A time that the runner's speed scales (not memory, not a work counter)."""
+    try:
+        return metric_class(metric) in _TIMED_CLASSES
+    except ValueError:
+        return False
+
+
+def default_timing(platform: str) -> str:
+    """`normalized` on CPU, `raw` on the devices (see the module's docstring)."""
+    return NORMALIZED if platform == "cpu" else RAW
+
+
+def timing_of(environment: Mapping[str, Any], timing: str | None) -> str:
+    """`timing` if given, else the default of the platform `environment` names."""
+    if timing is None:
+        return default_timing(str(environment.get("platform", "cpu")))
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {', '.join(TIMINGS)}, not {timing!r}")
+    return timing
+
+
+def level_of(result: Any) -> float | None:
+    """The reference median of `result`, rounded as a baseline stores it."""
+    reference = list(getattr(result, "reference", None) or [])
+    return round(statistics.median(reference), 3) if reference else None
+
+
+def normalized(result: Any, level: float) -> Any | None:
+    """`result` with every timed run scaled to the runner speed `level`.
+
+    Run `i` of a timed metric becomes `x[i] * level / reference[i]`. None when the runs
+    cannot be aligned with reference figures (no reference, a metric that some runs did
+    not produce, a reference time that is not positive): such a result cannot be
+    normalized, and comparing it with a normalized baseline would compare unlike figures.
+    """
+    reference = list(getattr(result, "reference", None) or [])
+    if not reference or level <= 0 or min(reference) <= 0:
+        return None
+    samples: dict[str, list[float]] = {}
+    for metric, xs in result.samples.items():
+        if not is_timed(metric):
+            samples[metric] = list(xs)
+        elif len(xs) != len(reference):
+            return None
+        else:
+            samples[metric] = [x * level / r for x, r in zip(xs, reference, strict=True)]
+    return dataclasses.replace(result, samples=samples)
+
+
+def rescaled(summary: Summary, factor: float) -> Summary:
+    """`summary` in another unit: every figure times `factor` (counts unchanged)."""
+
+    def scale(x: float | None) -> float | None:
+        return None if x is None else x * factor
+
+    return dataclasses.replace(
+        summary,
+        median=summary.median * factor,
+        min=scale(summary.min),
+        max=scale(summary.max),
+        iqr=scale(summary.iqr),
+        mad=scale(summary.mad),
+        samples=None if summary.samples is None else tuple(x * factor for x in summary.samples),
+        processes=None
+        if summary.processes is None
+        else tuple(x * factor for x in summary.processes),
+    )
