@@ -671,6 +671,7 @@ def check_noise(env: Env) -> tuple[str, str, dict[str, Any]]:
     method: the server imports torch but must never initialise CUDA, or its forks could
     not use the device) and of spawned ones, alternately."""
     env.require_cuda()
+    from perfguard.decision import normalize
     from perfguard.decision.calibrate import CheckSetup, calibrate_case
     from perfguard.decision.tolerances import default_profiles
     from perfguard.measurement.workers import run_in_workers
@@ -690,16 +691,27 @@ def check_noise(env: Env) -> tuple[str, str, dict[str, Any]]:
             return FAILED, f"the case failed in a {method} worker: {result.error}", {}
         samples = result.samples[metric]
         groups = result.groups or [len(samples)]
-        medians, at = [], 0
+        # The same spread with each run over the reference workload beside it (timing:
+        # normalized, perfguard.decision.normalize): whether devices should default to it.
+        level = normalize.level_of(result)
+        scaled = normalize.normalized(result, level) if level else None
+        normed = scaled.samples[metric] if scaled is not None else None
+        medians, norm_medians, at = [], [], 0
         for n in groups:
             medians.append(_median(samples[at : at + n]))
+            if normed is not None:
+                norm_medians.append(_median(normed[at : at + n]))
             at += n
         sd = statistics.stdev(medians) if len(medians) > 1 else 0.0
         med = _median(medians)
+        nsd = statistics.stdev(norm_medians) if len(norm_medians) > 1 else None
         by_method[method] = {
             "process_medians_ms": [round(m, 4) for m in medians],
             "median_ms": round(med, 4),
             "relative_sd": round(sd / med if med else math.inf, 5),
+            "normalized_relative_sd": None
+            if nsd is None
+            else round(nsd / _median(norm_medians), 5),
         }
         forked = forked or result
     assert forked is not None

@@ -4,7 +4,9 @@ Runs `perfguard run` for one case in fresh processes, the settings interleaved r
 round (so a slow spell of the machine hits every setting alike), and prints for each
 setting: the stage's median, the sd of the per-process medians (log scale, ~relative),
 the within-process IQR/median, and the same spread of the stage divided by the
-reference workload timed beside it (`perfguard.device.reference`).
+reference workload timed beside it (`perfguard.device.reference`): once as the ratio of
+the two medians, once run by run (each run over the reference beside it, the figure a
+`timing: normalized` baseline stores, `perfguard.decision.normalize`).
 
     python benchmarks/noise.py --case qwen_image_t2i_smoke --processes 16 --threads 1 2
 
@@ -38,6 +40,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+Rows = dict[str, list[tuple[float, float, float, float]]]
+
 
 def one_process(
     case: str, repeats: int, threads: int, out: Path, extra: list[str], how: str = "cold"
@@ -65,7 +69,7 @@ def one_process(
     return json.loads(out.read_text())["cases"][case]
 
 
-def start_method_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, float, float]]]:
+def start_method_rows(args: argparse.Namespace) -> Rows:
     """Per-process (median, reference median, IQR/median) of each start method, and the
     seconds each worker took from the request to ready (printed as it goes)."""
     import time
@@ -82,7 +86,7 @@ def start_method_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, f
     starters = {
         m: WorkerStarter(env, f"{m} worker", m, preload_modules([case])) for m in args.start_methods
     }
-    rows: dict[str, list[tuple[float, float, float]]] = {m: [] for m in args.start_methods}
+    rows: Rows = {m: [] for m in args.start_methods}
     starts: dict[str, list[float]] = {m: [] for m in args.start_methods}
     try:
         for i in range(args.processes):
@@ -107,9 +111,9 @@ def start_method_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, f
     return rows
 
 
-def command_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, float, float]]]:
+def command_rows(args: argparse.Namespace) -> Rows:
     """Per-process figures of whole `perfguard run` commands, cold and resident."""
-    rows: dict[str, list[tuple[float, float, float]]] = {m: [] for m in args.commands}
+    rows: Rows = {m: [] for m in args.commands}
     with tempfile.TemporaryDirectory(prefix="pgn", dir="/tmp") as tmp:
         os.environ["PERFGUARD_SERVER_DIR"] = tmp
         try:
@@ -127,10 +131,13 @@ def command_rows(args: argparse.Namespace) -> dict[str, list[tuple[float, float,
     return rows
 
 
-def summarize_process(xs: list[float], ref: list[float]) -> tuple[float, float, float]:
+def summarize_process(xs: list[float], ref: list[float]) -> tuple[float, float, float, float]:
+    """(median, reference median, IQR/median, median of each run over its reference: the
+    normalized timing a `timing: normalized` baseline stores, perfguard.decision.normalize)."""
     q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
     med = statistics.median(xs)
-    return med, statistics.median(ref), (q3 - q1) / med
+    normalized = statistics.median(x / r for x, r in zip(xs, ref, strict=True))
+    return med, statistics.median(ref), (q3 - q1) / med, normalized
 
 
 def log_sd(values: list[float]) -> float:
@@ -162,7 +169,7 @@ def main() -> None:
         help="Compare whole commands: fresh interpreters against resident-server forks.",
     )
     args = ap.parse_args()
-    rows: dict[str, list[tuple[float, float, float]]]
+    rows: Rows
     if args.commands:
         rows = command_rows(args)
         label = "command"
@@ -186,9 +193,10 @@ def main() -> None:
     )
     print(
         f"| {label} | median (ms) | sd of process medians | range (ms) | within IQR/median "
-        "| reference median (ms) | sd of reference | sd of stage/reference |"
+        "| reference median (ms) | sd of reference | sd of stage/reference "
+        "| sd of normalized (run by run) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for t, vals in rows.items():
         meds = [v[0] for v in vals]
         refs = [v[1] for v in vals]
@@ -196,7 +204,8 @@ def main() -> None:
         print(
             f"| {t} | {statistics.median(meds):.3f} | {log_sd(meds):.1%} | "
             f"{min(meds):.2f}-{max(meds):.2f} | {statistics.median(v[2] for v in vals):.1%} | "
-            f"{statistics.median(refs):.3f} | {log_sd(refs):.1%} | {log_sd(norm):.1%} |"
+            f"{statistics.median(refs):.3f} | {log_sd(refs):.1%} | {log_sd(norm):.1%} | "
+            f"{log_sd([v[3] for v in vals]):.1%} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -14,6 +14,16 @@ spinning on the other core then changes nothing. On CUDA, ROCm and NPU the devic
 the work and the host threads only run tokenizers, schedulers and launches: they are
 fixed too (`DEVICE_DEFAULT`), so that a runner with more cores does not move the
 figures, and recorded like on the CPU. A case may set `threads` to measure another count.
+
+Why the tokenizers' pool goes too, at one thread: the Rust `tokenizers` library keeps a
+pool of one thread per core and wakes it for every prompt it encodes. In a measured
+qwen smoke process those two threads did no work worth a clock tick over 20 runs but
+were preempted ~1,500 times each: wake-ups that cost the measured thread its core on a
+2-vCPU runner, at a price that moves with the host. With one intra-op thread
+`TOKENIZERS_PARALLELISM` is set to `false` (unless the caller set it), which the library
+reads at every call; the between-process sd of the qwen smoke `DenoisingStage`, per-run
+normalized, was 3.6 % without the pool against 5.2 % with it over 12 processes each
+(docs/verdicts.md).
 """
 
 from __future__ import annotations
@@ -27,6 +37,9 @@ CPU_DEFAULT = 1
 DEVICE_DEFAULT = 4
 INTEROP = 1
 """Inter-op threads: perfguard's pipelines run one graph at a time, so a pool of one."""
+
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
+"""The `tokenizers` library's switch for its thread pool (set off with one thread)."""
 
 ENV_OVERRIDE = "PERFGUARD_THREADS"
 """Overrides every case's `threads` (what `--threads` sets): to measure another count."""
@@ -80,6 +93,8 @@ def apply(threads: int) -> ThreadState:
 
     if threads < 1:
         raise ValueError(f"threads must be >= 1, not {threads}")
+    if threads == 1:
+        os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     if torch.get_num_interop_threads() != INTEROP:

@@ -337,9 +337,22 @@ def runner_text(report: Report) -> str:
     if not speeds:
         return ""
     cells = ", ".join(f"{cid} {speed:.3f}x" for cid, speed in speeds)
+    normalized = [c.case_id for c in report.cases if (c.runner or {}).get("timing") == "normalized"]
+    if len(normalized) == len(report.cases):
+        how = (
+            "every case's times are normalized run by run, so they read at the baseline's "
+            "runner speed"
+        )
+    elif normalized:
+        how = (
+            f"times of {', '.join(normalized)} are normalized run by run (at the baseline's "
+            "runner speed); for the others a slowdown it would explain gets no verdict"
+        )
+    else:
+        how = "a slowdown it would explain gets no verdict (contended)"
     return (
         f"runner speed (reference workload now / at baseline time): {cells}; above 1 the "
-        "runner is slower, and a slowdown it would explain gets no verdict (contended)"
+        f"runner is slower; {how}"
     )
 
 

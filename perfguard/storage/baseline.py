@@ -44,6 +44,7 @@ from perfguard.decision.changes import credibly_lower
 from perfguard.decision.counters import OutputSketch, WorkCounts
 from perfguard.decision.normalize import (
     NORMALIZED,
+    RAW,
     is_timed,
     level_of,
     normalized,
@@ -110,7 +111,7 @@ class Scenario:
     """A compact reference of the output, for the output-equivalence check."""
     timing: str | None = None
     """`normalized`: the timed metrics are at the runner speed of `reference.median`
-    (`perfguard.decision.normalize`); None (absent): raw times."""
+    (`perfguard.decision.normalize`); `raw` or None (a file from before it): wall times."""
 
     @property
     def normalized(self) -> bool:
@@ -519,7 +520,7 @@ def scenario_from_result(
     if timing == NORMALIZED:
         level = level_of(result)
         scaled = None if level is None else normalized(result, level)
-        timing = None if scaled is None else NORMALIZED
+        timing = RAW if scaled is None else NORMALIZED
         result = scaled or result
     metrics: dict[str, Summary] = {}
     for name in sorted(result.samples, key=metric_sort_key):

@@ -1,0 +1,174 @@
+"""Runner-normalized timings: each run at the baseline's runner speed (decision.normalize)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from perfguard.decision import normalize
+from perfguard.decision.tolerances import default_profiles
+from perfguard.decision.verdict import judge
+from perfguard.errors import PerfguardError
+from perfguard.measurement.comparable import check_comparable
+from perfguard.results import CaseResult, Results
+from perfguard.storage import baseline as store
+from perfguard.storage.baseline import Baseline, scenario_from_result
+
+LEVEL = 4.0  # ms: the reference workload's time on the baseline's runner
+
+
+def measured(speed: list[float], slower: float = 1.0, seed: int = 0) -> CaseResult:
+    """Runs of a case on a runner whose speed factor is `speed[i]` at run i (1: as fast as
+    at baseline time, 1.25: 25 % slower), the code `slower` times its baseline's cost;
+    the reference workload beside each run sees the same speed. 0.5 % jitter on both."""
+    rng = np.random.default_rng(seed)
+    f = np.array(speed)
+    jitter = 1 + 0.005 * rng.standard_normal((2, len(speed)))
+    return CaseResult(
+        case_id="c",
+        samples={
+            "e2e": [float(x) for x in 100.0 * slower * f * jitter[0]],
+            "stage:DenoisingStage": [float(x) for x in 60.0 * slower * f * jitter[0]],
+            "peak_memory": [3.0] * len(speed),
+            "ops:DenoisingStage": [1200.0] * len(speed),
+        },
+        reference=[float(x) for x in LEVEL * f * jitter[1]],
+        repeats=len(speed),
+        groups=[5] * (len(speed) // 5) if len(speed) > 5 else None,
+    )
+
+
+def baseline_of(result: CaseResult, timing: str) -> Baseline:
+    return Baseline(
+        metadata={"platform": "cpu", "hardware": "x", "created": "t", "updated": "t"},
+        profiles=default_profiles("cpu"),
+        scenarios={"c": scenario_from_result(result, timing=timing)},
+    )
+
+
+# Three baseline processes on a runner that drifts by a few percent between them.
+BASELINE_SPEED = [0.97] * 5 + [1.0] * 5 + [1.04] * 5
+
+
+def verdict_of(result: CaseResult, timing: str) -> tuple[str, str, dict]:
+    base = baseline_of(measured(BASELINE_SPEED), timing)
+    case = judge(Results({"platform": "cpu"}, {}, {"c": result}), base).cases[0]
+    return case.verdict, metric(case, "stage:DenoisingStage").verdict, dict(case.runner or {})
+
+
+def metric(case, name: str):
+    (found,) = [m for m in case.metrics if m.metric == name]
+    return found
+
+
+def test_only_times_are_scaled_and_each_run_by_its_own_reference() -> None:
+    res = CaseResult(
+        case_id="c",
+        samples={"e2e": [10.0, 20.0], "peak_memory": [5.0, 5.0], "syncs": [3.0, 3.0]},
+        reference=[1.0, 2.0],
+        repeats=2,
+    )
+    out = normalize.normalized(res, 4.0)
+    assert out.samples == {"e2e": [40.0, 40.0], "peak_memory": [5.0, 5.0], "syncs": [3.0, 3.0]}
+    assert res.samples["e2e"] == [10.0, 20.0]  # the measurement itself is left alone
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [[], [1.0], [0.0, 1.0]],
+    ids=["no reference", "a run without one", "a clock that did not move"],
+)
+def test_runs_without_a_reference_time_each_cannot_be_normalized(reference: list) -> None:
+    res = CaseResult(case_id="c", samples={"e2e": [10.0, 20.0]}, reference=reference, repeats=2)
+    assert normalize.normalized(res, 4.0) is None
+
+
+def test_the_platform_default_is_normalized_on_cpu_only() -> None:
+    assert normalize.timing_of({"platform": "cpu"}, None) == normalize.NORMALIZED
+    assert normalize.timing_of({"platform": "cuda"}, None) == normalize.RAW
+    assert normalize.timing_of({"platform": "cpu"}, "raw") == normalize.RAW
+    with pytest.raises(ValueError, match="timing must be one of"):
+        normalize.timing_of({"platform": "cpu"}, "scaled")
+
+
+def test_a_normalized_baseline_stores_its_runs_at_its_own_reference_median() -> None:
+    res = measured([1.0, 1.0, 2.0])  # one run in a spell twice as slow
+    scen = scenario_from_result(res, timing=normalize.NORMALIZED)
+    assert scen.timing == normalize.NORMALIZED
+    assert scen.reference.median == pytest.approx(LEVEL, rel=0.01)
+    # Raw, the slow run is 200 ms; at the baseline's runner speed it is ~100 ms like the rest.
+    assert max(scen.metrics["e2e"].samples) == pytest.approx(100.0, rel=0.03)
+    assert scen.metrics["peak_memory"].median == 3.0
+    raw = scenario_from_result(res, timing=normalize.RAW)
+    assert raw.timing == "raw" and max(raw.metrics["e2e"].samples) > 190
+
+
+def test_a_result_with_no_reference_is_stored_raw_and_says_so() -> None:
+    res = dataclasses.replace(measured([1.0] * 3), reference=[0.0, 0.0, 0.0])
+    assert scenario_from_result(res, timing=normalize.NORMALIZED).timing == "raw"
+
+
+def test_a_slow_spell_of_the_runner_passes_unchanged_code_instead_of_no_verdict() -> None:
+    spell = measured([1.25] * 10, seed=1)  # 25 % slower everywhere: under the 1.3x screen
+    assert verdict_of(spell, normalize.NORMALIZED)[:2] == ("pass", "pass")
+    # Raw, the runner's speed can only excuse the excess: no verdict either way.
+    assert verdict_of(spell, normalize.RAW)[1] == "contended"
+
+
+def test_a_real_slowdown_is_caught_in_a_slow_spell_and_in_a_fast_one() -> None:
+    for speed in (1.25, 0.85):
+        slow = measured([speed] * 10, slower=1.10, seed=2)
+        verdict, stage, runner = verdict_of(slow, normalize.NORMALIZED)
+        assert (verdict, stage) == ("regression", "regression"), speed
+        assert runner["timing"] == normalize.NORMALIZED
+    # Raw, a fast spell hides it: a faster runner excuses nothing, but it shows nothing.
+    assert verdict_of(measured([0.85] * 10, 1.10, 2), normalize.RAW)[1] == "pass"
+
+
+def test_memory_and_counters_are_judged_as_measured() -> None:
+    res = measured([1.25] * 10, seed=3)
+    res.samples["peak_memory"] = [3.6] * 10  # 20 % more memory: no runner speed excuses it
+    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    case = judge(Results({"platform": "cpu"}, {}, {"c": res}), base).cases[0]
+    assert metric(case, "peak_memory").verdict == "regression"
+
+
+def test_a_check_of_results_without_reference_times_against_a_normalized_baseline_is_refused() -> (
+    None
+):
+    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    res = dataclasses.replace(measured([1.0] * 5), reference=[])
+    with pytest.raises(PerfguardError, match=r"r\.json: case 'c': .*timing: normalized"):
+        check_comparable(Results({"platform": "cpu"}, {}, {"c": res}), base, "r.json")
+    raw = baseline_of(measured(BASELINE_SPEED), normalize.RAW)
+    check_comparable(Results({"platform": "cpu"}, {}, {"c": res}), raw, "r.json")
+
+
+def test_tighten_compares_two_normalized_scenarios_at_one_runner_speed() -> None:
+    old = scenario_from_result(measured(BASELINE_SPEED), timing=normalize.NORMALIZED)
+    # The same code measured on a runner 20 % faster: its normalized figures are at that
+    # runner's speed, 0.8x the old ones, which is no improvement of the code.
+    faster = [0.8 * f for f in BASELINE_SPEED]
+    new = scenario_from_result(measured(faster, seed=4), timing=normalize.NORMALIZED)
+    merged = store.merge_scenario(old, new, tighten=True)
+    assert merged.reference == new.reference
+    # The old figure is kept, in the new scenario's units (its reference's speed).
+    assert merged.metrics["e2e"].median == pytest.approx(old.metrics["e2e"].median * 0.8, rel=0.01)
+
+
+def test_the_baseline_file_says_how_it_timed_and_refuses_normalized_without_a_reference(
+    tmp_path,
+) -> None:
+    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    path = tmp_path / "b.json"
+    store.save(path, base)
+    data = json.loads(path.read_text())
+    assert data["scenarios"]["c"]["timing"] == "normalized"
+    assert store.load(path).scenarios["c"].normalized
+    del data["scenarios"]["c"]["reference"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(PerfguardError, match=r"b\.json.*scenarios.*c.*timing"):
+        store.load(path)
