@@ -159,6 +159,19 @@ def test_tighten_compares_two_normalized_scenarios_at_one_runner_speed() -> None
     assert merged.metrics["e2e"].median == pytest.approx(old.metrics["e2e"].median * 0.8, rel=0.01)
 
 
+def test_baselines_diff_of_a_regeneration_on_a_faster_runner_finds_no_change() -> None:
+    from perfguard.decision.changes import diff
+
+    old = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    faster = baseline_of(measured([0.8 * f for f in BASELINE_SPEED], seed=4), normalize.NORMALIZED)
+    rows = [r for r in diff(old, faster).changed if r.metric == "e2e"]
+    assert all(r.change not in ("slower", "faster") for r in rows)
+    raw_old = baseline_of(measured(BASELINE_SPEED), normalize.RAW)
+    raw_new = baseline_of(measured([0.8 * f for f in BASELINE_SPEED], seed=4), normalize.RAW)
+    (row,) = [r for r in diff(raw_old, raw_new).changed if r.metric == "e2e"]
+    assert row.change == "faster"  # raw, the faster runner reads as faster code
+
+
 def test_the_baseline_file_says_how_it_timed_and_refuses_normalized_without_a_reference(
     tmp_path,
 ) -> None:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from perfguard.decision.normalize import at_speed_of
 from perfguard.decision.stats import Summary, log_ratio_noise, log_spread, t_quantile, z_quantile
 from perfguard.decision.tolerances import min_effect
 from perfguard.metrics import metric_sort_key
@@ -165,12 +166,18 @@ class BaselineDiff:
 
 
 def diff(a: Baseline, b: Baseline) -> BaselineDiff:
-    """Scenarios added and removed, medians that changed (and how credibly), tolerances."""
+    """Scenarios added and removed, medians that changed (and how credibly), tolerances.
+
+    Two normalized scenarios are compared at one runner speed: `a`'s timed figures are
+    rescaled to `b`'s reference median (`perfguard.decision.normalize.at_speed_of`), so
+    a regeneration on a faster or slower runner does not read as a change of the code.
+    """
     added = tuple(sorted(set(b.scenarios) - set(a.scenarios)))
     removed = tuple(sorted(set(a.scenarios) - set(b.scenarios)))
     rows: list[DiffRow] = []
     for cid in sorted(set(a.scenarios) & set(b.scenarios)):
-        ma, mb = a.scenarios[cid].metrics, b.scenarios[cid].metrics
+        ma = at_speed_of(a.scenarios[cid], b.scenarios[cid]).metrics
+        mb = b.scenarios[cid].metrics
         for metric in sorted(set(ma) | set(mb), key=metric_sort_key):
             sa, sb = ma.get(metric), mb.get(metric)
             old = None if sa is None else sa.median

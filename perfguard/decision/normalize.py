@@ -1,17 +1,17 @@
 """Timings at the baseline's runner speed: each run divided by the reference beside it.
 
-A shared CPU runner changes speed in spells of a few seconds to a minute (other tenants
-of the host, its memory bandwidth and caches): on the project's 2-core runner the
-median of the qwen smoke case's `DenoisingStage` moved by 15-20 % (sd of log medians)
-between fresh processes of one quiet hour, its runs by up to 1.8x inside one process,
-and the reference workload (`perfguard.device.reference`), timed right before and after
-every run, moved with them. Both see the same machine at the same moment, so each run
-divided by the reference time beside it keeps what the code did and drops most of
-what the machine did: the between-process sd of that normalized median was 3-5 %
-against 11-15 % raw (9 % against 20 % for the qwen smoke `DenoisingStage`), and the
-reference's elasticity was 0.87-1.17 per metric (the slope of log metric on log
-reference over every run; 1 means the runner's speed divides out exactly). The figures
-are in docs/verdicts.md, from `python benchmarks/noise.py --normalized`.
+A shared CPU runner changes speed in spells of a few runs to a minute (other tenants of
+the host, its caches and memory bandwidth): on the project's 2-core runner, quiet, the
+median of the qwen smoke case's `DenoisingStage` moved by 20-23 % (sd of log medians)
+between fresh processes of one hour, and the reference workload
+(`perfguard.device.reference`), timed right before and after every run, moved with it.
+Both see the same machine at the same moment, so each run divided by the reference time
+beside it keeps what the code did and drops most of what the machine did: the
+between-process sd of that normalized median was 9-10 % against 20-23 % raw
+(`python benchmarks/noise.py --commands cold resident`), 5.7 % against 12.9 % for its
+e2e and 7.0 % against 14.8 % for the glm smoke `DenoisingStage`; inside one process,
+over 5 s windows, the median of run / reference moved by 2.5 % while the runs moved by
+12.3 % (`python benchmarks/spells.py`). The figures are in docs/verdicts.md.
 
 `normalized` scales each timed run to the baseline's reference median `level`:
 `x * level / reference`, so a figure still reads in milliseconds, "at the runner speed of
@@ -121,3 +121,19 @@ def rescaled(summary: Summary, factor: float) -> Summary:
         if summary.processes is None
         else tuple(x * factor for x in summary.processes),
     )
+
+
+def at_speed_of(old: Any, new: Any) -> Any:
+    """Scenario `old` with its timed metrics in scenario `new`'s units.
+
+    Normalized figures are at the runner speed of their own scenario's reference
+    median, so two of them compare only at one speed (`gen-baselines --tighten`,
+    `baselines diff`): `old`'s are rescaled by the ratio of the two medians. Raw
+    figures, and a pair of another timing, are returned unchanged: they compare as
+    they always did.
+    """
+    if not (old.normalized and new.normalized) or not old.reference.median:
+        return old
+    factor = new.reference.median / old.reference.median
+    metrics = {m: rescaled(s, factor) if is_timed(m) else s for m, s in old.metrics.items()}
+    return dataclasses.replace(old, metrics=metrics)

@@ -45,10 +45,9 @@ from perfguard.decision.counters import OutputSketch, WorkCounts
 from perfguard.decision.normalize import (
     NORMALIZED,
     RAW,
-    is_timed,
+    at_speed_of,
     level_of,
     normalized,
-    rescaled,
     timing_of,
 )
 from perfguard.decision.stats import (
@@ -569,7 +568,7 @@ def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -
     metrics = dict(new.metrics)
     load_ms = new.load_ms
     if tighten:
-        for name, before in _in_units_of(old, new).metrics.items():
+        for name, before in at_speed_of(old, new).metrics.items():
             after = metrics.get(name)
             if after is None or not credibly_lower(before, after):
                 metrics[name] = before
@@ -582,20 +581,6 @@ def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -
         notes=old.notes,
         tolerance_overrides=old.tolerance_overrides,
         extra=old.extra,
-    )
-
-
-def _in_units_of(old: Scenario, new: Scenario) -> Scenario:
-    """`old` with its timed metrics in `new`'s units: normalized figures are at the
-    runner speed of their own scenario's reference median, so two of them compare only
-    at one speed. Raw figures, and an old scenario of another timing, are unchanged
-    (then `tighten` compares what it can, as before normalization existed)."""
-    if not (old.normalized and new.normalized) or not old.reference.median:
-        return old
-    factor = new.reference.median / old.reference.median
-    return dataclasses.replace(
-        old,
-        metrics={m: rescaled(s, factor) if is_timed(m) else s for m, s in old.metrics.items()},
     )
 
 
