@@ -156,6 +156,20 @@ def test_an_injection_that_matched_no_stage_is_a_one_line_usage_error(fake: Path
     assert not Path("r.json").exists()  # no report that claims an injection was made
 
 
+def test_gen_baselines_timing_is_a_choice_and_a_run_without_reference_times_is_stored_raw(
+    fake: Path, pg: PG
+) -> None:
+    code, _, err = pg(*GEN, "--timing", "scaled")
+    assert code == 2 and "--timing" in err and not Path("baselines").exists()
+    code, out, err = pg(*GEN, "--timing", "normalized")
+    assert code == 0, out + err
+    # The fake pipelines' virtual clock gives the reference workload no time: nothing to
+    # normalize by, so the file says its figures are raw instead of pretending.
+    (path,) = Path("baselines").rglob("*.json")
+    scenarios = json.loads(path.read_text())["scenarios"]
+    assert {s["timing"] for s in scenarios.values()} == {"raw"}
+
+
 def test_gen_baselines_refuses_injection_and_leaves_the_file_byte_identical(
     fake: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
 ) -> None:
