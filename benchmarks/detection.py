@@ -66,7 +66,7 @@ def env_for(method: str, pct: int) -> dict[str, str]:
     return env
 
 
-def gen_baseline(path: Path) -> float:
+def gen_baseline(path: Path, extra: list[str] | None = None) -> float:
     t0 = time.perf_counter()
     path.unlink(missing_ok=True)
     subprocess.run(
@@ -80,6 +80,7 @@ def gen_baseline(path: Path) -> float:
             "--baseline",
             str(path),
             "--no-progress",
+            *(extra or []),
         ],
         check=False,
         stdout=subprocess.DEVNULL,
@@ -144,6 +145,12 @@ def main() -> None:
     ap.add_argument("--checks-per-baseline", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="Write every trial here.")
+    ap.add_argument(
+        "--gen-args",
+        default="",
+        help="More gen-baselines options, one string (e.g. '--repeats 15'): to measure "
+        "what a larger baseline buys.",
+    )
     args = ap.parse_args()
     rng = random.Random(args.seed)
     conditions: list[tuple[str, str, int]] = []
@@ -165,7 +172,7 @@ def main() -> None:
                 if time.perf_counter() - start >= args.budget_s:
                     break
                 if since_gen >= args.checks_per_baseline or not base.exists():
-                    gen_times.append(gen_baseline(base))
+                    gen_times.append(gen_baseline(base, args.gen_args.split()))
                     since_gen = 0
                 spin = [spinner() for _ in range({"quiet": 0, "one-busy": 1, "two-busy": 2}[load])]
                 try:
