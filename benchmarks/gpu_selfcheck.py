@@ -693,7 +693,7 @@ def check_noise(env: Env) -> tuple[str, str, dict[str, Any]]:
         groups = result.groups or [len(samples)]
         # The same spread with each run over the reference workload beside it (timing:
         # normalized, perfguard.decision.normalize): whether devices should default to it.
-        level = normalize.level_of(result)
+        level = _median(result.reference) if result.reference else None
         scaled = normalize.normalized(result, level) if level else None
         normed = scaled.samples[metric] if scaled is not None else None
         medians, norm_medians, at = [], [], 0

@@ -15,13 +15,10 @@ reference takes out.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 
-
-def log_sd(values: list[float]) -> float:
-    return statistics.stdev(math.log(v) for v in values) if len(values) > 1 else 0.0
+from noise import log_sd  # benchmarks/ is this script's directory, first on sys.path
 
 
 def main() -> None:

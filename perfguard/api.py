@@ -215,6 +215,7 @@ def gen_baselines(
             "a baseline must never contain injected time"
         )
     from perfguard.decision.contention import screen
+    from perfguard.decision.normalize import timing_of
     from perfguard.device.platform import fingerprint
     from perfguard.storage import baseline as store
 
@@ -222,6 +223,7 @@ def gen_baselines(
     path = baseline_path(baseline, platform.name, platform.hardware_slug())
     cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
     environment = fingerprint(platform)
+    timing = timing_of(environment, timing)  # a bad value fails before anything is measured
     with store.lock(path):
         store.open_for_update(path, environment)  # refuse an unreadable file before measuring
     cases = shard(cases, selection.shard, path, echo=echo)

@@ -37,7 +37,6 @@ share the host's spells the same way and where no device has measured it yet
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,12 +72,6 @@ def timing_of(environment: Mapping[str, Any], timing: str | None) -> str:
     if timing not in TIMINGS:
         raise ValueError(f"timing must be one of {', '.join(TIMINGS)}, not {timing!r}")
     return timing
-
-
-def level_of(result: Any) -> float | None:
-    """The reference median of `result`, rounded as a baseline stores it."""
-    reference = list(getattr(result, "reference", None) or [])
-    return round(statistics.median(reference), 3) if reference else None
 
 
 def normalized(result: Any, level: float) -> Any | None:

@@ -46,7 +46,6 @@ from perfguard.decision.normalize import (
     NORMALIZED,
     RAW,
     at_speed_of,
-    level_of,
     normalized,
     timing_of,
 )
@@ -516,9 +515,12 @@ def scenario_from_result(
     """
     if result.status != "ok" or not result.samples:
         raise ValueError(f"{result.case_id}: only a successful run makes a baseline")
+    reference = (
+        summarize(result.reference, keep_samples).rounded(DIGITS) if result.reference else None
+    )
     if timing == NORMALIZED:
-        level = level_of(result)
-        scaled = None if level is None else normalized(result, level)
+        # The level is the reference median as stored, so a check scales to the same one.
+        scaled = None if reference is None else normalized(result, reference.median)
         timing = RAW if scaled is None else NORMALIZED
         result = scaled or result
     metrics: dict[str, Summary] = {}
@@ -539,9 +541,7 @@ def scenario_from_result(
         updated=utc_now(),
         case=case or None,
         threads=dict(result.threads) if result.threads else None,
-        reference=summarize(result.reference, keep_samples).rounded(DIGITS)
-        if result.reference
-        else None,
+        reference=reference,
         reference_version=reference_version if result.reference else None,
         dropped_runs=dropped_runs,
         components=result.components,
