@@ -90,7 +90,9 @@ def gen_baseline(path: Path, extra: list[str] | None = None) -> float:
     return time.perf_counter() - t0
 
 
-def one_check(baseline: Path, method: str, pct: int, report: Path) -> dict:
+def one_check(
+    baseline: Path, method: str, pct: int, report: Path, extra: list[str] | None = None
+) -> dict:
     cmd = [
         sys.executable,
         "-m",
@@ -103,6 +105,7 @@ def one_check(baseline: Path, method: str, pct: int, report: Path) -> dict:
         "--report",
         str(report),
         "--no-progress",
+        *(extra or []),
     ]
     if pct and method == "inject":
         cmd += ["--inject", f"DenoisingStage=+{pct}%"]
@@ -151,12 +154,23 @@ def main() -> None:
         help="More gen-baselines options, one string (e.g. '--repeats 15'): to measure "
         "what a larger baseline buys.",
     )
+    ap.add_argument(
+        "--check-variants",
+        nargs="+",
+        default=["default="],
+        metavar="NAME=ARGS",
+        help="Check settings to compare, each NAME=more check options (e.g. "
+        "'reruns6=--max-reruns 6'): every condition runs once per variant in each round, "
+        "in a random order, against the same baselines.",
+    )
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    conditions: list[tuple[str, str, int]] = []
-    for load in args.loads:
-        conditions += [(load, "none", 0)] * args.aa_weight
-        conditions += [(load, m, p) for m in args.methods for p in args.levels if p]
+    variants = dict(v.split("=", 1) for v in args.check_variants)
+    conditions: list[tuple[str, str, str, int]] = []
+    for name in variants:
+        for load in args.loads:
+            conditions += [(name, load, "none", 0)] * args.aa_weight
+            conditions += [(name, load, m, p) for m in args.methods for p in args.levels if p]
     trials: list[dict] = []
     gen_times: list[float] = []
     start = time.perf_counter()
@@ -168,7 +182,7 @@ def main() -> None:
         while time.perf_counter() - start < args.budget_s:
             order = conditions[:]
             rng.shuffle(order)
-            for load, method, pct in order:
+            for variant, load, method, pct in order:
                 if time.perf_counter() - start >= args.budget_s:
                     break
                 if since_gen >= args.checks_per_baseline or not base.exists():
@@ -176,12 +190,12 @@ def main() -> None:
                     since_gen = 0
                 spin = [spinner() for _ in range({"quiet": 0, "one-busy": 1, "two-busy": 2}[load])]
                 try:
-                    res = one_check(base, method, pct, report)
+                    res = one_check(base, method, pct, report, variants[variant].split())
                 finally:
                     for p in spin:
                         p.kill()
                         p.wait()
-                res.update(load=load, method=method, pct=pct)
+                res.update(variant=variant, load=load, method=method, pct=pct)
                 trials.append(res)
                 since_gen += 1
             rounds += 1
@@ -192,18 +206,27 @@ def main() -> None:
         f"{len(trials)} checks in {rounds} rounds, {elapsed:.0f} s; {len(gen_times)} baselines "
         f"(gen-baselines median {sorted(gen_times)[len(gen_times) // 2]:.1f} s)"
     )
-    walls = sorted(t["wall_s"] for t in trials)
-    print(f"check wall time: median {walls[len(walls) // 2]:.1f} s, max {walls[-1]:.1f} s")
-    groups: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
+    for name in variants:
+        walls = sorted(t["wall_s"] for t in trials if t["variant"] == name)
+        aa = sorted(t["wall_s"] for t in trials if t["variant"] == name and t["pct"] == 0)
+        if walls:
+            print(
+                f"check wall time ({name}): median {walls[len(walls) // 2]:.1f} s, max "
+                f"{walls[-1]:.1f} s; unchanged code: median {aa[len(aa) // 2]:.1f} s"
+                if aa
+                else f"check wall time ({name}): median {walls[len(walls) // 2]:.1f} s"
+            )
+    groups: dict[tuple[str, str, str, int], list[dict]] = defaultdict(list)
     for t in trials:
-        groups[(t["load"], t["method"], t["pct"])].append(t)
+        groups[(t["variant"], t["load"], t["method"], t["pct"])].append(t)
     print()
     print(
-        "| load | slowdown | method | checks | exit 1 (any case) | qwen caught | glm caught "
-        "| exit 4 (contended) | other exits | median DenoisingStage ratio (qwen / glm) |"
+        "| variant | load | slowdown | method | checks | exit 1 (any case) | qwen caught "
+        "| glm caught | exit 4 (contended) | other exits | median DenoisingStage ratio "
+        "(qwen / glm) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for (load, method, pct), ts in sorted(groups.items()):
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (variant, load, method, pct), ts in sorted(groups.items()):
         n = len(ts)
         k = sum(t["exit"] == 1 for t in ts)
         caught = {
@@ -225,7 +248,7 @@ def main() -> None:
         else:
             rate = f"{k}/{n} = {k / n:.0%} (95 % lower {lower95(k, n):.0%})"
         print(
-            f"| {load} | +{pct} % | {method} | {n} | {rate} | {caught[CASES[0]]}/{n} | "
+            f"| {variant} | {load} | +{pct} % | {method} | {n} | {rate} | {caught[CASES[0]]}/{n} | "
             f"{caught[CASES[1]]}/{n} | {contended} | {other} | {med(CASES[0])} / {med(CASES[1])} |"
         )
 
