@@ -774,9 +774,10 @@ def calibrate(
     out = Calibration(path=path if base else None, profile=profile, cases=[])
     for case in cases:
         scenario = base.scenarios.get(case.id) if base else None
+        result, timing = calibration.as_judged(results.cases[case.id], scenario, platform.name)
         out.cases.append(
             calibration.calibrate_case(
-                results.cases[case.id], prof, setup, scenario=scenario, all_metrics=all_metrics
+                result, prof, setup, scenario=scenario, all_metrics=all_metrics, timing=timing
             )
         )
     if write and base is not None:

@@ -6,6 +6,7 @@ the real Qwen-Image smoke case in two fresh processes and writes the suggested b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -17,13 +18,16 @@ from perfguard.cli import main
 from perfguard.decision import calibrate as calibrate_module
 from perfguard.decision.calibrate import (
     CheckSetup,
+    as_judged,
     calibrate_case,
     detection,
     measure_noise,
     suggested_overrides,
 )
+from perfguard.decision.stats import Summary
 from perfguard.decision.tolerances import Band, default_profiles
 from perfguard.results import CaseResult, pool
+from perfguard.storage.baseline import Scenario
 
 REPO = Path(__file__).resolve().parents[1]
 M = "stage:DenoisingStage"
@@ -79,6 +83,72 @@ def test_more_noise_needs_a_wider_band_and_more_processes_see_more() -> None:
     # spread has too few degrees of freedom to catch any within +200 % (None).
     assert many.suggested_catches is not None
     assert one.suggested_catches is None or many.suggested_catches < one.suggested_catches
+
+
+def test_the_checks_own_widening_of_a_band_is_simulated() -> None:
+    # A check raises a band's pad to a few standard errors of its baseline
+    # (`Profile.noise_band`); a simulation without it would promise slowdowns the check
+    # cannot catch.
+    (_, noise) = measure_noise(measured(within=0.02, between=0.005))
+    setup = CheckSetup(repeats=10, trials=200)
+    band = Band(0.03, 0.0)
+    plain = detection(noise, band, setup)
+    seen: list[Summary] = []
+
+    def widen(b: Band, baseline: Summary) -> Band:
+        seen.append(baseline)
+        return Band(b.rel, 0.25 * baseline.median)  # a pad of +25 %
+
+    padded = detection(noise, band, setup, widen)
+    assert seen and all(s.n == 10 for s in seen)  # every simulated baseline, as a check
+    assert plain.catches is not None and plain.catches < 0.2
+    assert padded.catches is not None and padded.catches >= 0.25
+    assert padded.false_alarm <= plain.false_alarm
+    profile = default_profiles("cpu")["pr_test"]
+    cal = calibrate_case(measured(0.02, 0.005), profile, setup)
+    gate = {d.noise.metric: d for d in cal.detections}[M]
+    assert gate.catches == detection(noise, profile.band(M), setup, profile.noise_band).catches
+
+
+def scenario(timing: str | None, reference: float | None) -> Scenario:
+    ref = Summary(median=reference, n=3) if reference is not None else None
+    return Scenario(metrics={}, reference=ref, timing=timing)
+
+
+def test_calibrate_measures_in_the_timing_the_check_judges() -> None:
+    runs = CaseResult(
+        "c",
+        samples={M: [18.0, 20.0, 24.0], "peak_memory": [5.0, 5.0, 5.0]},
+        repeats=3,
+        reference=[1.8, 2.0, 2.4],
+    )
+    got, timing = as_judged(runs, scenario("normalized", 2.0), "cuda")
+    assert timing == "normalized" and got.samples[M] == pytest.approx([20.0, 20.0, 20.0])
+    assert got.samples["peak_memory"] == [5.0, 5.0, 5.0]  # memory is not scaled
+    got, timing = as_judged(runs, scenario("raw", 2.0), "cpu")
+    assert timing == "raw" and got.samples[M] == [18.0, 20.0, 24.0]
+    # No baseline yet: the platform's default, at the runs' own reference median.
+    got, timing = as_judged(runs, None, "cpu")
+    assert timing == "normalized" and got.samples[M] == pytest.approx([20.0, 20.0, 20.0])
+    assert as_judged(runs, None, "cuda")[1] == "raw"
+    # Runs the screen calls contended (reference > 1.3x the baseline's) are left out.
+    got, _ = as_judged(runs, scenario("raw", 1.0), "cpu")
+    assert got.samples[M] == [18.0, 20.0, 24.0]  # most runs contended: returned whole
+    quiet = dataclasses.replace(runs, reference=[1.0, 1.0, 3.0])
+    got, _ = as_judged(quiet, scenario("raw", 1.0), "cpu")
+    assert got.samples[M] == [18.0, 20.0]
+    # Without reference figures nothing can be normalized: raw, and said so.
+    bare = dataclasses.replace(runs, reference=[])
+    assert as_judged(bare, None, "cpu") == (bare, "raw")
+    assert (
+        calibrate_case(
+            measured(0.01, 0.01),
+            default_profiles("cpu")["pr_test"],
+            CheckSetup(repeats=10, trials=20),
+            timing="normalized",
+        ).to_json()["timing"]
+        == "normalized"
+    )
 
 
 def test_suggested_bands_are_metric_overrides_that_keep_the_others() -> None:

@@ -34,13 +34,21 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from perfguard.decision.stats import MAD_TO_SD, MEDIAN_SE_FACTOR, split_groups, summarize
+from perfguard.decision.contention import DEFAULT_POLICY, screen
+from perfguard.decision.normalize import NORMALIZED, RAW, default_timing, normalized
+from perfguard.decision.stats import (
+    MAD_TO_SD,
+    MEDIAN_SE_FACTOR,
+    Summary,
+    split_groups,
+    summarize,
+)
 from perfguard.decision.tolerances import Band, Profile
 from perfguard.decision.verdict import DEFAULT_RULE, REGRESSION, Rule, judge_metric
 from perfguard.metrics import metric_class, metric_sort_key
@@ -48,6 +56,9 @@ from perfguard.results import CaseResult
 
 if TYPE_CHECKING:
     from perfguard.storage.baseline import Scenario
+
+Widen = Callable[[Band, Summary], Band]
+"""What a check does to a band against one baseline before judging (`Profile.noise_band`)."""
 
 FALSE_ALARM_TARGET = 0.01
 CATCH_TARGET = 0.95
@@ -188,13 +199,25 @@ class _Draws:
 
 
 def _alarm_rate(
-    noise: MetricNoise, band: Band, slowdown: float, setup: CheckSetup, draws: _Draws
+    noise: MetricNoise,
+    band: Band,
+    slowdown: float,
+    setup: CheckSetup,
+    draws: _Draws,
+    widen: Widen | None = None,
 ) -> float:
-    """The fraction of simulated checks that end in a regression verdict."""
+    """The fraction of simulated checks that end in a regression verdict.
+
+    `widen(band, baseline)` is what the check does to a band before it judges against
+    that baseline (`Profile.noise_band`: the pad raised to a few standard errors of the
+    baseline's median), applied to each simulated baseline as the check applies it to
+    the stored one.
+    """
     n, kc = setup.repeats, setup.check_processes
     shift = math.log1p(slowdown)
     alarms = 0
     for t, baseline in enumerate(draws.baselines):
+        judged = widen(band, baseline) if widen is not None else band
         used = kc
         while True:
             current = np.exp(draws.check[t, :used] + shift).ravel().tolist()
@@ -203,7 +226,7 @@ def _alarm_rate(
                 noise.metric,
                 current,
                 baseline,
-                band,
+                judged,
                 rule=setup.rule,
                 groups=groups if len(groups) > 1 else None,
             )
@@ -254,37 +277,34 @@ class Detection:
         }
 
 
-def detection(noise: MetricNoise, band: Band, setup: CheckSetup) -> Detection:
+def detection(
+    noise: MetricNoise, band: Band, setup: CheckSetup, widen: Widen | None = None
+) -> Detection:
     """False alarms and the smallest slowdown caught (>= 95 %), now and with a tighter band.
 
     The suggested band is the smallest relative tolerance r (whole percent, at least
     1 %) whose simulated false-alarm rate is within 1 %, with the pad lowered to at most
     r x the median: a pad stands in for jitter nobody measured, and calibration just
     measured it; kept, sglang's pads (1.2 ms on a 0.4 ms CPU stage) would hide any
-    slowdown of a small stage however tight r is.
+    slowdown of a small stage however tight r is. `widen` is the check's own widening
+    of a band against each baseline (see `_alarm_rate`), applied to the suggested band
+    too, since a check applies it to stored overrides alike.
     """
     draws = _Draws(noise, setup)
+
+    def rate(b: Band, slowdown: float) -> float:
+        return _alarm_rate(noise, b, slowdown, setup, draws, widen)
 
     def tightened(r: float) -> Band:
         return Band(r, min(band.abs, math.ceil(r * noise.median * 1000) / 1000))
 
     def caught(b: Band) -> float | None:
-        if _alarm_rate(noise, b, 0.0, setup, draws) > FALSE_ALARM_TARGET:
+        if rate(b, 0.0) > FALSE_ALARM_TARGET:
             return None
-        return _smallest(
-            lambda s: _alarm_rate(noise, b, s, setup, draws) >= CATCH_TARGET,
-            0.01,
-            MAX_SLOWDOWN,
-            0.01,
-        )
+        return _smallest(lambda s: rate(b, s) >= CATCH_TARGET, 0.01, MAX_SLOWDOWN, 0.01)
 
-    fa = _alarm_rate(noise, band, 0.0, setup, draws)
-    rel = _smallest(
-        lambda r: _alarm_rate(noise, tightened(r), 0.0, setup, draws) <= FALSE_ALARM_TARGET,
-        0.01,
-        1.0,
-        0.01,
-    )
+    fa = rate(band, 0.0)
+    rel = _smallest(lambda r: rate(tightened(r), 0.0) <= FALSE_ALARM_TARGET, 0.01, 1.0, 0.01)
     suggested = tightened(rel) if rel is not None else Band(max(band.rel, 1.0), band.abs)
     return Detection(
         noise=noise,
@@ -292,7 +312,7 @@ def detection(noise: MetricNoise, band: Band, setup: CheckSetup) -> Detection:
         false_alarm=fa,
         catches=caught(band),
         suggested=suggested,
-        suggested_false_alarm=_alarm_rate(noise, suggested, 0.0, setup, draws),
+        suggested_false_alarm=rate(suggested, 0.0),
         suggested_catches=caught(suggested),
     )
 
@@ -319,13 +339,36 @@ class CaseCalibration:
     setup: CheckSetup
     detections: tuple[Detection, ...] = ()
     error: str | None = None
+    timing: str = RAW
 
     def to_json(self) -> dict[str, Any]:
         return {
             "setup": self.setup.to_json(),
+            "timing": self.timing,
             "error": self.error,
             "metrics": {d.noise.metric: d.to_json() for d in self.detections},
         }
+
+
+def as_judged(
+    result: CaseResult, scenario: Scenario | None, platform: str
+) -> tuple[CaseResult, str]:
+    """`result` as a check would judge it against `scenario`, and its timing.
+
+    The contention screen's runs left out, then, where the scenario is normalized (or,
+    without one, where the platform's default timing is), every run scaled by the
+    reference beside it to the scenario's reference median (else the result's own):
+    the noise calibrate measures is then the noise the check sees.
+    """
+    if result.status != "ok":
+        return result, RAW
+    level = scenario.reference.median if scenario and scenario.reference else None
+    timing = (scenario.timing or RAW) if scenario is not None else default_timing(platform)
+    screened, _ = screen(result, level, DEFAULT_POLICY)
+    if timing != NORMALIZED or not result.reference:
+        return screened, RAW
+    scaled = normalized(screened, level or statistics.median(result.reference))
+    return (scaled, NORMALIZED) if scaled is not None else (screened, RAW)
 
 
 def calibrate_case(
@@ -335,8 +378,13 @@ def calibrate_case(
     *,
     scenario: Scenario | None = None,
     all_metrics: bool = False,
+    timing: str = RAW,
 ) -> CaseCalibration:
     """Noise and detection figures for one case measured in several processes.
+
+    `timing` says which figures `result` holds: `normalized` when the caller scaled its
+    runs by the reference beside each (`perfguard.decision.normalize`), as a check
+    against a normalized baseline judges them; it is reported with the figures.
 
     Bands come from `profile` with the case's registry overrides and the baseline
     scenario's (as `check` resolves them). The baseline's processes are the scenario's
@@ -360,7 +408,7 @@ def calibrate_case(
         if metric_class(m) != "peak_memory" and (all_metrics or not m.startswith("step:"))
     ]
     detections = tuple(
-        detection(noise, profile.band(noise.metric, overrides), setup)
+        detection(noise, profile.band(noise.metric, overrides), setup, profile.noise_band)
         for noise in measure_noise(result, names)
     )
-    return CaseCalibration(result.case_id, setup, detections)
+    return CaseCalibration(result.case_id, setup, detections, timing=timing)

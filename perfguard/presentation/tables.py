@@ -61,6 +61,7 @@ def calibration_table(cal: CaseCalibration, runs: int) -> Table:
             f"process(es) x {s.repeats} runs vs a baseline of {s.baseline_processes}, "
             f"<= {s.max_reruns} re-runs in fresh processes"
             f", alpha {s.rule.alpha:g}"
+            f"{', timings normalized' if cal.timing == 'normalized' else ''}"
         )
     )
     for col in (
