@@ -287,6 +287,43 @@ def test_a_runner_that_stays_contended_is_contended_never_a_regression() -> None
     assert len(calls) == 3 and slept == [10.0, 10.0]  # bounded: two waits
 
 
+def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> None:
+    # One process over its bound, both confirmations beside a reference 3x slower: the
+    # one process cannot show the spread between processes, so no regression on it.
+    quiet, busy = [1.0] * 10, [3.0] * 10
+    measure, _ = _contended_measure([(15.0, quiet)])
+    confirm, confirmations = _contended_measure([(15.0, busy)])
+    outcome = run_gate(
+        [CASE], _with_reference(1.0), JudgeOptions(), measure, confirm=confirm, sleep=print
+    )
+    (case,) = outcome.judgement.cases
+    assert len(confirmations) == 2
+    assert case.verdict == CONTENDED and outcome.judgement.exit_code == EXIT_CONTENDED
+    stage = next(m for m in case.metrics if m.metric == M)
+    assert stage.verdict == CONTENDED and "not confirmed" in stage.reason
+    assert case.sampling is not None and case.sampling["confirmations"] == 0
+    # One quiet confirmation is enough for a verdict: the same slowdown fails.
+    confirm, _ = _contended_measure([(15.0, busy), (15.05, quiet)])
+    outcome = run_gate(
+        [CASE], _with_reference(1.0), JudgeOptions(), measure, confirm=confirm, sleep=print
+    )
+    assert outcome.judgement.cases[0].verdict == REGRESSION
+
+
+def test_agreeing_baseline_processes_do_not_lend_the_samples_dof_to_one_process() -> None:
+    # Three baseline processes that agree to 0.2 % and samples that jitter by 5 %: the
+    # samples' spread is the larger, but the spread between processes is known from
+    # two degrees of freedom only, and that is what the interval's t must use.
+    base = summarize(processes([10.0, 10.02, 9.98], rel_sd=0.05), groups=[10] * 3)
+    current = noisy(11.2, 0.05, 10, seed=7)
+    noise = log_ratio_noise(base, summarize(current))
+    assert noise.within > noise.between > 0
+    assert noise.dof == 2 and "2 dof" in noise.source
+    v = judge_metric(M, current, base, BAND)
+    assert v.verdict == PASS and not v.significant  # at the samples' dof it was credible
+    assert v.low is not None and v.low < 1.0
+
+
 def test_contended_runs_are_dropped_and_the_rest_judged() -> None:
     refs = [1.0] * 8 + [3.0] * 2
     res = _result([10.0] * 8 + [30.0, 30.0])

@@ -13,7 +13,11 @@
 - confirmation: a case with a metric over its bound after the first measurement is
   measured again in fresh processes (`--max-reruns`, default 2), one at a time, and the
   processes are pooled as groups. Confirmation stops as soon as no metric is over its
-  bound any more. The process is the largest source of noise on a shared runner (a
+  bound any more. A confirmation the contention screen finds contended is left out and
+  the next one is tried (it counts against `--max-reruns`); a case whose every
+  confirmation was left out so cannot be a `regression` on its one process (one process cannot show the between-process spread the verdict needs):
+  its timed regressions become `contended` (exit 4), as a contended first measurement
+  would. The process is the largest source of noise on a shared runner (a
   process can land in a slow mode for its whole life), and only more processes show
   and average it; with three of them the verdict has a between-process spread to put
   an interval on.
@@ -44,9 +48,11 @@ from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.decision.verdict import (
     CONTENDED,
     DEFAULT_RULE,
+    REGRESSION,
     CaseVerdict,
     Judgement,
     Rule,
+    contended,
     judge,
     judge_against,
 )
@@ -158,6 +164,10 @@ def run_gate(
     judgement = judging.judge(results, baseline, ignore_missing)
     verdicts = []
     for cv in judgement.cases:
+        if cv.case_id in gate.unconfirmed and cv.verdict == REGRESSION:
+            # The gate asked for a fresh process to confirm what one process showed and
+            # the runner never gave it a quiet one: no verdict on the code.
+            cv = contended(cv, gate.unconfirmed[cv.case_id])
         res = results.cases[cv.case_id]
         sampling = gate.sampling(cv.case_id, res)
         if adaptive and max_repeats is not None and res.status == "ok":
@@ -186,6 +196,10 @@ class _Gate:
         self.waits: dict[str, int] = {}
         self.confirmations: dict[str, int] = {}
         self.notes: dict[str, str] = {}
+        self.unconfirmed: dict[str, str] = {}
+        """Cases over their bound whose every confirmation ran on a contended runner."""
+        self.failed: set[str] = set()
+        """Cases whose confirmation failed to run: not confirmed again."""
 
     def verdict_of(self, cid: str, result: CaseResult) -> CaseVerdict:
         return judge_against(
@@ -236,7 +250,7 @@ class _Gate:
         todo: list[Case] = []
         max_reruns = self.judging.max_reruns
         for cid, res in sorted(results.cases.items()):
-            if res.status != "ok" or cid in self.notes or cid not in self.by_id:
+            if res.status != "ok" or cid in self.failed or cid not in self.by_id:
                 continue
             verdict = self.verdict_of(cid, res)
             # A case the screen found contended waits instead; a metric left without a
@@ -268,15 +282,22 @@ class _Gate:
                     self.notes[case.id] = (
                         f"confirmation {attempt} failed ({why}); verdict from earlier runs"
                     )
+                    self.failed.add(case.id)
                     continue
                 _, scr = screen(extra, _reference(self.baseline, case.id), policy)
                 if scr.contended:
                     self.notes[case.id] = (
                         f"confirmation {attempt} ran on a contended runner; left out"
                     )
+                    if not self.confirmations[case.id]:
+                        self.unconfirmed[case.id] = (
+                            f"over its bound in one process; every confirmation ran on a "
+                            f"contended runner (last: {scr.reason}): not confirmed"
+                        )
                     continue
                 results.cases[case.id] = pool([results.cases[case.id], extra], True)
                 self.confirmations[case.id] += 1
+                self.unconfirmed.pop(case.id, None)
 
     def sampling(self, cid: str, res: CaseResult) -> dict[str, Any]:
         """How a case was sampled, for its verdict's `sampling`."""
