@@ -15,9 +15,10 @@
   processes are pooled as groups. Confirmation stops as soon as no metric is over its
   bound any more. A confirmation the contention screen finds contended is left out and
   the next one is tried (it counts against `--max-reruns`); a case whose every
-  confirmation was left out so cannot be a `regression` on its one process (one process cannot show the between-process spread the verdict needs):
-  its timed regressions become `contended` (exit 4), as a contended first measurement
-  would. The process is the largest source of noise on a shared runner (a
+  confirmation was left out so cannot be a `regression` on its one process (one
+  process cannot show the between-process spread the verdict needs): its timed
+  regressions become `contended` (exit 4), as a contended first measurement would.
+  The process is the largest source of noise on a shared runner (a
   process can land in a slow mode for its whole life), and only more processes show
   and average it; with three of them the verdict has a between-process spread to put
   an interval on.
