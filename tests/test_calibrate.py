@@ -104,10 +104,13 @@ def test_the_checks_own_widening_of_a_band_is_simulated() -> None:
     assert plain.catches is not None and plain.catches < 0.2
     assert padded.catches is not None and padded.catches >= 0.25
     assert padded.false_alarm <= plain.false_alarm
-    profile = default_profiles("cpu")["pr_test"]
+    # calibrate_case judges with its profile's own widening: a profile whose noise pad
+    # is 30 standard errors (~+33 % here) moves what it says is caught.
+    profile = dataclasses.replace(default_profiles("cpu")["pr_test"], noise_pad=30.0)
     cal = calibrate_case(measured(0.02, 0.005), profile, setup)
     gate = {d.noise.metric: d for d in cal.detections}[M]
     assert gate.catches == detection(noise, profile.band(M), setup, profile.noise_band).catches
+    assert gate.catches != detection(noise, profile.band(M), setup).catches
 
 
 def scenario(timing: str | None, reference: float | None) -> Scenario:

@@ -50,7 +50,7 @@ from perfguard.decision.stats import (
     summarize,
 )
 from perfguard.decision.tolerances import Band, Profile
-from perfguard.decision.verdict import DEFAULT_RULE, REGRESSION, Rule, judge_metric
+from perfguard.decision.verdict import DEFAULT_RULE, REGRESSION, Rule, as_checked, judge_metric
 from perfguard.metrics import metric_class, metric_sort_key
 from perfguard.results import CaseResult
 
@@ -353,22 +353,20 @@ class CaseCalibration:
 def as_judged(
     result: CaseResult, scenario: Scenario | None, platform: str
 ) -> tuple[CaseResult, str]:
-    """`result` as a check would judge it against `scenario`, and its timing.
-
-    The contention screen's runs left out, then, where the scenario is normalized (or,
-    without one, where the platform's default timing is), every run scaled by the
-    reference beside it to the scenario's reference median (else the result's own):
-    the noise calibrate measures is then the noise the check sees.
-    """
+    """`result` as a check would judge it against `scenario` (`verdict.as_checked`), and
+    its timing; with no scenario yet, screened at its own quiet level and, where the
+    platform's default timing is normalized, scaled to its own reference median: the
+    noise calibrate measures is then the noise the check sees."""
     if result.status != "ok":
         return result, RAW
-    level = scenario.reference.median if scenario and scenario.reference else None
-    timing = (scenario.timing or RAW) if scenario is not None else default_timing(platform)
-    screened, _ = screen(result, level, DEFAULT_POLICY)
-    if timing != NORMALIZED or not result.reference:
-        return screened, RAW
-    scaled = normalized(screened, level or statistics.median(result.reference))
-    return (scaled, NORMALIZED) if scaled is not None else (screened, RAW)
+    if scenario is not None:
+        checked, _, scaled = as_checked(result, scenario)
+        return checked, NORMALIZED if scaled else RAW
+    screened, _ = screen(result, None, DEFAULT_POLICY)
+    scaled = None
+    if default_timing(platform) == NORMALIZED and result.reference:
+        scaled = normalized(screened, statistics.median(result.reference))
+    return (screened, RAW) if scaled is None else (scaled, NORMALIZED)
 
 
 def calibrate_case(

@@ -165,10 +165,11 @@ def run_gate(
     judgement = judging.judge(results, baseline, ignore_missing)
     verdicts = []
     for cv in judgement.cases:
-        if cv.case_id in gate.unconfirmed and cv.verdict == REGRESSION:
+        unconfirmed = gate.unconfirmed(cv.case_id)
+        if unconfirmed and cv.verdict == REGRESSION:
             # The gate asked for a fresh process to confirm what one process showed and
             # the runner never gave it a quiet one: no verdict on the code.
-            cv = contended(cv, gate.unconfirmed[cv.case_id])
+            cv = contended(cv, unconfirmed)
         res = results.cases[cv.case_id]
         sampling = gate.sampling(cv.case_id, res)
         if adaptive and max_repeats is not None and res.status == "ok":
@@ -197,8 +198,8 @@ class _Gate:
         self.waits: dict[str, int] = {}
         self.confirmations: dict[str, int] = {}
         self.notes: dict[str, str] = {}
-        self.unconfirmed: dict[str, str] = {}
-        """Cases over their bound whose every confirmation ran on a contended runner."""
+        self.contended_confirmation: dict[str, str] = {}
+        """The screen's reason for the last confirmation of a case it left out."""
         self.failed: set[str] = set()
         """Cases whose confirmation failed to run: not confirmed again."""
 
@@ -290,15 +291,21 @@ class _Gate:
                     self.notes[case.id] = (
                         f"confirmation {attempt} ran on a contended runner; left out"
                     )
-                    if not self.confirmations[case.id]:
-                        self.unconfirmed[case.id] = (
-                            f"over its bound in one process; every confirmation ran on a "
-                            f"contended runner (last: {scr.reason}): not confirmed"
-                        )
+                    self.contended_confirmation[case.id] = scr.reason
                     continue
                 results.cases[case.id] = pool([results.cases[case.id], extra], True)
                 self.confirmations[case.id] += 1
-                self.unconfirmed.pop(case.id, None)
+
+    def unconfirmed(self, cid: str) -> str | None:
+        """Why `cid` has no confirmation though it asked for one: every confirmation ran
+        on a contended runner (None when one ran quiet, or none was left out)."""
+        why = self.contended_confirmation.get(cid)
+        if why is None or self.confirmations.get(cid, 0):
+            return None
+        return (
+            f"over its bound in one process; every confirmation ran on a contended runner "
+            f"(last: {why}): not confirmed"
+        )
 
     def sampling(self, cid: str, res: CaseResult) -> dict[str, Any]:
         """How a case was sampled, for its verdict's `sampling`."""

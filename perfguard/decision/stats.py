@@ -257,7 +257,7 @@ class Noise:
         is still known only as well as those few processes show it: Student's t at the
         samples' dof (~30) instead of the processes' (2-4) made one process over its
         bound, against a baseline whose three processes agreed, a credible regression
-        of unchanged code (4 of 36 A/A checks on the 2-core runner, docs/verdicts.md).
+        of unchanged code (the detection runs in docs/verdicts.md).
         """
         if self.between_dof > 0:
             return self.between_dof

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.decision import counters
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
-from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
+from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, Screen, screen
 from perfguard.decision.estimate import PairedEstimate
 from perfguard.decision.normalize import NORMALIZED, normalized
 from perfguard.decision.stats import (
@@ -468,6 +468,19 @@ def gated_steps(step_count: int, step_fractions: Sequence[float] | None) -> set[
     return {round(f * max_step) for f in step_fractions}
 
 
+def as_checked(
+    result: CaseResult, scenario: Scenario, policy: ContentionPolicy = DEFAULT_POLICY
+) -> tuple[CaseResult, Screen, bool]:
+    """`result` as a check judges it against `scenario`: the runs the contention screen
+    finds contended left out, then, where the scenario is normalized, every run scaled
+    to its reference median (`perfguard.decision.normalize`); what the screen found;
+    whether the runs were normalized. `perfguard calibrate` measures noise on the same."""
+    ref = scenario.reference.median if scenario.reference is not None else None
+    screened, scr = screen(result, ref, policy)
+    scaled = normalized(screened, ref) if scenario.normalized and ref else None
+    return (screened if scaled is None else scaled), scr, scaled is not None
+
+
 def judge_case(
     case_id: str,
     result: CaseResult,
@@ -513,14 +526,12 @@ def judge_case(
     )
     common["work"] = work.to_json() or None
     common["output"] = None if output is None else output.to_json()
-    ref = scenario.reference.median if scenario.reference is not None else None
-    result, scr = screen(result, ref, policy)
+    result, scr, scaled = as_checked(result, scenario, policy)
     runner = scr.to_json()
     speed = scr.speed
-    scaled = normalized(result, ref) if scenario.normalized and ref else None
-    if scaled is not None:
+    if scaled:
         # The runner's speed is divided out run by run: nothing is left for it to excuse.
-        result, speed, runner["timing"] = scaled, None, NORMALIZED
+        speed, runner["timing"] = None, NORMALIZED
     base = scenario.metrics
     steps = gated_steps(scenario.step_count, step_fractions)
     out = [
