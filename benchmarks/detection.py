@@ -19,7 +19,13 @@ False alarms are given with their 95 % upper confidence bound (Clopper-Pearson),
 every rate with its count. The baselines are regenerated every `--checks-per-baseline`
 checks, so the trials do not all share one baseline's luck.
 
+`--revision NAME=DIR` (repeatable) compares checkouts: `python -m perfguard` runs with
+DIR as its working directory, each revision keeps baselines of its own (made by its own
+`gen-baselines`, with its own defaults), and every condition runs once per revision in
+each round, in a random order, so the revisions share the machine's spells.
+
     python benchmarks/detection.py --budget-s 1800
+    python benchmarks/detection.py --revision new=. --revision old=/tmp/old --budget-s 1200
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ def env_for(method: str, pct: int) -> dict[str, str]:
     return env
 
 
-def gen_baseline(path: Path, extra: list[str] | None = None) -> float:
+def gen_baseline(path: Path, extra: list[str] | None = None, cwd: Path = ROOT) -> float:
     t0 = time.perf_counter()
     path.unlink(missing_ok=True)
     subprocess.run(
@@ -86,12 +92,18 @@ def gen_baseline(path: Path, extra: list[str] | None = None) -> float:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env_for("", 0),
+        cwd=cwd,
     )
     return time.perf_counter() - t0
 
 
 def one_check(
-    baseline: Path, method: str, pct: int, report: Path, extra: list[str] | None = None
+    baseline: Path,
+    method: str,
+    pct: int,
+    report: Path,
+    extra: list[str] | None = None,
+    cwd: Path = ROOT,
 ) -> dict:
     cmd = [
         sys.executable,
@@ -116,6 +128,7 @@ def one_check(
         stderr=subprocess.DEVNULL,
         env=env_for(method, pct),
         check=False,
+        cwd=cwd,
     )
     wall = time.perf_counter() - t0
     out = {"exit": proc.returncode, "wall_s": wall, "cases": {}}
@@ -128,6 +141,9 @@ def one_check(
                 "stage_verdict": m.get("verdict"),
                 "ratio": m.get("ratio"),
                 "confirmations": (case.get("sampling") or {}).get("confirmations", 0),
+                "regressed": sorted(
+                    k for k, v in case["metrics"].items() if v.get("verdict") == "regression"
+                ),
             }
         report.unlink()
     return out
@@ -147,6 +163,14 @@ def main() -> None:
     )
     ap.add_argument("--checks-per-baseline", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--revision",
+        action="append",
+        default=None,
+        metavar="NAME=DIR",
+        help="A checkout to measure (repeatable; default: this one), interleaved with the "
+        "others condition by condition, each with baselines of its own.",
+    )
     ap.add_argument("--json", default=None, help="Write every trial here.")
     ap.add_argument(
         "--gen-args",
@@ -165,19 +189,29 @@ def main() -> None:
     )
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    variants = dict(v.split("=", 1) for v in args.check_variants)
+    checks = dict(v.split("=", 1) for v in args.check_variants)
+    revisions = {
+        n: Path(d).resolve()
+        for n, _, d in (r.partition("=") for r in (args.revision or [f"this={ROOT}"]))
+    }
+    # A variant is a revision with check settings; with one revision it is named after
+    # the settings alone, as before.
+    variants = {
+        (f"{rev}/{name}" if len(revisions) > 1 else name): (rev, extra)
+        for rev in revisions
+        for name, extra in checks.items()
+    }
     conditions: list[tuple[str, str, str, int]] = []
     for name in variants:
         for load in args.loads:
             conditions += [(name, load, "none", 0)] * args.aa_weight
             conditions += [(name, load, m, p) for m in args.methods for p in args.levels if p]
     trials: list[dict] = []
-    gen_times: list[float] = []
+    gen_times: dict[str, list[float]] = {rev: [] for rev in revisions}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "baseline.json"
         report = Path(tmp) / "report.json"
-        since_gen = args.checks_per_baseline
+        since_gen = dict.fromkeys(revisions, args.checks_per_baseline)
         rounds = 0
         while time.perf_counter() - start < args.budget_s:
             order = conditions[:]
@@ -185,27 +219,31 @@ def main() -> None:
             for variant, load, method, pct in order:
                 if time.perf_counter() - start >= args.budget_s:
                     break
-                if since_gen >= args.checks_per_baseline or not base.exists():
-                    gen_times.append(gen_baseline(base, args.gen_args.split()))
-                    since_gen = 0
+                rev, extra = variants[variant]
+                base, cwd = Path(tmp) / f"baseline-{rev}.json", revisions[rev]
+                if since_gen[rev] >= args.checks_per_baseline or not base.exists():
+                    gen_times[rev].append(gen_baseline(base, args.gen_args.split(), cwd))
+                    since_gen[rev] = 0
                 spin = [spinner() for _ in range({"quiet": 0, "one-busy": 1, "two-busy": 2}[load])]
                 try:
-                    res = one_check(base, method, pct, report, variants[variant].split())
+                    res = one_check(base, method, pct, report, extra.split(), cwd)
                 finally:
                     for p in spin:
                         p.kill()
                         p.wait()
                 res.update(variant=variant, load=load, method=method, pct=pct)
                 trials.append(res)
-                since_gen += 1
+                since_gen[rev] += 1
             rounds += 1
     if args.json:
         Path(args.json).write_text(json.dumps({"trials": trials, "gen_s": gen_times}, indent=1))
     elapsed = time.perf_counter() - start
-    print(
-        f"{len(trials)} checks in {rounds} rounds, {elapsed:.0f} s; {len(gen_times)} baselines "
-        f"(gen-baselines median {sorted(gen_times)[len(gen_times) // 2]:.1f} s)"
+    gens = "; ".join(
+        f"{rev}: {len(ts)} baselines, gen-baselines median {sorted(ts)[len(ts) // 2]:.1f} s"
+        for rev, ts in gen_times.items()
+        if ts
     )
+    print(f"{len(trials)} checks in {rounds} rounds, {elapsed:.0f} s; {gens}")
     for name in variants:
         walls = sorted(t["wall_s"] for t in trials if t["variant"] == name)
         aa = sorted(t["wall_s"] for t in trials if t["variant"] == name and t["pct"] == 0)
@@ -251,6 +289,15 @@ def main() -> None:
             f"| {variant} | {load} | +{pct} % | {method} | {n} | {rate} | {caught[CASES[0]]}/{n} | "
             f"{caught[CASES[1]]}/{n} | {contended} | {other} | {med(CASES[0])} / {med(CASES[1])} |"
         )
+    false_alarms: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for t in trials:
+        if t["pct"] == 0:
+            for c, v in t["cases"].items():
+                for metric in v.get("regressed", []):
+                    false_alarms[t["variant"]][f"{c}:{metric}"] += 1
+    for name, counts in sorted(false_alarms.items()):
+        most = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        print(f"A/A regressions ({name}): " + ", ".join(f"{m} x{k}" for m, k in most))
 
 
 if __name__ == "__main__":

@@ -314,7 +314,9 @@ def check(
     def confirm(todo: Any, until_for: Any) -> Results:
         # A fresh process for each confirmation: the process, not the run, is the unit
         # whose spread the verdict's interval needs (perfguard.decision.gate).
-        again = options.replace(isolate=True, processes=1, max_repeats=None)
+        # It times; it does not count again: the first measurement counted this build's
+        # work, and counts are exact (a counted run costs ~3x a plain one).
+        again = options.replace(isolate=True, processes=1, max_repeats=None, count_work=False)
         return run_cases(list(todo), platform, again, warm=warm)
 
     with warm:

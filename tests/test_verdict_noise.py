@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from perfguard.decision.gate import JudgeOptions, run_gate
+from perfguard.decision.gate import DEFAULT_MAX_RERUNS, JudgeOptions, run_gate
 from perfguard.decision.stats import log_ratio_noise, process_spread, summarize
 from perfguard.decision.tolerances import Band
 from perfguard.decision.verdict import CONTENDED, PASS, REGRESSION, Rule, judge_case, judge_metric
@@ -210,13 +210,15 @@ def test_a_real_regression_is_confirmed_in_fresh_processes_and_fails() -> None:
     outcome = run_gate([CASE], baseline, JudgeOptions(), measure, confirm=confirm)
     (case,) = outcome.judgement.cases
     assert case.verdict == REGRESSION and outcome.judgement.exit_code == 1
-    # the first measurement in this process, the confirmations in fresh ones
-    assert len(calls) == 1 and len(confirmations) == 2
-    assert case.sampling is not None and case.sampling["confirmations"] == 2
-    assert case.sampling["groups"] == 3
+    # the first measurement in this process, the confirmations in fresh ones: still over
+    # its bound after each, so all of the default's four run
+    assert DEFAULT_MAX_RERUNS == 4
+    assert len(calls) == 1 and len(confirmations) == 4
+    assert case.sampling is not None and case.sampling["confirmations"] == 4
+    assert case.sampling["groups"] == 5
     metric = next(m for m in case.metrics if m.metric == M)
-    # three processes a side: Student's t with their 4 degrees of freedom
-    assert metric.noise is not None and metric.noise.dof == 4
+    # three baseline processes and five checked: Student's t with their 2 + 4 dof
+    assert metric.noise is not None and metric.noise.dof == 6
 
 
 def test_confirmation_stops_as_soon_as_nothing_is_over_its_bound() -> None:
@@ -294,7 +296,12 @@ def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> No
     measure, _ = _contended_measure([(15.0, quiet)])
     confirm, confirmations = _contended_measure([(15.0, busy)])
     outcome = run_gate(
-        [CASE], _with_reference(1.0), JudgeOptions(), measure, confirm=confirm, sleep=print
+        [CASE],
+        _with_reference(1.0),
+        JudgeOptions(max_reruns=2),
+        measure,
+        confirm=confirm,
+        sleep=print,
     )
     (case,) = outcome.judgement.cases
     assert len(confirmations) == 2
@@ -305,7 +312,12 @@ def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> No
     # One quiet confirmation is enough for a verdict: the same slowdown fails.
     confirm, _ = _contended_measure([(15.0, busy), (15.05, quiet)])
     outcome = run_gate(
-        [CASE], _with_reference(1.0), JudgeOptions(), measure, confirm=confirm, sleep=print
+        [CASE],
+        _with_reference(1.0),
+        JudgeOptions(max_reruns=2),
+        measure,
+        confirm=confirm,
+        sleep=print,
     )
     assert outcome.judgement.cases[0].verdict == REGRESSION
 
@@ -451,7 +463,7 @@ def test_the_report_shows_the_evidence_and_the_reruns_and_round_trips() -> None:
 
     measure, _ = _scripted([15.0, 15.1])
     baseline = _baseline([10.0, 10.1, 9.9])
-    outcome = run_gate([CASE], baseline, JudgeOptions(), measure)
+    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=2), measure)
     report = build(
         outcome.judgement,
         environment={"platform": "cpu", "hardware": "x"},

@@ -193,6 +193,33 @@ def test_counters_only_runs_no_timed_run() -> None:
     assert result.work and result.output_hash and result.output_sketch
 
 
+def test_a_build_told_not_to_count_times_its_runs_and_counts_nothing() -> None:
+    calls = []
+
+    def factory(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
+        run = _staged()
+        return lambda: calls.append(None) or run()
+
+    case = Case(id="work", workload="qwen_image", preset="tiny")
+    result = run_case(case, Platform(), MeasureOptions(repeats=3, warmup=1, count_work=False),
+                      factory=factory)  # fmt: skip
+    assert result.status == "ok", result.error
+    assert len(calls) == 1 + 3  # the warm-up and the timed runs: no counted run
+    assert result.work is None and result.memory is None
+    assert len(result.samples["e2e"]) == 3 and result.output_hash
+    # A counters-only measurement exists to count: it counts whatever count_work says.
+    calls.clear()
+    only = MeasureOptions(repeats=3, warmup=0, counters_only=True, count_work=False)
+    assert run_case(case, Platform(), only, factory=factory).work and len(calls) == 2
+
+
+def test_count_work_travels_to_a_worker_only_when_it_is_off() -> None:
+    on, off = MeasureOptions(), MeasureOptions(count_work=False)
+    assert "count_work" not in on.to_worker_json("cpu")  # the wire older workers read
+    assert off.to_worker_json("cpu")["count_work"] is False
+    assert MeasureOptions.from_worker_json(off.to_worker_json("cpu")) == ("cpu", off)
+
+
 def test_a_pipeline_that_fails_under_the_mode_loses_its_counts_not_its_timings() -> None:
     def factory(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
         return _staged()

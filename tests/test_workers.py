@@ -17,7 +17,7 @@ from perfguard.device.pinning import narrow_visible_devices as _narrow_visible_d
 from perfguard.device.platform import CudaPlatform, NpuPlatform, Platform, RocmPlatform, probe
 from perfguard.errors import PerfguardError
 from perfguard.measurement import workers
-from perfguard.measurement.options import MeasureOptions, parse_devices
+from perfguard.measurement.options import COUNTED_PROCESSES, MeasureOptions, parse_devices
 from perfguard.measurement.runner import import_factory, run_case
 from perfguard.storage.cases import Case
 
@@ -223,6 +223,20 @@ def test_devices_run_one_worker_per_device_that_keeps_running_cases(fake: Path) 
     assert sorted(cores.values()) == sorted(results.settings["cpu_pins"])
     assert len(set(cores.values())) == 2 and all("," not in c for c in cores.values())
     assert {t for _, _, t in builds} == {"1"}  # OMP_NUM_THREADS = the worker's cores
+
+
+def test_only_the_first_processes_of_a_case_run_the_counted_run(fake: Path) -> None:
+    # Counts are exact: an 8-process baseline needs them from a couple of builds, and
+    # recounting in every process would cost about half of what a process measures.
+    results = workers.run_in_workers(
+        [fake_case("a")], CPU, MeasureOptions(processes=4, repeats=1, warmup=0, factory=FACTORY)
+    )
+    res = results.cases["a"]
+    assert res.status == "ok", res.error
+    assert res.groups == [1, 1, 1, 1] and len(log_lines(fake, "build")) == 4
+    assert res.work is not None and len(res.work) == COUNTED_PROCESSES == 2
+    none = MeasureOptions(processes=3, repeats=1, warmup=0, factory=FACTORY, count_work=False)
+    assert workers.run_in_workers([fake_case("b")], CPU, none).cases["b"].work is None
 
 
 def test_a_worker_that_dies_fails_only_its_case(fake: Path) -> None:

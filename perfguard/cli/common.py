@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.gate import DEFAULT_MAX_RERUNS, JudgeOptions
 from perfguard.device.inject import inject_from
 from perfguard.measurement.launch import START_METHODS
 from perfguard.measurement.options import SYNC_POLICIES, MeasureOptions, factory_from, parse_devices
@@ -148,14 +148,16 @@ def selection_options(*, shard: bool = True) -> Decorator:
     return decorate
 
 
-DEFAULT_BASELINE_PROCESSES = 3
-"""gen-baselines measures in 3 fresh processes by default: the verdict's interval needs
-the between-process spread, and a baseline of 3 processes gives it 2 degrees of freedom
-of its own; a check confirmed in 2 more fresh processes adds 2, and the one-sided 99 %
-t quantile is then 3.75 (with one process a side there is no spread at all). Each
-process pays ~5 s of imports and builds with the real diffusers / transformers
-components, so 3 keeps the smoke suite's gen-baselines + check near 30 s on the 2-core
-runner; `--processes 5` buys more power at +5 % for ~10 s more (docs/verdicts.md)."""
+DEFAULT_BASELINE_PROCESSES = 6
+"""gen-baselines measures in 6 fresh processes by default: the verdict's interval needs
+the between-process spread, and the baseline's median is shared by every check against
+it, so its error is the one no check can average away. With 3 processes a baseline left
+its median a few percent off (A/A checks of one baseline read 1.05-1.08x together, of
+the next 0.99x: docs/verdicts.md) and its spread had 2 degrees of freedom (one-sided 99 %
+t quantile 6.96). Processes are forks of the warm server and only the first two recount
+the work (`options.COUNTED_PROCESSES`), so a process costs its build and runs: ~0.9 s
+for the two smoke cases, and gen-baselines + check of the smoke tier stays within 15 s
+(docs/verdicts.md)."""
 
 
 def measurement_options(
@@ -362,7 +364,7 @@ def profile_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def max_reruns_option(help: str) -> Decorator:
-    return count_option("--max-reruns", 2, 0, help)
+    return count_option("--max-reruns", DEFAULT_MAX_RERUNS, 0, help)
 
 
 def judge_options(max_reruns_help: str) -> Decorator:

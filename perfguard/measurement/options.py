@@ -20,10 +20,31 @@ from perfguard.errors import PerfguardError
 SYNC_POLICIES = ("none", "stage")
 ENV_FACTORY = "PERFGUARD_FACTORY"
 
-WORKER_FIELDS = ("repeats", "warmup", "timeout", "sync", "inject", "factory", "counters_only")
+WORKER_FIELDS = (
+    "repeats",
+    "warmup",
+    "timeout",
+    "sync",
+    "inject",
+    "factory",
+    "counters_only",
+    "count_work",
+)
 """What a worker process needs of the options (besides the platform's name): the
-request's `options` object on the wire (`perfguard.measurement.worker`), unchanged since
-worker protocol 1 so that an older base revision of a relative check reads it."""
+request's `options` object on the wire (`perfguard.measurement.worker`). `counters_only`
+and `count_work` travel only when they differ from their defaults, so the wire is what
+worker protocol 1 was for an older base revision of a relative check (which ignores
+what it does not know: it then counts, which costs time, not correctness)."""
+
+_WIRE_DEFAULTS = {"counters_only": False, "count_work": True}
+
+COUNTED_PROCESSES = 2
+"""How many of a case's K processes run the untimed counted run (`MeasureOptions.count_work`).
+
+Counts are exact: one build gives them, and a second cross-checks that they do not
+depend on the build (where they do, the baseline keeps their range). The counted run
+costs about as much as the timed runs of a smoke process, so counting in every process
+of a 6-process baseline would spend a third of its time recounting the same integers."""
 
 _MEASURED = ("repeats", "warmup", "timeout", "sync", "inject", "counters_only", "max_repeats")
 _REPORTED = ("repeats", "warmup", "sync", "inject", "devices", "start_method")
@@ -63,6 +84,12 @@ class MeasureOptions:
     - `counters_only`: no timed runs: each build runs its warm-up (at least one run, whose
       output is the one compared) and one counted run (`perfguard.measurement.work`);
       seconds on any CPU runner, and exact.
+    - `count_work`: run the build's untimed counted run (`perfguard.measurement.work`;
+      on CPU it also measures the tensor memory). Counts are exact, so a measurement
+      of many processes needs them from a few builds, not from every one: the counted
+      run costs ~3x a plain run, about half of what a fresh smoke process measures.
+      A case's K processes count in the first `COUNTED_PROCESSES` (`for_process`), and
+      a check's confirmations do not count (its first measurement did).
     - `start_method`: how worker processes start (`perfguard.measurement.launch`):
       `spawn`, a fresh interpreter that imports everything, or `forkserver`, a fork of a
       server that imported torch, transformers, diffusers and perfguard once (None: the
@@ -84,6 +111,7 @@ class MeasureOptions:
     progress: bool | None = None
     counters_only: bool = False
     start_method: str | None = None
+    count_work: bool = True
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
@@ -106,6 +134,13 @@ class MeasureOptions:
 
     def replace(self, **changes: Any) -> MeasureOptions:
         return dataclasses.replace(self, **changes)
+
+    def for_process(self, index: int) -> MeasureOptions:
+        """The options of a case's `index`-th process (from 0) of `processes`: it counts
+        its work only among the first `COUNTED_PROCESSES`, and never where these say not to."""
+        if index < COUNTED_PROCESSES or not self.count_work:
+            return self
+        return self.replace(count_work=False)
 
     @property
     def isolated(self) -> bool:
@@ -174,7 +209,7 @@ class MeasureOptions:
         out: dict[str, Any] = {"platform": platform}
         for name in WORKER_FIELDS:
             value = getattr(self, name)
-            if name == "counters_only" and not value:
+            if name in _WIRE_DEFAULTS and value == _WIRE_DEFAULTS[name]:
                 continue  # absent unless asked: the wire stays what older workers read
             out[name] = dict(value) if name == "inject" else value
         return out

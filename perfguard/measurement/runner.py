@@ -244,7 +244,9 @@ def run_case(
     pipeline allocates (`perfguard.measurement.memory`): the `peak_memory` and
     `peak_memory:<Stage>` samples of this build. The mode costs too much per op to
     ride along in timed runs. A pipeline that fails under the mode loses its counts
-    (`result.work_error` says why), not its timings.
+    (`result.work_error` says why), not its timings. `options.count_work` False skips
+    it (a later process of a multi-process measurement: the counts are exact, and the
+    first processes have them).
     """
     options = options or MeasureOptions()
     repeats = options.repeats
@@ -262,7 +264,8 @@ def run_case(
             counters = getattr(pipeline, "counters", None)
             if _warm_up(pipeline, options, result, hashes):
                 limit = 0  # no timed runs: the last warm-up's output is the one compared
-            _count_work(pipeline, platform, case, result)
+            if options.count_work or options.counters_only:
+                _count_work(pipeline, platform, case, result)
             separate = platform.separate_memory_run
             before = yardstick.time_ms()
             while result.repeats < limit:

@@ -650,9 +650,9 @@ def run_in_workers(
     results = Results(environment=fingerprint(platform), settings=settings)
     run = _SlotRun(platform, options, results, on_case, warm, len(slots))
     run.preload = preload_modules(single, options.factory)
-    for _ in range(processes):
+    for k in range(processes):
         for case in single:
-            run.todo.put(case)
+            run.todo.put((case, options.for_process(k)))
     threads = [
         threading.Thread(target=run.drive, args=(slot, pins[i] if pins else None), daemon=True)
         for i, slot in enumerate(slots)
@@ -664,9 +664,9 @@ def run_in_workers(
     if run.fatal:
         raise run.fatal[0]
 
-    for _ in range(processes):
+    for k in range(processes):
         for case in (c for c in cases if c.num_devices > 1):
-            run.record(_run_multi(case, platform, options))
+            run.record(_run_multi(case, platform, options.for_process(k)))
     return results
 
 
@@ -690,7 +690,7 @@ class _SlotRun:
         self.lock = threading.Lock()
         self.parts: dict[str, list[CaseResult]] = {}
         self.fatal: list[PerfguardError] = []  # a usage error from a worker ends the command
-        self.todo: queue.SimpleQueue[Case] = queue.SimpleQueue()
+        self.todo: queue.SimpleQueue[tuple[Case, MeasureOptions]] = queue.SimpleQueue()
 
     def record(self, res: CaseResult) -> None:
         with self.lock:
@@ -722,7 +722,7 @@ class _SlotRun:
         try:
             while True:
                 try:
-                    case = todo.get_nowait()
+                    case, case_options = todo.get_nowait()
                 except queue.Empty:
                     return
                 try:
@@ -731,7 +731,7 @@ class _SlotRun:
                         if reason is not None:
                             self.record(error_result(case, reason, options))
                             continue
-                    self.record(worker.run(case, options, self.platform.name))
+                    self.record(worker.run(case, case_options, self.platform.name))
                 except PerfguardError as exc:
                     self.fatal.append(exc)
                     while not todo.empty():  # the other workers stop after their case
