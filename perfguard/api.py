@@ -2,7 +2,7 @@
 
     from perfguard import MeasureOptions, Selection, check, gen_baselines
 
-    options = MeasureOptions(repeats=5, processes=3)
+    options = MeasureOptions(repeats=5, processes=6)
     gen_baselines(Selection(tags=("smoke",)), options, baseline="b.json")
     report = check(Selection(tags=("smoke",)), options.replace(processes=1), baseline="b.json")
     raise SystemExit(report.exit_code)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfguard.decision.contention import DEFAULT_POLICY, screen
+from perfguard.decision.gate import DEFAULT_MAX_RERUNS
 from perfguard.decision.normalize import NORMALIZED, RAW, default_timing, normalized
 from perfguard.decision.stats import (
     MAD_TO_SD,
@@ -163,7 +164,7 @@ class CheckSetup:
     repeats: int = 5
     baseline_processes: int = 1
     check_processes: int = 1
-    max_reruns: int = 2
+    max_reruns: int = DEFAULT_MAX_RERUNS
     rule: Rule = DEFAULT_RULE
     trials: int = DEFAULT_TRIALS
     seed: int = 0
