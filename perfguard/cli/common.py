@@ -153,11 +153,11 @@ DEFAULT_BASELINE_PROCESSES = 6
 the between-process spread, and the baseline's median is shared by every check against
 it, so its error is the one no check can average away. With 3 processes a baseline left
 its median a few percent off (the A/A checks of one baseline read their denoising stage
-at a median of 1.06-1.09x, those of the next at 1.01x: docs/verdicts.md) and its spread had 2 degrees of freedom (one-sided 99 %
-t quantile 6.96). Processes are forks of the warm server and only the first two recount
-the work (`options.COUNTED_PROCESSES`), so a process costs its build and runs: ~0.9 s
-for the two smoke cases, and gen-baselines + check of the smoke tier stays within 15 s
-(docs/verdicts.md)."""
+at a median of 1.06-1.09x, those of the next at 1.01x: docs/verdicts.md) and its spread
+had 2 degrees of freedom (one-sided 99 % t quantile 6.96). Processes are forks of the
+warm server and only the first two recount the work (`options.COUNTED_PROCESSES`), so a
+process costs its build and runs: ~0.9 s for the two smoke cases, and gen-baselines +
+check of the smoke tier stays within 15 s (docs/verdicts.md)."""
 
 
 def measurement_options(
