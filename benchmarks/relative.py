@@ -101,14 +101,21 @@ def live_check(out: Path, index: int, name: str, spec: str | None, tag: str) -> 
 # ---- resampling the measured blocks -------------------------------------------------------------
 
 
-def blocks_of(row: dict[str, Any]) -> list[tuple[float, dict[str, dict[str, dict[str, float]]]]]:
+def blocks_of(
+    row: dict[str, Any], timing: str = "raw"
+) -> list[tuple[float, dict[str, dict[str, dict[str, float]]]]]:
     """(seconds, {side: {case: {metric: median}}}) of each block a live check measured.
 
     The head side's per-block medians come from its results (`--out`: every sample, with
     the runs of each block as a group), the base side's from the baseline it wrote
     (`--write-baseline`: each metric's per-process medians); the report is not enough,
     since a metric decided at an early look is summarized over that look's blocks only.
+    With `timing` normalized, a timed metric's block median is that of its runs divided
+    by the reference time beside each, on both sides (as `check --against --timing
+    normalized` compares them); the base's runs come from the baseline's samples (stored
+    `x * level / reference` when the baseline is normalized).
     """
+    from perfguard.decision.normalize import NORMALIZED, is_timed
     from perfguard.decision.stats import split_groups
     from perfguard.storage.baseline import load
     from perfguard.storage.reports import read_results
@@ -118,20 +125,42 @@ def blocks_of(row: dict[str, Any]) -> list[tuple[float, dict[str, dict[str, dict
     out = [(s, {"B": {}, "H": {}}) for s in seconds]
     for cid, res in head.cases.items():
         scenario = base.scenarios[cid]
+        runs = sum(res.groups or ())
         for metric, values in res.samples.items():
+            scaled = timing == NORMALIZED and is_timed(metric) and len(values) == runs
             if len(values) == len(res.groups or ()):  # one figure a block (peak memory)
                 per_block = list(values)
-            elif len(values) == sum(res.groups or ()):
-                per_block = [_median(g) for g in split_groups(values, res.groups)]
+            elif len(values) == runs:
+                xs = values
+                if scaled:
+                    xs = [x / r for x, r in zip(values, res.reference or [], strict=True)]
+                per_block = [_median(g) for g in split_groups(xs, res.groups)]
             else:
                 continue
             base_blocks = scenario.metrics[metric].processes or ()
+            if scaled:
+                base_blocks = _base_per_reference(scenario, metric, res.groups or ())
             if len(per_block) != len(out) or len(base_blocks) != len(out):
                 continue
             for i in range(len(out)):
                 out[i][1]["H"].setdefault(cid, {})[metric] = per_block[i]
                 out[i][1]["B"].setdefault(cid, {})[metric] = base_blocks[i]
     return out
+
+
+def _base_per_reference(scenario: Any, metric: str, groups: Sequence[int]) -> list[float]:
+    """The base side's block medians of run / reference, from the baseline it wrote."""
+    from perfguard.decision.stats import split_groups
+
+    xs = list(scenario.metrics[metric].samples or ())
+    refs = list(scenario.reference.samples or ()) if scenario.reference else []
+    if len(xs) != sum(groups) or len(refs) != len(xs):
+        return []
+    if scenario.normalized:  # stored as x * level / reference: x / reference = stored / level
+        per_run = [x / scenario.reference.median for x in xs]
+    else:
+        per_run = [x / r for x, r in zip(xs, refs, strict=True)]
+    return [_median(g) for g in split_groups(per_run, groups)]
 
 
 def _median(values: Sequence[float]) -> float:
@@ -168,6 +197,8 @@ class Replay:
 
 
 def resample(pool: Sequence[Any], checks: int, seed: int) -> tuple[int, list[int]]:
+    # The pool's block medians are already per reference where --timing asks for it, so
+    # the replayed checks compare them as they are.
     """Replay `checks` relative checks on blocks drawn from `pool`; (failures, blocks used)."""
     from perfguard.measurement.relative import run_relative
     from perfguard.storage.cases import Case
@@ -192,6 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         "--resample", type=int, default=1000, help="Resampled checks per condition."
     )
     parser.add_argument("--replay", action="store_true", help="Only resample the reports in --out.")
+    parser.add_argument(
+        "--timing",
+        nargs="+",
+        default=["raw", "normalized"],
+        choices=["raw", "normalized"],
+        help="How the resampled checks compare a block's sides (each is resampled).",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "checks.jsonl"
@@ -225,20 +263,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{wall:>9.0f}{blocks:>8.0f}"
             + (f"  ({len(errors)} check(s) errored)" if errors else "")
         )
-        pools[name] = [b for r in got for b in blocks_of(r)]
+        for timing in args.timing:
+            pools[f"{name} {timing}"] = [b for r in got for b in blocks_of(r, timing)]
     if args.resample:
         print(
-            f"\nresampled checks ({args.resample} per condition, blocks dealt from the live ones):"
+            f"\nresampled checks ({args.resample} per condition, blocks dealt from the live ones;"
+            " the same blocks compared raw and normalized, same seeds):"
         )
-        print(f"{'condition':<10}{'pool':>7}{'failed':>8}{'rate':>8}{'95% CI':>16}{'blocks':>8}")
-        for i, (name, pool) in enumerate(pools.items()):
+        print(f"{'condition':<20}{'pool':>7}{'failed':>8}{'rate':>8}{'95% CI':>16}{'blocks':>8}")
+        for name, pool in pools.items():
             if len(pool) < 2 * DEFAULT_MAX_BLOCKS:
-                print(f"{name:<10}{len(pool):>7}  too few blocks to resample")
+                print(f"{name:<20}{len(pool):>7}  too few blocks to resample")
                 continue
-            k, used = resample(pool, args.resample, seed=1000 * i)
+            seed = 1000 * list(CONDITIONS).index(name.split()[0])
+            k, used = resample(pool, args.resample, seed=seed)
             lo, hi = clopper_pearson(k, args.resample)
             print(
-                f"{name:<10}{len(pool):>7}{k:>8}{k / args.resample:>8.1%}"
+                f"{name:<20}{len(pool):>7}{k:>8}{k / args.resample:>8.1%}"
                 f"{f'{lo:.1%}-{hi:.1%}':>16}{statistics.median(used):>8.0f}"
             )
     return 0

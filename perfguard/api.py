@@ -337,7 +337,7 @@ def check(
     _warn_hardware(results, base, echo)
     # The report records how the first measurement sampled (`max_repeats`: its cap).
     settings = {"source": "run", **first.settings("check"), "shard": selection.shard}
-    settings["max_reruns"] = judging.max_reruns
+    settings |= {"max_reruns": judging.max_reruns, "confirm_gap_s": judging.confirm_gap_s}
     return build_against(outcome.judgement, results, base, path, settings=settings)
 
 
@@ -412,13 +412,9 @@ def check_results(
         "warmup": results.settings.get("warmup"),
         "inject": results.settings.get("inject"),
     }
+    judging = judging or JudgeOptions()
     return _judge_results(
-        results,
-        judging or JudgeOptions(),
-        baseline=baseline,
-        settings=settings,
-        source=results_file,
-        echo=echo,
+        results, judging, baseline=baseline, settings=settings, source=results_file, echo=echo
     )
 
 
@@ -541,6 +537,7 @@ def check_relative(
         "budget_s": against.budget_s,
         "min_blocks": against.min_blocks,
         "max_blocks": against.max_blocks,
+        "timing": against.timing_on(platform.name),
     }
     report = build_relative(
         outcome.judgement, environment=environment, against=against_info, settings=settings
@@ -601,6 +598,7 @@ def _measure_relative(
     from perfguard.decision.paired import BASE, HEAD
     from perfguard.measurement import relative
 
+    timing = against.timing_on(platform.name)
     with contextlib.ExitStack() as stack:
         directory = against.directory
         if against.ref is not None:
@@ -618,7 +616,7 @@ def _measure_relative(
         echo(
             f"perfguard: relative check of {len(cases)} case(s) against {base.describe()}, "
             f"base perfguard {base.version}; up to {against.max_blocks} blocks in "
-            f"{against.budget_s:g} s"
+            f"{against.budget_s:g} s, timings {timing}"
         )
 
         def on_block(index: int, block: Any, open_metrics: int) -> None:
@@ -635,6 +633,7 @@ def _measure_relative(
             budget_s=against.budget_s,
             seed=against.order_seed,
             on_block=on_block,
+            timing=timing,
         )
     return base, outcome
 

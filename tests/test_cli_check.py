@@ -136,6 +136,19 @@ def test_check_profile_must_exist_in_the_baseline(fake: Path, pg: PG) -> None:
     assert pg(*CHECK, "--profile", "long_term")[0] == 0
 
 
+def test_the_confirmation_gap_is_an_option_a_setting_and_never_negative(
+    fake: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pg(*GEN)
+    code, _, err = pg(*CHECK, "--confirm-gap-s", "-1", "--report", "r.json")
+    assert code == 2 and "--confirm-gap-s" in err and not Path("r.json").exists()
+    assert pg(*CHECK, "--confirm-gap-s", "0.25", "--report", "r.json")[0] == 0
+    assert report_of(Path("r.json"))["settings"]["confirm_gap_s"] == 0.25
+    monkeypatch.setenv("PERFGUARD_CONFIRM_GAP_S", "1.5")  # the runner's setting
+    assert pg(*CHECK, "--report", "r.json")[0] == 0
+    assert report_of(Path("r.json"))["settings"]["confirm_gap_s"] == 1.5
+
+
 def test_check_without_a_baseline_file_says_how_to_make_one(fake: Path, pg: PG) -> None:
     code, _, err = pg(*CHECK)
     assert code == 2 and "perfguard gen-baselines" in err and err.count("\n") == 1

@@ -19,6 +19,7 @@ import random
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -235,6 +236,66 @@ def test_a_case_that_fails_on_one_side_is_an_error_and_the_others_go_on() -> Non
     assert all(ids == ["sleepy"] for i, _, ids in blocks.calls if i >= 2)
 
 
+class SpellBlocks(VirtualBlocks):
+    """VirtualBlocks whose every process also lands in its own spell of the runner (sd
+    `spell`, not shared with the other side of its block) that slows its runs and the
+    reference workload timed beside each alike, as a shared CPU runner does."""
+
+    def __init__(self, slow: Mapping[str, float] | None = None, *, spell: float, **kw: Any) -> None:
+        super().__init__(slow, drift=0.0, **kw)
+        self.spell = spell
+
+    def __call__(
+        self, index: int, order: str, cases: Sequence[Case]
+    ) -> dict[str, dict[str, CaseResult]]:
+        out = super().__call__(index, order, cases)
+        for side in order:
+            for res in out[side].values():
+                if res.status != "ok":
+                    continue
+                speed = math.exp(self.rng.gauss(0, self.spell))
+                for metric, xs in res.samples.items():
+                    res.samples[metric] = [x * speed for x in xs]
+                res.samples["peak_memory"] = [1e6] * res.repeats  # not the runner's speed
+                res.reference = [
+                    4.0 * speed * math.exp(self.rng.gauss(0, 0.005)) for _ in range(res.repeats)
+                ]
+        return out
+
+
+def test_normalized_timing_divides_out_a_spell_that_moved_one_side_of_a_block() -> None:
+    # Each process in its own spell (15 %): raw, the blocks' ratios scatter too much to
+    # resolve a 5 % slowdown in 24 blocks; each run divided by its reference, it fails.
+    raw = run_virtual(SpellBlocks({"DenoisingStage": 1.05}, spell=0.15), budget_s=1000)
+    assert verdicts(raw)["stage:DenoisingStage"] == PASS
+    normalized = run_virtual(
+        SpellBlocks({"DenoisingStage": 1.05}, spell=0.15), budget_s=1000, timing="normalized"
+    )
+    found = verdicts(normalized)
+    assert found["stage:DenoisingStage"] == REGRESSION and found["stage:DecodingStage"] == PASS
+    # Unchanged code under the same spells: clearly the same, normalized.
+    same = run_virtual(SpellBlocks(spell=0.15), budget_s=1000, timing="normalized")
+    assert same.judgement.exit_code == 0 and same.stopped == "resolved"  # type: ignore[attr-defined]
+
+
+def test_normalized_log_ratios_scale_only_timings_and_only_runs_with_reference_times() -> None:
+    blocks = [
+        paired.Block("BH", 1.0, SpellBlocks(spell=0.2, seed=s)(0, "BH", [CASE])) for s in range(6)
+    ]
+    for metric in ("stage:DenoisingStage", "peak_memory"):
+        raw = paired.log_ratios(blocks, CASE.id, metric)
+        norm = paired.log_ratios(blocks, CASE.id, metric, "normalized")
+        if metric == "peak_memory":  # memory is not divided by the reference
+            assert norm == raw == [0.0] * len(blocks)
+        else:
+            assert max(map(abs, norm)) < 0.05 < max(map(abs, raw))
+    for block in blocks:  # no reference times (an older base, a virtual clock): raw
+        block.results["B"][CASE.id].reference = None
+    assert paired.log_ratios(blocks, CASE.id, "e2e", "normalized") == paired.log_ratios(
+        blocks, CASE.id, "e2e"
+    )
+
+
 def test_false_alarms_of_unchanged_code_stay_under_alpha_over_repeated_looks() -> None:
     """200 A/A checks (6 metrics each, looked at up to 6 times): alpha is 1 % per metric.
 
@@ -390,6 +451,7 @@ def test_unchanged_code_passes_against_a_base_directory(
     assert code == 0, out + err + json.dumps(report["cases"])
     assert report["against"]["dir"] == str(base.resolve()) and report["against"]["commit"] is None
     assert report["settings"]["source"] == "relative" and report["profile"]["name"] == "relative"
+    assert report["settings"]["timing"] == "normalized"  # the CPU default
     assert escape_md(f"relative to {base.resolve()} (no commit)") in Path("r.md").read_text()
     case = report["cases"]["qwen_image_t2i_smoke"]
     assert case["sampling"]["blocks"] == report["against"]["blocks"] >= 2
@@ -407,8 +469,10 @@ def test_a_head_slowed_by_a_few_percent_fails_against_its_merge_base(project: Pa
     slower in its denoising steps) is the head. The worktree is gone afterwards."""
     (project / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.05))
     sha = _git(project, "rev-parse", "HEAD")
+    # The stages run on a virtual clock and the reference workload on the real one:
+    # dividing one by the other would add the machine's noise, so --timing raw.
     code, out, err = pg(
-        "check", *QUICK, *FACTORY, "--against-ref", "HEAD",
+        "check", *QUICK, *FACTORY, "--against-ref", "HEAD", "--timing", "raw",
         "--min-blocks", "4", "--max-blocks", "4", "--report", "r.json", "--markdown", "r.md",
     )  # fmt: skip
     report = json.loads(Path("r.json").read_text())
@@ -417,6 +481,7 @@ def test_a_head_slowed_by_a_few_percent_fails_against_its_merge_base(project: Pa
     den = metrics["stage:DenoisingStage"]
     assert den["verdict"] == "regression" and den["ratio_low"] > 1 and den["ratio"] > 1.03
     assert report["against"]["commit"] == sha and report["against"]["ref"] == "HEAD"
+    assert report["settings"]["timing"] == "raw"
     assert f"relative to HEAD (commit {sha[:12]})" in Path("r.md").read_text()
     assert len(worktrees(project)) == 1
 
@@ -504,8 +569,16 @@ def test_a_field_at_its_default_is_dropped_for_an_older_base(tmp_path: Path) -> 
 def test_options_of_the_stored_gate_are_refused_with_against(project: Path, pg: PG) -> None:
     code, _, err = pg("check", *QUICK, "--against", ".", "--baseline", "b.json")
     assert "--baseline does not apply to a relative check" in one_line_error(code, err)
+    # On the command line it means nothing here; in the environment (conftest sets
+    # PERFGUARD_CONFIRM_GAP_S) it is the runner's setting for stored checks, not an error.
+    code, _, err = pg("check", *QUICK, "--against", ".", "--confirm-gap-s", "3")
+    assert "--confirm-gap-s does not apply to a relative check" in one_line_error(code, err)
     code, _, err = pg("check", *QUICK, "--against", ".", "--against-ref", "HEAD")
     assert "not both" in one_line_error(code, err)
+    code, _, err = pg("check", *QUICK, "--timing", "raw")
+    assert "--timing needs --against" in one_line_error(code, err)
+    code, _, err = pg("check", *QUICK, "--against", ".", "--timing", "scaled")
+    assert code == 2 and "--timing" in err
 
 
 def test_no_worktree_is_left_behind_on_a_bad_ref_a_failed_probe_or_ctrl_c(

@@ -18,7 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from perfguard.decision.gate import DEFAULT_MAX_RERUNS, JudgeOptions, run_gate
+from perfguard.decision.gate import (
+    DEFAULT_CONFIRM_GAP_S,
+    DEFAULT_MAX_RERUNS,
+    JudgeOptions,
+    run_gate,
+)
 from perfguard.decision.stats import log_ratio_noise, process_spread, summarize
 from perfguard.decision.tolerances import Band
 from perfguard.decision.verdict import CONTENDED, PASS, REGRESSION, Rule, judge_case, judge_metric
@@ -35,6 +40,10 @@ from tests.helpers import noisy
 
 M = "stage:DenoisingStage"
 BAND = Band(0.10, 0.0)
+
+
+def _no_wait(_seconds: float) -> None:
+    """The gate's `sleep` in tests that confirm: the waits are asserted where they matter."""
 
 
 def processes(medians: Sequence[float], n: int = 10, rel_sd: float = 0.01) -> list[float]:
@@ -194,7 +203,7 @@ def test_a_case_over_its_bound_in_one_slow_process_is_confirmed_and_passes() -> 
     """A check that lands in a slow process is confirmed in fresh ones; pooled, it passes."""
     baseline = _baseline([10.0, 10.1, 9.9])
     measure, calls = _scripted([17.0, 10.0, 10.05])  # +70 % for one process only
-    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=2), measure)
+    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=2), measure, sleep=_no_wait)
     (case,) = outcome.judgement.cases
     assert case.verdict == PASS and outcome.judgement.exit_code == 0
     assert calls == [["c"], ["c"], ["c"]]
@@ -207,7 +216,10 @@ def test_a_real_regression_is_confirmed_in_fresh_processes_and_fails() -> None:
     measure, calls = _scripted([15.0])
     confirm, confirmations = _scripted([15.1, 15.05])
     baseline = _baseline([10.0, 10.1, 9.9])
-    outcome = run_gate([CASE], baseline, JudgeOptions(), measure, confirm=confirm)
+    slept: list[float] = []
+    outcome = run_gate(
+        [CASE], baseline, JudgeOptions(), measure, confirm=confirm, sleep=slept.append
+    )
     (case,) = outcome.judgement.cases
     assert case.verdict == REGRESSION and outcome.judgement.exit_code == 1
     # the first measurement in this process, the confirmations in fresh ones: still over
@@ -219,13 +231,62 @@ def test_a_real_regression_is_confirmed_in_fresh_processes_and_fails() -> None:
     metric = next(m for m in case.metrics if m.metric == M)
     # three baseline processes and five checked: Student's t with their 2 + 4 dof
     assert metric.noise is not None and metric.noise.dof == 6
+    # each confirmation waited its gap first, so that it met another moment of the runner
+    assert DEFAULT_CONFIRM_GAP_S > 0 and slept == [DEFAULT_CONFIRM_GAP_S] * 4
+
+
+def test_a_case_that_passes_its_first_measurement_never_waits_for_a_confirmation() -> None:
+    measure, calls = _scripted([10.0])
+    slept: list[float] = []
+    outcome = run_gate(
+        [CASE], _baseline([10.0, 10.1, 9.9]), JudgeOptions(), measure, sleep=slept.append
+    )
+    assert outcome.judgement.exit_code == 0 and len(calls) == 1 and slept == []
+
+
+def test_the_confirmation_gap_is_the_options_and_zero_waits_not_at_all() -> None:
+    events: list[str] = []
+    measure, _ = _scripted([15.0])
+    confirm, _ = _scripted([15.1])
+    slept: list[float] = []
+    run_gate(
+        [CASE],
+        _baseline([10.0, 10.1, 9.9]),
+        JudgeOptions(max_reruns=2, confirm_gap_s=12.5),
+        measure,
+        confirm=confirm,
+        sleep=slept.append,
+        on_event=lambda _cid, msg: events.append(msg),
+    )
+    assert slept == [12.5, 12.5]
+    assert any("confirming in a fresh process in 12.5 s (1 of at most 2)" in e for e in events)
+    slept.clear()
+    measure, _ = _scripted([15.0])
+    run_gate(
+        [CASE],
+        _baseline([10.0, 10.1, 9.9]),
+        JudgeOptions(max_reruns=2, confirm_gap_s=0),
+        measure,
+        confirm=confirm,
+        sleep=slept.append,
+    )
+    assert slept == []
+    with pytest.raises(ValueError, match="confirm_gap_s"):
+        JudgeOptions(confirm_gap_s=-1.0)
+    with pytest.raises(ValueError, match="confirm_gap_s"):
+        JudgeOptions(confirm_gap_s=math.nan)
 
 
 def test_confirmation_stops_as_soon_as_nothing_is_over_its_bound() -> None:
     measure, _ = _scripted([17.0])
     confirm, confirmations = _scripted([9.9, 10.0, 10.0])
     outcome = run_gate(
-        [CASE], _baseline([10.0, 10.1, 9.9]), JudgeOptions(max_reruns=5), measure, confirm=confirm
+        [CASE],
+        _baseline([10.0, 10.1, 9.9]),
+        JudgeOptions(max_reruns=5),
+        measure,
+        confirm=confirm,
+        sleep=_no_wait,
     )
     assert outcome.judgement.exit_code == 0
     # 17 and 9.9 pooled: the median of all samples lands between them, still over; a
@@ -301,7 +362,7 @@ def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> No
         JudgeOptions(max_reruns=2),
         measure,
         confirm=confirm,
-        sleep=print,
+        sleep=_no_wait,
     )
     (case,) = outcome.judgement.cases
     assert len(confirmations) == 2
@@ -317,7 +378,7 @@ def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> No
         JudgeOptions(max_reruns=2),
         measure,
         confirm=confirm,
-        sleep=print,
+        sleep=_no_wait,
     )
     assert outcome.judgement.cases[0].verdict == REGRESSION
 
@@ -463,7 +524,7 @@ def test_the_report_shows_the_evidence_and_the_reruns_and_round_trips() -> None:
 
     measure, _ = _scripted([15.0, 15.1])
     baseline = _baseline([10.0, 10.1, 9.9])
-    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=2), measure)
+    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=2), measure, sleep=_no_wait)
     report = build(
         outcome.judgement,
         environment={"platform": "cpu", "hardware": "x"},

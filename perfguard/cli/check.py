@@ -30,6 +30,7 @@ from perfguard.cli.common import (
     selection_options,
 )
 from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.normalize import TIMINGS
 from perfguard.errors import EXIT_CODES_HELP, PerfguardError
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.relative import (
@@ -47,11 +48,15 @@ def _relative_from(kwargs: dict[str, Any]) -> RelativeOptions | None:
     """The relative group's flags, popped from `kwargs`: a `RelativeOptions` with
     --against or --against-ref, else None."""
     directory, ref, subdir = (kwargs.pop(k) for k in ("against", "against_ref", "against_subdir"))
-    names = ("budget_s", "min_blocks", "max_blocks", "order_seed", "write_baseline")
+    names = ("budget_s", "min_blocks", "max_blocks", "order_seed", "write_baseline", "timing")
     values = {name: kwargs.pop(name) for name in names}
     if directory is None and ref is None:
         if values["write_baseline"]:
             raise PerfguardError("--write-baseline needs --against or --against-ref")
+        if values["timing"]:
+            raise PerfguardError(
+                "--timing needs --against or --against-ref (a stored check follows its baseline)"
+            )
         return None
     return RelativeOptions(directory, ref, subdir, **values)
 
@@ -125,6 +130,15 @@ def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             metavar="PATH",
             help="Relative check: also store the base side's measurement as a baseline file.",
         ),
+        click.option(
+            "--timing",
+            type=click.Choice(TIMINGS),
+            default=None,
+            help="Relative check: compare each block's sides as measured (raw) or with "
+            "every run divided by the reference workload timed beside it (normalized: the "
+            "runner's spells divide out; docs/relative.md). A factory whose stages sleep "
+            "or wait needs raw. [default: normalized on cpu, raw on devices]",
+        ),
     ]
     return _apply(wrapper, options)
 
@@ -182,9 +196,11 @@ NOT_RELATIVE = {
     "processes": "--processes",
     "max_repeats": "--max-repeats",
     "max_reruns": "--max-reruns",
+    "confirm_gap_s": "--confirm-gap-s",
     "profile": "--profile",
 }
-"""Options that mean nothing to a relative check (`--against`): giving one is an error."""
+"""Options that mean nothing to a relative check (`--against`): giving one on the command
+line is an error (an environment variable is the runner's setting, for both kinds)."""
 
 NEEDS_CASES = ("shard_spec", "devices_spec", "isolate", "factory_spec")
 """Options that need cases to run: an error with --results / --sglang-perf-log."""
@@ -323,7 +339,7 @@ def _relative(
 ) -> Report:
     """`--against DIR` / `--against-ref REF`: head and base side by side, no baseline."""
     for param, flag in NOT_RELATIVE.items():
-        if given(param):
+        if given(param, environment=False):
             raise PerfguardError(f"{flag} does not apply to a relative check (--against)")
     platform = api.probe(platform_name)
     return api.check_relative(

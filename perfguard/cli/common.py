@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from perfguard.decision.gate import DEFAULT_MAX_RERUNS, JudgeOptions
+from perfguard.decision.gate import DEFAULT_CONFIRM_GAP_S, DEFAULT_MAX_RERUNS, JudgeOptions
 from perfguard.device.inject import inject_from
 from perfguard.measurement.launch import START_METHODS
 from perfguard.measurement.options import SYNC_POLICIES, MeasureOptions, factory_from, parse_devices
@@ -41,10 +41,12 @@ def echo_err(message: str) -> None:
     click.echo(message, err=True)
 
 
-def given(name: str) -> bool:
-    """Whether the option whose parameter is `name` was given on the command line."""
+def given(name: str, *, environment: bool = True) -> bool:
+    """Whether the option whose parameter is `name` was given on the command line, or
+    (unless `environment=False`) by its environment variable."""
     source = click.get_current_context().get_parameter_source(name)
-    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+    ambient = {"DEFAULT", "DEFAULT_MAP"} | (set() if environment else {"ENVIRONMENT"})
+    return source is not None and source.name not in ambient
 
 
 class SharedOption(click.Option):
@@ -367,8 +369,21 @@ def max_reruns_option(help: str) -> Decorator:
     return count_option("--max-reruns", DEFAULT_MAX_RERUNS, 0, help)
 
 
+confirm_gap_option = click.option(
+    "--confirm-gap-s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_CONFIRM_GAP_S,
+    show_default=True,
+    envvar="PERFGUARD_CONFIRM_GAP_S",
+    help="Seconds to wait before each confirmation, so that it measures another moment "
+    "of the runner, not the first measurement's spell (0: none; env: "
+    "PERFGUARD_CONFIRM_GAP_S). Only a case over its bound waits.",
+)
+
+
 def judge_options(max_reruns_help: str) -> Decorator:
-    """--profile / --max-reruns / --fail-on-missing / --advisory / --allow-output-change:
+    """--profile / --max-reruns / --confirm-gap-s / --fail-on-missing / --advisory /
+    --allow-output-change:
     how a check judges (`JudgeOptions`); the command gets `judging`."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -380,6 +395,7 @@ def judge_options(max_reruns_help: str) -> Decorator:
                 advisory=kwargs.pop("advisory"),
                 allow_output_change=kwargs.pop("allow_output_change"),
                 max_reruns=kwargs.pop("max_reruns"),
+                confirm_gap_s=kwargs.pop("confirm_gap_s"),
             )
             return fn(**kwargs)
 
@@ -395,7 +411,7 @@ def judge_options(max_reruns_help: str) -> Decorator:
                 "so with `output_may_change = true`).",
             ),
         ]
-        options = [max_reruns_option(max_reruns_help), profile_option]
+        options = [max_reruns_option(max_reruns_help), confirm_gap_option, profile_option]
         options += [click.option(name, is_flag=True, help=text) for name, text in flags]
         return _apply(wrapper, options)
 

@@ -11,17 +11,18 @@
   (`perfguard.decision.contention`) is measured again after a wait (`ContentionPolicy`); a case
   that stays contended gets the verdict `contended` (exit 4), never `regression`.
 - confirmation: a case with a metric over its bound after the first measurement is
-  measured again in fresh processes (`--max-reruns`, default 2), one at a time, and the
-  processes are pooled as groups. Confirmation stops as soon as no metric is over its
-  bound any more. A confirmation the contention screen finds contended is left out and
-  the next one is tried (it counts against `--max-reruns`); a case whose every
-  confirmation was left out so cannot be a `regression` on its one process (one
-  process cannot show the between-process spread the verdict needs): its timed
-  regressions become `contended` (exit 4), as a contended first measurement would.
-  The process is the largest source of noise on a shared runner (a
-  process can land in a slow mode for its whole life), and only more processes show
-  and average it; with three of them the verdict has a between-process spread to put
-  an interval on.
+  measured again in fresh processes (`--max-reruns`, default 4), one at a time, each
+  after a gap (`--confirm-gap-s`, default 5 s) so that it samples another moment of the
+  runner, and the processes are pooled as groups. Confirmation stops as soon as no
+  metric is over its bound any more. A confirmation the contention screen finds
+  contended is left out and the next one is tried (it counts against `--max-reruns`);
+  a case whose every confirmation was left out so cannot be a `regression` on its one
+  process (one process cannot show the between-process spread the verdict needs): its
+  timed regressions become `contended` (exit 4), as a contended first measurement
+  would. The process is the largest source of noise on a shared runner (a process can
+  land in a slow mode for its whole life), and only more processes show and average
+  it; with three of them the verdict has a between-process spread to put an interval
+  on.
 
 Why this bounds the false-alarm rate: a regression needs the one final test to reject
 (median over the band and the one-sided lower confidence bound, Student's t at
@@ -76,6 +77,17 @@ metric is over its bound, so unchanged code rarely pays for one. Measured agains
 (`benchmarks/detection.py --check-variants`, docs/verdicts.md): +5 % caught in 12 of 16
 checks instead of 6 of 16, the same false alarms."""
 
+DEFAULT_CONFIRM_GAP_S = 5.0
+"""Seconds between the end of one measurement of a case and the confirmation that
+follows it. The runner's speed moves in spells of a few runs to a minute
+(docs/verdicts.md), longer than a smoke case's process (~0.5 s): confirmations started
+back to back sit in the first measurement's spell, agree with it, and make the
+between-process spread look smaller than the spread between moments. That is how
+unchanged code failed 2 of 94 checks, the first process and all four confirmations at
+1.05-1.06x of a baseline its other checks read at 0.98x. Four gaps of 5 s spread the
+five processes over ~25 s; only a case over its bound waits, so unchanged code that
+passes pays nothing."""
+
 Until = Callable[[CaseResult], bool]
 Measure = Callable[[Sequence["Case"], Callable[["Case"], Until | None]], Results]
 """`measure(cases, until_for)`: run `cases`, consulting `until_for(case)` (None: no
@@ -91,10 +103,12 @@ class JudgeOptions:
     - `advisory`: regressions are reported, never failed.
     - `allow_output_change`: a changed output is reported, not failed.
     - `max_reruns`: fresh confirmation processes for a case over its bound.
+    - `confirm_gap_s`: seconds to wait before each confirmation (0: none).
     - `rule`, `policy`: the evidence a verdict needs and the contention screen.
 
     A relative check (`perfguard.measurement.relative`) uses `fail_on_missing`,
-    `advisory` and `allow_output_change`; it has no profile and no confirmations.
+    `advisory`, `allow_output_change` and the rule's alpha; it has no profile and no
+    confirmations.
     """
 
     profile: str = DEFAULT_PROFILE
@@ -104,10 +118,13 @@ class JudgeOptions:
     max_reruns: int = DEFAULT_MAX_RERUNS
     rule: Rule = DEFAULT_RULE
     policy: ContentionPolicy = DEFAULT_POLICY
+    confirm_gap_s: float = DEFAULT_CONFIRM_GAP_S
 
     def __post_init__(self) -> None:
         if self.max_reruns < 0:
             raise ValueError("max_reruns must be >= 0")
+        if not self.confirm_gap_s >= 0:
+            raise ValueError(f"confirm_gap_s must be >= 0 seconds, not {self.confirm_gap_s}")
 
     def replace(self, **changes: Any) -> JudgeOptions:
         return dataclasses.replace(self, **changes)
@@ -165,7 +182,7 @@ def run_gate(
     results = measure(cases, gate.until_for)
     first_runs = {cid: r.repeats for cid, r in results.cases.items()}
     gate.wait_out_contention(results, measure, sleep)
-    gate.confirm(results, confirm or measure)
+    gate.confirm(results, confirm or measure, sleep)
     judgement = judging.judge(results, baseline, ignore_missing)
     verdicts = []
     for cv in judgement.cases:
@@ -251,7 +268,7 @@ class _Gate:
                 if again is not None:
                     results.cases[cid] = again
 
-    def over_bounds(self, results: Results, attempt: int) -> list[Case]:
+    def over_bounds(self, results: Results, attempt: int, gap: float = 0.0) -> list[Case]:
         """The cases with a metric over its bound, to confirm in a fresh process."""
         todo: list[Case] = []
         max_reruns = self.judging.max_reruns
@@ -264,22 +281,27 @@ class _Gate:
             # fresh process at another moment may see a faster runner.
             screened = verdict.verdict == CONTENDED and verdict.error is not None
             if not screened and verdict.over:
+                after = f" in {gap:g} s" if gap > 0 else ""
                 self.tell(
                     cid,
                     f"over its bound ({', '.join(verdict.over[:3])}): confirming in a fresh "
-                    f"process ({attempt} of at most {max_reruns})",
+                    f"process{after} ({attempt} of at most {max_reruns})",
                 )
                 todo.append(self.by_id[cid])
         return todo
 
-    def confirm(self, results: Results, confirm: Measure) -> None:
-        """Confirmation in fresh processes, one at a time, while a metric is over its bound."""
+    def confirm(self, results: Results, confirm: Measure, sleep: Callable[[float], None]) -> None:
+        """Confirmation in fresh processes, one at a time, while a metric is over its
+        bound, each after `confirm_gap_s` (another moment of the runner)."""
         self.confirmations = dict.fromkeys(results.cases, 0)
         policy = self.judging.policy
+        gap = self.judging.confirm_gap_s
         for attempt in range(1, self.judging.max_reruns + 1):
-            todo = self.over_bounds(results, attempt)
+            todo = self.over_bounds(results, attempt, gap)
             if not todo:
                 break
+            if gap > 0:
+                sleep(gap)
             more = confirm(todo, lambda _case: None)
             for case in todo:
                 extra = more.cases.get(case.id)

@@ -16,6 +16,7 @@ from typing import Any
 
 from perfguard.decision import counters
 from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate
+from perfguard.decision.normalize import NORMALIZED, RAW, is_timed
 from perfguard.decision.stats import summarize, t_quantile
 from perfguard.decision.tolerances import Band, min_effect
 from perfguard.decision.verdict import (
@@ -230,9 +231,19 @@ class RelativeOutcome:
         }
 
 
-def log_ratios(blocks: Sequence[Block], case_id: str, metric: str) -> list[float]:
-    """`log(median head / median base)` of each block that has the metric on both sides."""
+def log_ratios(
+    blocks: Sequence[Block], case_id: str, metric: str, timing: str = RAW
+) -> list[float]:
+    """`log(median head / median base)` of each block that has the metric on both sides.
+
+    With `timing` normalized, a timed metric's runs are first divided by the reference
+    time beside each (`per_reference`), on both sides of the block: the block's two
+    processes run seconds apart, but on a shared runner its spells still move one of
+    them and not the other (docs/relative.md). A block where either side's runs cannot
+    be aligned with reference times compares the raw medians.
+    """
     out = []
+    scaled = timing == NORMALIZED and is_timed(metric)
     for block in blocks:
         head = block.results[HEAD].get(case_id)
         base = block.results[BASE].get(case_id)
@@ -241,10 +252,23 @@ def log_ratios(blocks: Sequence[Block], case_id: str, metric: str) -> list[float
         h, b = head.samples.get(metric), base.samples.get(metric)
         if not h or not b:
             continue
+        if scaled:
+            hn, bn = per_reference(head, metric), per_reference(base, metric)
+            if hn is not None and bn is not None:
+                h, b = hn, bn
         mh, mb = statistics.median(h), statistics.median(b)
         if mh > 0 and mb > 0:
             out.append(math.log(mh / mb))
     return out
+
+
+def per_reference(result: CaseResult, metric: str) -> list[float] | None:
+    """Each run of `metric` divided by the reference time beside it, or None when the
+    runs and the reference readings do not align (or a reading is not positive)."""
+    xs, refs = result.samples.get(metric) or [], list(result.reference or [])
+    if not xs or len(xs) != len(refs) or min(refs) <= 0:
+        return None
+    return [x / r for x, r in zip(xs, refs, strict=True)]
 
 
 def judge_blocks(
@@ -258,8 +282,12 @@ def judge_blocks(
     fail_on_missing: bool = False,
     advisory: bool = False,
     allow_output_change: bool = False,
+    timing: str = RAW,
 ) -> tuple[Judgement, dict[str, dict[str, CaseResult]]]:
     """The judgement on the blocks so far, and each side's results pooled over them.
+
+    `timing` is how a block's two sides are compared (`log_ratios`); the pooled results
+    stay as measured.
 
     `latched` holds the verdicts already decided at an earlier look, keyed by (case,
     metric): they stand as they were decided. The work counters and the output of the
@@ -285,7 +313,14 @@ def judge_blocks(
             continue
         head, base = pooled[HEAD][cid], pooled[BASE][cid]
         metrics = _relative_metrics(
-            cid, head, base, blocks, alpha_look=alpha_look, final=final, latched=latched
+            cid,
+            head,
+            base,
+            blocks,
+            alpha_look=alpha_look,
+            final=final,
+            latched=latched,
+            timing=timing,
         )
         verdicts.append(_relative_case(cid, head, base, metrics, head_blocks, allow_output_change))
     judgement = Judgement(PROFILE_NAME, tuple(verdicts), fail_on_missing, advisory)
@@ -314,6 +349,7 @@ def _relative_metrics(
     alpha_look: float,
     final: bool,
     latched: Mapping[tuple[str, str], MetricVerdict],
+    timing: str = RAW,
 ) -> list[MetricVerdict]:
     """The verdict on each metric of either side: latched where decided before, else
     judged on the blocks' log ratios."""
@@ -324,7 +360,7 @@ def _relative_metrics(
             metric,
             head.samples.get(metric),
             base.samples.get(metric),
-            log_ratios(blocks, cid, metric),
+            log_ratios(blocks, cid, metric, timing),
             alpha=alpha_look,
             head_groups=head.groups,
             base_groups=base.groups,

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.normalize import RAW, timing_of
 from perfguard.decision.paired import (
     BASE,
     HEAD,
@@ -77,11 +78,7 @@ from perfguard.decision.paired import (
     judge_blocks,
     look_points,
 )
-from perfguard.decision.verdict import (
-    DEFAULT_RULE,
-    ERROR,
-    MetricVerdict,
-)
+from perfguard.decision.verdict import ERROR, MetricVerdict
 from perfguard.device.inject import ENV_INJECT
 from perfguard.device.threads import case_threads
 from perfguard.errors import EXIT_TERMINATED, PerfguardError
@@ -115,6 +112,8 @@ class RelativeOptions:
     root inside it (sglang: `python`). Blocks are measured until every verdict is clear,
     `max_blocks`, or `budget_s`; `order_seed` fixes the randomized block order.
     `write_baseline` also stores the base side's measurement as a baseline file.
+    `timing` compares each block's sides `raw` or `normalized` (each run divided by the
+    reference time beside it); None: the platform's default (normalized on CPU).
     """
 
     directory: str | None = None
@@ -125,6 +124,7 @@ class RelativeOptions:
     max_blocks: int = DEFAULT_MAX_BLOCKS
     order_seed: int | None = None
     write_baseline: str | None = None
+    timing: str | None = None
 
     def __post_init__(self) -> None:
         if self.directory is not None and self.ref is not None:
@@ -133,6 +133,10 @@ class RelativeOptions:
             raise PerfguardError("a relative check needs --against DIR or --against-ref REF")
         if self.max_blocks < self.min_blocks:
             raise PerfguardError("--max-blocks must be at least --min-blocks")
+
+    def timing_on(self, platform: str) -> str:
+        """`timing`, or the default of `platform` (normalized on CPU, raw on devices)."""
+        return timing_of({"platform": platform}, self.timing)
 
 
 PROBE_TIMEOUT_S = 300.0
@@ -463,7 +467,6 @@ def run_relative(
     cases: Sequence[Case],
     measure: MeasureBlock,
     *,
-    alpha: float = DEFAULT_RULE.alpha,
     min_blocks: int = DEFAULT_MIN_BLOCKS,
     max_blocks: int = DEFAULT_MAX_BLOCKS,
     budget_s: float = DEFAULT_BUDGET_S,
@@ -471,21 +474,24 @@ def run_relative(
     clock: Callable[[], float] = time.monotonic,
     judging: JudgeOptions | None = None,
     on_block: Callable[[int, Block, int], None] | None = None,
+    timing: str = RAW,
 ) -> RelativeOutcome:
     """Measure blocks until every verdict is clear, `max_blocks`, or the budget; judge.
 
     `on_block(index, block, open_metrics)` is told after each block (open_metrics is -1
     where the block was not a look). A case that fails on either side in a block is
     reported as that case's error and not measured again; the others go on. Of
-    `judging`, `fail_on_missing`, `advisory` and `allow_output_change` apply.
+    `judging`, `fail_on_missing`, `advisory`, `allow_output_change` and the rule's alpha
+    apply. `timing`: how each block's sides compare (`perfguard.decision.paired.log_ratios`).
     """
     judging = judging or JudgeOptions()
+    alpha = judging.rule.alpha
     looks = look_points(min_blocks, max_blocks)
     alpha_look = alpha_per_look(alpha, looks)
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
-    run = _Blocks(cases, looks, alpha_look)
+    run = _Blocks(cases, looks, alpha_look, timing)
     started = clock()
     stopped = "max-blocks"
     previous: str | None = None
@@ -523,6 +529,7 @@ def run_relative(
         fail_on_missing=judging.fail_on_missing,
         advisory=judging.advisory,
         allow_output_change=judging.allow_output_change,
+        timing=timing,
     )
     return RelativeOutcome(
         judgement=judgement,
@@ -543,8 +550,11 @@ class _Blocks:
     case's error, and the verdicts latched at a look (a sequential test stops where it
     decides)."""
 
-    def __init__(self, cases: Sequence[Case], looks: Sequence[int], alpha_look: float) -> None:
+    def __init__(
+        self, cases: Sequence[Case], looks: Sequence[int], alpha_look: float, timing: str
+    ) -> None:
         self.ids = [c.id for c in cases]
+        self.timing = timing
         self.active = list(cases)
         self.alpha_look = alpha_look
         self.errors: dict[str, str] = {}
@@ -574,6 +584,7 @@ class _Blocks:
             final=False,
             errors=self.errors,
             latched=self.latched,
+            timing=self.timing,
         )
         open_metrics = 0
         for c in judgement.cases:
