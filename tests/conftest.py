@@ -31,8 +31,8 @@ def _no_platform_override(monkeypatch: pytest.MonkeyPatch, _lock_dir: str) -> No
     # No resident server outlives a test: commands import their own modules, as a test
     # of the resident server itself asks for (tests/test_resident.py).
     monkeypatch.setenv("PERFGUARD_SERVER_IDLE_S", "0")
-    # A check's confirmations start at once: the gap between them is a wait for the
-    # runner's next moment, asserted in tests/test_verdict_noise.py, not a test's time.
+    # A runner's setting of the confirmation gap: no wait in tests (the waits are
+    # asserted in tests/test_verdict_noise.py), and a relative check must accept it.
     monkeypatch.setenv("PERFGUARD_CONFIRM_GAP_S", "0")
 
 

@@ -12,8 +12,8 @@
   that stays contended gets the verdict `contended` (exit 4), never `regression`.
 - confirmation: a case with a metric over its bound after the first measurement is
   measured again in fresh processes (`--max-reruns`, default 4), one at a time, each
-  after a gap (`--confirm-gap-s`, default 5 s) so that it samples another moment of the
-  runner, and the processes are pooled as groups. Confirmation stops as soon as no
+  after an optional gap (`--confirm-gap-s`, default 0) so that it samples another moment
+  of the runner, and the processes are pooled as groups. Confirmation stops as soon as no
   metric is over its bound any more. A confirmation the contention screen finds
   contended is left out and the next one is tried (it counts against `--max-reruns`);
   a case whose every confirmation was left out so cannot be a `regression` on its one
@@ -77,16 +77,17 @@ metric is over its bound, so unchanged code rarely pays for one. Measured agains
 (`benchmarks/detection.py --check-variants`, docs/verdicts.md): +5 % caught in 12 of 16
 checks instead of 6 of 16, the same false alarms."""
 
-DEFAULT_CONFIRM_GAP_S = 5.0
+DEFAULT_CONFIRM_GAP_S = 0.0
 """Seconds between the end of one measurement of a case and the confirmation that
 follows it. The runner's speed moves in spells of a few runs to a minute
-(docs/verdicts.md), longer than a smoke case's process (~0.5 s): confirmations started
-back to back sit in the first measurement's spell, agree with it, and make the
-between-process spread look smaller than the spread between moments. That is how
-unchanged code failed 2 of 94 checks, the first process and all four confirmations at
-1.05-1.06x of a baseline its other checks read at 0.98x. Four gaps of 5 s spread the
-five processes over ~25 s; only a case over its bound waits, so unchanged code that
-passes pays nothing."""
+(docs/verdicts.md), longer than a smoke case's process (~0.5 s), so confirmations
+started back to back share the first measurement's spell; a gap lets them meet other
+moments. Measured interleaved against the same baselines on a noisy day
+(`benchmarks/detection.py --check-variants`, docs/verdicts.md), a 5 s gap cut the A/A
+false alarms from 3 of 75 checks to 1 of 75 but the +10 % catches from 5 of 19 to 2 of
+19, and +5 % from 4 of 19 to 0: the spread between moments widens the interval for a
+real slowdown as much as for noise. So no gap by default; `--confirm-gap-s` is there for
+a runner whose false alarms come from spells."""
 
 Until = Callable[[CaseResult], bool]
 Measure = Callable[[Sequence["Case"], Callable[["Case"], Until | None]], Results]
