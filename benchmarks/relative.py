@@ -115,7 +115,7 @@ def blocks_of(
     normalized` compares them); the base's runs come from the baseline's samples (stored
     `x * level / reference` when the baseline is normalized).
     """
-    from perfguard.decision.normalize import NORMALIZED, is_timed
+    from perfguard.decision.normalize import NORMALIZED, divided, is_timed
     from perfguard.decision.stats import split_groups
     from perfguard.storage.baseline import load
     from perfguard.storage.reports import read_results
@@ -133,7 +133,7 @@ def blocks_of(
             elif len(values) == runs:
                 xs = values
                 if scaled:
-                    xs = [x / r for x, r in zip(values, res.reference or [], strict=True)]
+                    xs = divided(values, res.reference or []) or []
                 per_block = [_median(g) for g in split_groups(xs, res.groups)]
             else:
                 continue
@@ -150,6 +150,7 @@ def blocks_of(
 
 def _base_per_reference(scenario: Any, metric: str, groups: Sequence[int]) -> list[float]:
     """The base side's block medians of run / reference, from the baseline it wrote."""
+    from perfguard.decision.normalize import divided
     from perfguard.decision.stats import split_groups
 
     xs = list(scenario.metrics[metric].samples or ())
@@ -159,7 +160,7 @@ def _base_per_reference(scenario: Any, metric: str, groups: Sequence[int]) -> li
     if scenario.normalized:  # stored as x * level / reference: x / reference = stored / level
         per_run = [x / scenario.reference.median for x in xs]
     else:
-        per_run = [x / r for x, r in zip(xs, refs, strict=True)]
+        per_run = divided(xs, refs) or []
     return [_median(g) for g in split_groups(per_run, groups)]
 
 
@@ -197,9 +198,10 @@ class Replay:
 
 
 def resample(pool: Sequence[Any], checks: int, seed: int) -> tuple[int, list[int]]:
-    # The pool's block medians are already per reference where --timing asks for it, so
-    # the replayed checks compare them as they are.
-    """Replay `checks` relative checks on blocks drawn from `pool`; (failures, blocks used)."""
+    """Replay `checks` relative checks on blocks drawn from `pool`; (failures, blocks used).
+
+    The pool's block medians are already per reference where `--timing` asked for it
+    (`blocks_of`), so the replayed checks compare them as they are."""
     from perfguard.measurement.relative import run_relative
     from perfguard.storage.cases import Case
 

@@ -269,10 +269,10 @@ class _Gate:
                 if again is not None:
                     results.cases[cid] = again
 
-    def over_bounds(self, results: Results, attempt: int, gap: float = 0.0) -> list[Case]:
+    def over_bounds(self, results: Results, attempt: int) -> list[Case]:
         """The cases with a metric over its bound, to confirm in a fresh process."""
         todo: list[Case] = []
-        max_reruns = self.judging.max_reruns
+        max_reruns, gap = self.judging.max_reruns, self.judging.confirm_gap_s
         for cid, res in sorted(results.cases.items()):
             if res.status != "ok" or cid in self.failed or cid not in self.by_id:
                 continue
@@ -298,7 +298,7 @@ class _Gate:
         policy = self.judging.policy
         gap = self.judging.confirm_gap_s
         for attempt in range(1, self.judging.max_reruns + 1):
-            todo = self.over_bounds(results, attempt, gap)
+            todo = self.over_bounds(results, attempt)
             if not todo:
                 break
             if gap > 0:

@@ -37,7 +37,7 @@ share the host's spells the same way and where no device has measured it yet
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perfguard.decision.stats import Summary
@@ -87,13 +87,21 @@ def normalized(result: Any, level: float) -> Any | None:
         return None
     samples: dict[str, list[float]] = {}
     for metric, xs in result.samples.items():
-        if not is_timed(metric):
-            samples[metric] = list(xs)
-        elif len(xs) != len(reference):
+        scaled = divided(xs, reference, level) if is_timed(metric) else list(xs)
+        if scaled is None:
             return None
-        else:
-            samples[metric] = [x * level / r for x, r in zip(xs, reference, strict=True)]
+        samples[metric] = scaled
     return dataclasses.replace(result, samples=samples)
+
+
+def divided(
+    xs: Sequence[float], reference: Sequence[float], level: float = 1.0
+) -> list[float] | None:
+    """Run `i` as `xs[i] * level / reference[i]`, or None when the runs and the reference
+    readings do not align or a reading is not positive."""
+    if not xs or len(xs) != len(reference) or min(reference) <= 0:
+        return None
+    return [x * level / r for x, r in zip(xs, reference, strict=True)]
 
 
 def rescaled(summary: Summary, factor: float) -> Summary:

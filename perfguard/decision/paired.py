@@ -16,7 +16,7 @@ from typing import Any
 
 from perfguard.decision import counters
 from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate
-from perfguard.decision.normalize import NORMALIZED, RAW, is_timed
+from perfguard.decision.normalize import NORMALIZED, RAW, divided, is_timed
 from perfguard.decision.stats import summarize, t_quantile
 from perfguard.decision.tolerances import Band, min_effect
 from perfguard.decision.verdict import (
@@ -263,12 +263,9 @@ def log_ratios(
 
 
 def per_reference(result: CaseResult, metric: str) -> list[float] | None:
-    """Each run of `metric` divided by the reference time beside it, or None when the
-    runs and the reference readings do not align (or a reading is not positive)."""
-    xs, refs = result.samples.get(metric) or [], list(result.reference or [])
-    if not xs or len(xs) != len(refs) or min(refs) <= 0:
-        return None
-    return [x / r for x, r in zip(xs, refs, strict=True)]
+    """Each run of `metric` divided by the reference time beside it (None: they do not
+    align; `perfguard.decision.normalize.divided`)."""
+    return divided(result.samples.get(metric) or [], result.reference or [])
 
 
 def judge_blocks(
