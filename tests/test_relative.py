@@ -12,6 +12,7 @@ machine, not on the check.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from perfguard.decision.paired import (
 from perfguard.decision.verdict import IMPROVEMENT, PASS, REGRESSION
 from perfguard.errors import PerfguardError
 from perfguard.measurement import relative
+from perfguard.measurement.options import MeasureOptions
 from perfguard.presentation.render import escape_md, render_markdown, summary_line
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
@@ -482,6 +484,8 @@ def test_a_head_slowed_by_a_few_percent_fails_against_its_merge_base(project: Pa
     assert den["verdict"] == "regression" and den["ratio_low"] > 1 and den["ratio"] > 1.03
     assert report["against"]["commit"] == sha and report["against"]["ref"] == "HEAD"
     assert report["settings"]["timing"] == "raw"
+    # The counts are exact: the first two blocks count them, the other two only time.
+    assert report["cases"]["qwen_image_t2i_smoke"]["work"]["runs"] == 2
     assert f"relative to HEAD (commit {sha[:12]})" in Path("r.md").read_text()
     assert len(worktrees(project)) == 1
 
@@ -564,6 +568,23 @@ def test_a_field_at_its_default_is_dropped_for_an_older_base(tmp_path: Path) -> 
         option_fields=frozenset(),
     )  # fmt: skip
     assert "tolerance_overrides" not in relative.case_for_base(CASE, base)
+
+
+def test_only_the_first_blocks_count_the_work_unless_the_base_cannot_be_told() -> None:
+    options = MeasureOptions(repeats=3)
+    head = relative.head_side(options, "cpu", env={})
+    assert [head.for_block(i)[0].count_work for i in range(4)] == [True, True, False, False]
+    assert head.for_block(3)[1]["count_work"] is False and "count_work" not in head.for_block(0)[1]
+    fields = {f.name for f in dataclasses.fields(MeasureOptions)} | {"platform"}
+    for known, counts_later in ((fields, False), (fields - {"count_work"}, True)):
+        base = relative.Base(
+            root=Path("."), import_dir=Path("."), commit=None, dirty=None, version="0.0.9",
+            protocol=1, perfguard_file=None, case_fields=frozenset(),
+            option_fields=frozenset(known),
+        )  # fmt: skip
+        later_options, later_json = relative.base_side(options, base, "cpu", env={}).for_block(5)
+        assert later_options.count_work is counts_later
+        assert ("count_work" in later_json) is not counts_later
 
 
 def test_options_of_the_stored_gate_are_refused_with_against(project: Path, pg: PG) -> None:

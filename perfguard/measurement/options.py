@@ -44,7 +44,9 @@ COUNTED_PROCESSES = 2
 Counts are exact: one build gives them, and a second cross-checks that they do not
 depend on the build (where they do, the baseline keeps their range). The counted run
 costs about as much as the timed runs of a smoke process, so counting in every process
-of a 6-process baseline would spend a third of its time recounting the same integers."""
+of a 6-process baseline would spend a third of its time recounting the same integers.
+The relative check counts in its first `COUNTED_PROCESSES` blocks only, for the same
+reason (`perfguard.measurement.relative.Side.later`)."""
 
 _MEASURED = ("repeats", "warmup", "timeout", "sync", "inject", "counters_only", "max_repeats")
 _REPORTED = ("repeats", "warmup", "sync", "inject", "devices", "start_method")

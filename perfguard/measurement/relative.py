@@ -19,7 +19,9 @@ How it measures (each choice with its reason):
   random: the mirror cancels a trend within the pair (ABBA), the draw keeps the order
   from lining up with periodic load. Inside a block the two sides alternate case by case
   (base, head, head, base, ...), so a case's two measurements are seconds apart; both
-  workers are started together and wait idle while the other side runs.
+  workers are started together and wait idle while the other side runs. Only the first
+  `COUNTED_PROCESSES` blocks count the work (one untimed counted run per case and
+  side): the counts are exact, and the time buys blocks.
 - Paired per-block log ratios (`perfguard.decision.paired.paired_estimate`): the drift that the
   two sides of a block share cancels in their ratio.
 - Adaptive, Pinpoint-style. After the minimum number of blocks the verdicts are looked
@@ -82,7 +84,7 @@ from perfguard.decision.verdict import ERROR, MetricVerdict
 from perfguard.device.inject import ENV_INJECT
 from perfguard.device.threads import case_threads
 from perfguard.errors import EXIT_TERMINATED, PerfguardError
-from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.options import COUNTED_PROCESSES, MeasureOptions
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 
@@ -613,6 +615,17 @@ class Side:
     worker_module: str = "perfguard.measurement.worker"
     root: str | None = None
     """The directory the side's workers import perfguard from (None: this process's)."""
+    later: tuple[MeasureOptions, dict[str, Any]] | None = None
+    """The options of the blocks after the first `COUNTED_PROCESSES`: no counted run.
+    The counts are exact, so the first blocks' counted runs are the comparison, and the
+    ~130 ms each counted run costs a smoke case buys blocks instead. None: every block
+    counts (a base whose worker cannot be told not to)."""
+
+    def for_block(self, index: int) -> tuple[MeasureOptions, dict[str, Any]]:
+        """The options, and their wire form, of this side's worker in block `index`."""
+        if index < COUNTED_PROCESSES or self.later is None:
+            return self.options, self.options_json
+        return self.later
 
 
 class ProcessBlocks:
@@ -686,16 +699,17 @@ class ProcessBlocks:
                 for i, case in enumerate(group):
                     for s in order if i % 2 == 0 else order[::-1]:
                         side = sides[s]
+                        options, options_json = side.for_block(index)
                         if s in failed or not workers[s].alive:
                             why = failed.get(s, f"{SIDES[s]} worker died")
-                            out[s][case.id] = error_result(case, why, side.options)
+                            out[s][case.id] = error_result(case, why, options)
                             continue
                         out[s][case.id] = workers[s].run(
                             case,
-                            side.options,
+                            options,
                             platform,
                             case_json=side.encode_case(case),
-                            options_json=side.options_json,
+                            options_json=options_json,
                         )
             except BaseException:
                 for worker in workers.values():
@@ -727,12 +741,14 @@ def process_blocks(
 
 
 def head_side(options: MeasureOptions, platform: str, env: Mapping[str, str] | None = None) -> Side:
+    later = options.for_process(COUNTED_PROCESSES)
     return Side(
         env=dict(os.environ if env is None else env),
         cwd=None,
         options=options,
         encode_case=lambda c: c.to_json(),
         options_json=options.to_worker_json(platform),
+        later=(later, later.to_worker_json(platform)),
     )
 
 
@@ -740,6 +756,11 @@ def base_side(
     options: MeasureOptions, base: Base, platform: str, env: Mapping[str, str] | None = None
 ) -> Side:
     base_options = options.replace(inject={})
+    later_options = base_options.for_process(COUNTED_PROCESSES)
+    try:
+        later = (later_options, options_for_base(later_options, base, platform))
+    except PerfguardError:  # a base without `count_work`: its workers count every block
+        later = None
     return Side(
         env=base_environment(base.import_dir, env),
         cwd=str(base.import_dir),
@@ -748,4 +769,5 @@ def base_side(
         options_json=options_for_base(base_options, base, platform),
         worker_module=base.worker_module,
         root=str(base.import_dir),
+        later=later,
     )
