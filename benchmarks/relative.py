@@ -28,6 +28,7 @@ Run late on a shared machine, at normal priority: `python benchmarks/relative.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -36,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +198,30 @@ class Replay:
         return out
 
 
-def resample(pool: Sequence[Any], checks: int, seed: int) -> tuple[int, list[int]]:
+LEVELS = ("simulated", "bonferroni")
+"""How a replayed check sets the level of each look: perfguard's (`simulated`, the
+family-wise rate over the schedule found by simulation) or the earlier `alpha / (K + 1)`."""
+
+
+@contextlib.contextmanager
+def level_per_look(kind: str) -> Iterator[None]:
+    """The relative check's per-look level set the `kind` way while the block lasts."""
+    from perfguard.measurement import relative
+
+    if kind == "simulated":
+        yield
+        return
+    real = relative.alpha_per_look
+    relative.alpha_per_look = lambda alpha, looks: alpha / (len(looks) + 1)
+    try:
+        yield
+    finally:
+        relative.alpha_per_look = real
+
+
+def resample(
+    pool: Sequence[Any], checks: int, seed: int, *, max_blocks: int = DEFAULT_MAX_BLOCKS
+) -> tuple[int, list[int]]:
     """Replay `checks` relative checks on blocks drawn from `pool`; (failures, blocks used).
 
     The pool's block medians are already per reference where `--timing` asked for it
@@ -210,7 +234,9 @@ def resample(pool: Sequence[Any], checks: int, seed: int) -> tuple[int, list[int
     failures, used = 0, []
     for n in range(checks):
         replay = Replay(pool, rng)
-        outcome = run_relative(cases, replay, clock=replay.clock, seed=seed + n)
+        outcome = run_relative(
+            cases, replay, clock=replay.clock, seed=seed + n, max_blocks=max_blocks
+        )
         failures += outcome.judgement.exit_code == 1
         used.append(len(outcome.blocks))
     return failures, used
@@ -231,6 +257,20 @@ def main(argv: list[str] | None = None) -> int:
         default=["raw", "normalized"],
         choices=["raw", "normalized"],
         help="How the resampled checks compare a block's sides (each is resampled).",
+    )
+    parser.add_argument(
+        "--levels",
+        nargs="+",
+        default=["simulated"],
+        choices=LEVELS,
+        help="How the resampled checks set each look's level (each is resampled).",
+    )
+    parser.add_argument(
+        "--max-blocks",
+        nargs="+",
+        type=int,
+        default=[DEFAULT_MAX_BLOCKS],
+        help="The resampled checks' --max-blocks (each is resampled; the budget still applies).",
     )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -272,18 +312,25 @@ def main(argv: list[str] | None = None) -> int:
             f"\nresampled checks ({args.resample} per condition, blocks dealt from the live ones;"
             " the same blocks compared raw and normalized, same seeds):"
         )
-        print(f"{'condition':<20}{'pool':>7}{'failed':>8}{'rate':>8}{'95% CI':>16}{'blocks':>8}")
+        print(
+            f"{'condition':<20}{'level':>11}{'max':>5}{'pool':>7}{'failed':>8}{'rate':>8}"
+            f"{'95% CI':>16}{'blocks':>8}"
+        )
         for name, pool in pools.items():
-            if len(pool) < 2 * DEFAULT_MAX_BLOCKS:
-                print(f"{name:<20}{len(pool):>7}  too few blocks to resample")
-                continue
-            seed = 1000 * list(CONDITIONS).index(name.split()[0])
-            k, used = resample(pool, args.resample, seed=seed)
-            lo, hi = clopper_pearson(k, args.resample)
-            print(
-                f"{name:<20}{len(pool):>7}{k:>8}{k / args.resample:>8.1%}"
-                f"{f'{lo:.1%}-{hi:.1%}':>16}{statistics.median(used):>8.0f}"
-            )
+            for level in args.levels:
+                for most in args.max_blocks:
+                    row = f"{name:<20}{level:>11}{most:>5}{len(pool):>7}"
+                    if len(pool) < 2 * most:
+                        print(f"{row}  too few blocks to resample")
+                        continue
+                    seed = 1000 * list(CONDITIONS).index(name.split()[0])
+                    with level_per_look(level):
+                        k, used = resample(pool, args.resample, seed=seed, max_blocks=most)
+                    lo, hi = clopper_pearson(k, args.resample)
+                    print(
+                        f"{row}{k:>8}{k / args.resample:>8.1%}"
+                        f"{f'{lo:.1%}-{hi:.1%}':>16}{statistics.median(used):>8.0f}"
+                    )
     return 0
 
 

@@ -634,6 +634,7 @@ def _measure_relative(
             seed=against.order_seed,
             on_block=on_block,
             timing=timing,
+            platform=platform.name,
         )
     return base, outcome
 

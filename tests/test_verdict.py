@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from perfguard.decision.comparison import Rule
 from perfguard.decision.tolerances import Band, Profile, sglang_profiles
-from perfguard.decision.verdict import Summary, gated_steps, judge, judge_metric, summarize
+from perfguard.decision.verdict import (
+    Summary,
+    gated_steps,
+    judge,
+    judge_metric,
+    rule_of,
+    summarize,
+)
 from perfguard.errors import EXIT_CASE_FAILED, EXIT_OK, EXIT_REGRESSION
 from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import Baseline, Scenario
@@ -225,3 +233,12 @@ def test_counts_add_up_metric_verdicts_and_case_errors() -> None:
     res = results_of(a=result({"e2e": [50.0], "stage:S": [10.0]}), b=result({}, status="error"))
     counts = judge(res, b).counts
     assert (counts["regression"], counts["pass"], counts["error"]) == (1, 1, 1)
+
+
+def test_the_per_step_metrics_share_alpha_and_the_others_keep_it() -> None:
+    judged = ["e2e", "stage:DenoisingStage", "step:0", "step:1", "step:2", "step:3", "step_avg"]
+    rule = Rule(alpha=0.01)
+    assert rule_of("step:2", judged, rule).alpha == pytest.approx(0.0025)
+    for metric in ("e2e", "stage:DenoisingStage", "step_avg"):
+        assert rule_of(metric, judged, rule) is rule
+    assert rule_of("step:0", ["e2e", "step:0"], rule) is rule  # a family of one

@@ -2,15 +2,17 @@
 
 Each block of the relative check (`perfguard.measurement.relative`) gives one head/base
 ratio per metric; this module turns the blocks' log-ratios into DIFFERENT / SAME /
-UNKNOWN (Pinpoint's three answers) with a trimmed mean and a t-interval, at a sequence
-of looks with a Bonferroni-split alpha.
+UNKNOWN (Pinpoint's three answers) with a trimmed mean and a t-interval, at a fixed
+sequence of looks that share alpha (`alpha_per_look`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,7 @@ from perfguard.decision import counters
 from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate
 from perfguard.decision.normalize import NORMALIZED, RAW, divided, is_timed
 from perfguard.decision.stats import summarize, t_quantile
-from perfguard.decision.tolerances import Band, min_effect
+from perfguard.decision.tolerances import Band, min_effect, relative_pad
 from perfguard.decision.verdict import (
     ERROR,
     IMPROVEMENT,
@@ -32,7 +34,7 @@ from perfguard.decision.verdict import (
     worst,
 )
 from perfguard.errors import PerfguardError
-from perfguard.metrics import metric_sort_key
+from perfguard.metrics import metric_class, metric_sort_key
 from perfguard.results import CaseResult, pool
 
 PAIRED_TRIM = 0.2
@@ -100,14 +102,18 @@ def judge_relative_metric(
     head_groups: Sequence[int] | None = None,
     base_groups: Sequence[int] | None = None,
     final: bool = True,
+    pad: float = 0.0,
 ) -> MetricVerdict:
     """The verdict on one metric of a relative check (`perfguard.measurement.relative`).
 
-    A regression needs the same two things as against a stored baseline, with the
-    paired estimate in place of the band: a point ratio above `1 + min_effect(metric)`
-    and a one-sided lower bound above 1. Faster by more than the minimum effect, and
-    credibly, is an improvement (never a failure). A metric still `unknown` when the
-    check stops (`final`) passes, with the reason saying it was not resolved.
+    A regression needs the same things as against a stored baseline, with the paired
+    estimate in place of the band: a point ratio above `1 + min_effect(metric)`, a
+    one-sided lower bound above 1, and a difference above `pad` in the figure's unit
+    (the stored gate's floor, `tolerances.MEASURED_FLOOR_MS`: a 5 us stage that reads
+    1.3x has moved by less than the timer and dispatch jitter). Faster by more than the
+    minimum effect and the pad, and credibly, is an improvement (never a failure). A
+    metric still `unknown` when the check stops (`final`) passes, with the reason
+    saying it was not resolved.
     `head` / `base` are every sample of each side (for the summaries); a metric only
     one side produced is `new-stage` or `missing-stage`.
     """
@@ -127,7 +133,7 @@ def judge_relative_metric(
         )
     baseline = summarize(base, groups=base_groups)
     effect = min_effect(metric)
-    band = Band(effect, 0.0)
+    band = Band(effect, pad)
     bound = band.bound(baseline.median)
     if len(log_ratios) < 2:
         return MetricVerdict(
@@ -137,7 +143,16 @@ def judge_relative_metric(
             clear=False,
         )  # fmt: skip
     est = paired_estimate(log_ratios, effect, alpha)
+    band = Band(effect, pad)
+    bound = band.bound(baseline.median)
     interval = f"{1 - alpha:.2%} bounds {est.low:.3f}-{est.high:.3f}x over {est.blocks} blocks"
+    if pad > 0 and est.decision != SAME:
+        # In the figure's unit: an interval inside the floor is the same; a difference
+        # that is credible in ratio but within the floor is not shown to matter.
+        if max(est.high - 1.0, 1.0 - est.low) * baseline.median <= pad:
+            est = dataclasses.replace(est, decision=SAME)
+        elif est.decision == DIFFERENT and abs(est.ratio - 1.0) * baseline.median <= pad:
+            est = dataclasses.replace(est, decision=UNKNOWN)
     if est.slower:
         verdict = REGRESSION
         reason = f"{est.ratio:.3f}x the base, above 1 + {effect:g} and credibly > 1 ({interval})"
@@ -151,7 +166,7 @@ def judge_relative_metric(
         verdict = PASS
         reason = (
             f"unresolved: {est.ratio:.3f}x the base ({interval}) is neither credibly slower "
-            f"by {effect:g} nor within +-{effect:g}: passed with a note"
+            f"by {effect:g} (and {pad:g} in all) nor within +-{effect:g}: passed with a note"
             if final
             else "unresolved"
         )
@@ -174,7 +189,7 @@ def judge_relative_metric(
 
 LOOK_SCHEDULE = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 """Block counts at which the verdicts are looked at: roughly geometric, so that the
-number of looks, and with it the Bonferroni price per look, grows with the log of the
+number of looks, and with it the price per look (`alpha_per_look`), grows with the log of the
 blocks, while an easy verdict is still seen after the first two pairs."""
 
 
@@ -189,9 +204,57 @@ def look_points(min_blocks: int, max_blocks: int) -> tuple[int, ...]:
     return tuple(sorted({min_blocks, *inner, max_blocks}))
 
 
-def alpha_per_look(alpha: float, looks: Sequence[int]) -> float:
-    """Bonferroni over the scheduled looks plus the one a budget stop may add."""
-    return alpha / (len(looks) + 1)
+LOOK_SIMULATIONS = 100_000
+"""A/A checks simulated to find the level per look (`alpha_per_look`): the Monte Carlo
+error of a 1 % family-wise rate is then 0.03 percentage points (one standard error)."""
+
+
+def alpha_per_look(alpha: float, looks: Sequence[int], trim: float = PAIRED_TRIM) -> float:
+    """The level each look tests at, so that noise alone fails a metric at some look with
+    probability at most `alpha`.
+
+    Found by simulating `LOOK_SIMULATIONS` A/A checks of normal blocks through the same
+    statistic as `paired_estimate` (Yuen's trimmed mean and its t on `h - 1` degrees of
+    freedom at each look), with a fixed seed so that a schedule always gets the same
+    level: the largest level `a` with `P(some scheduled look crosses at a) + a <= alpha`,
+    the `+ a` paying (Bonferroni) for the look a budget stop may add between two
+    scheduled ones. One-sided: only a slowdown fails a check.
+
+    Why not plain Bonferroni, `alpha / (K + 1)`: it assumes each look's test holds its
+    level, and Yuen's does not on a handful of blocks: in that simulation each of the
+    default looks (4, 6, 8, 12, 16, 24 blocks) crossed its nominal 0.143 % 1.0-1.5 times
+    as often, so the family reached 0.87 % + 0.14 % for the budget look, over `alpha`.
+    The nested looks' correlation wins back most of it: the level is 0.137 %.
+    """
+    return _simulated_level(float(alpha), tuple(sorted(set(looks))), trim)
+
+
+@functools.lru_cache(maxsize=16)
+def _simulated_level(alpha: float, looks: tuple[int, ...], trim: float) -> float:
+    import numpy as np
+    from scipy.special import stdtr
+
+    rng = np.random.default_rng(20261204)
+    x = rng.standard_normal((LOOK_SIMULATIONS, looks[-1]))
+    smallest_p = np.ones(LOOK_SIMULATIONS)
+    for n in looks:
+        g = math.floor(trim * n)
+        h = n - 2 * g
+        if h < 2:
+            continue  # `paired_estimate` never decides on fewer than two kept blocks
+        ordered = np.sort(x[:, :n], axis=1)
+        kept = ordered[:, g : n - g]
+        winsorized = np.clip(ordered, kept[:, :1], kept[:, -1:])
+        ss = ((winsorized - winsorized.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+        t = kept.mean(axis=1) / np.sqrt(ss / (h * (h - 1)))
+        smallest_p = np.minimum(smallest_p, stdtr(h - 1, -t))
+    ordered_p = np.sort(smallest_p)
+    # With a level `a` in (p[k-1], p[k]] exactly k checks cross (p < a): the best `a` for
+    # each k is min(p[k], alpha - k / S), usable when it still lies above p[k-1].
+    k = np.arange(LOOK_SIMULATIONS)
+    best = np.minimum(ordered_p, alpha - k / LOOK_SIMULATIONS)
+    usable = best > np.concatenate(([0.0], ordered_p[:-1]))
+    return float(best[usable].max()) if usable.any() else 0.0
 
 
 @dataclass
@@ -280,11 +343,18 @@ def judge_blocks(
     advisory: bool = False,
     allow_output_change: bool = False,
     timing: str = RAW,
+    platform: str = "cpu",
+    family_level: Callable[[int], float] | None = None,
 ) -> tuple[Judgement, dict[str, dict[str, CaseResult]]]:
     """The judgement on the blocks so far, and each side's results pooled over them.
 
     `timing` is how a block's two sides are compared (`log_ratios`); the pooled results
-    stay as measured.
+    stay as measured. Each metric is tested at `alpha_look`, except the per-step
+    metrics of a case (`step:0`, `step:1`, ...): one family, which shares it, each at
+    `family_level(m)` of its `m` steps (None: Bonferroni's `alpha_look / m`), since a
+    slowdown of the code moves the stage and the step aggregates at the full level, and
+    twenty steps at 1 % each would be twenty chances for noise. A difference must also
+    exceed `platform`'s floor (`tolerances.relative_pad`).
 
     `latched` holds the verdicts already decided at an earlier look, keyed by (case,
     metric): they stand as they were decided. The work counters and the output of the
@@ -318,6 +388,8 @@ def judge_blocks(
             final=final,
             latched=latched,
             timing=timing,
+            platform=platform,
+            family_level=family_level,
         )
         verdicts.append(_relative_case(cid, head, base, metrics, head_blocks, allow_output_change))
     judgement = Judgement(PROFILE_NAME, tuple(verdicts), fail_on_missing, advisory)
@@ -347,9 +419,16 @@ def _relative_metrics(
     final: bool,
     latched: Mapping[tuple[str, str], MetricVerdict],
     timing: str = RAW,
+    platform: str = "cpu",
+    family_level: Callable[[int], float] | None = None,
 ) -> list[MetricVerdict]:
     """The verdict on each metric of either side: latched where decided before, else
-    judged on the blocks' log ratios."""
+    judged on the blocks' log ratios (the levels: `judge_blocks`)."""
+    names = sorted(set(head.samples) | set(base.samples), key=metric_sort_key)
+    steps = sum(1 for m in names if metric_class(m) == "denoise_step")
+    step_level = alpha_look
+    if steps > 1:
+        step_level = family_level(steps) if family_level else alpha_look / steps
     return [
         latched[(cid, metric)]
         if (cid, metric) in latched
@@ -358,12 +437,13 @@ def _relative_metrics(
             head.samples.get(metric),
             base.samples.get(metric),
             log_ratios(blocks, cid, metric, timing),
-            alpha=alpha_look,
+            alpha=step_level if metric_class(metric) == "denoise_step" else alpha_look,
             head_groups=head.groups,
             base_groups=base.groups,
             final=final,
+            pad=relative_pad(metric, platform),
         )
-        for metric in sorted(set(head.samples) | set(base.samples), key=metric_sort_key)
+        for metric in names
     ]
 
 

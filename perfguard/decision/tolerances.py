@@ -268,6 +268,20 @@ leaked 256 KiB buffer on a 0.5 MB smoke case. On devices the allocator rounds to
 segments: 64 MB, about one rounding step on a large model."""
 
 
+def relative_pad(metric: str, platform: str) -> float:
+    """The floor a difference must clear in a relative check (`check --against`), in the
+    metric's unit: the stored gate's smallest pad on `platform` (`MEASURED_FLOOR_MS` for
+    a time, `MEASURED_MEMORY_PAD_MB` for peak memory); 0 for anything else."""
+    where = "cpu" if platform == "cpu" else "device"
+    try:
+        kind = metric_class(metric)
+    except ValueError:
+        return 0.0
+    if kind == "peak_memory":
+        return MEASURED_MEMORY_PAD_MB[where]
+    return MEASURED_FLOOR_MS[where] if kind in DEVICE_ABS else 0.0
+
+
 NOISE_PAD_K = 3.0
 """The pad scales with the measurement: k x the standard error of the difference of two
 medians as noisy as the baseline's, in the figure's own unit. A stage of 20 us whose

@@ -31,10 +31,12 @@ How it measures (each choice with its reason):
   the check stops as soon as every metric is decided, when `--max-blocks` is reached,
   or when the next block pair would overrun `--budget-s`. Metrics still open then pass
   with a note.
-- Repeated looks cost false alarms, so each look tests at `alpha / K`, where K is the
-  number of scheduled looks plus one (the look a budget stop may add between them):
-  Bonferroni over a fixed look schedule, so the chance that noise alone fails a metric
-  at any look stays at most `alpha`, however the check stops.
+- Repeated looks cost false alarms, so the schedule is fixed and every look tests at one
+  level (`perfguard.decision.paired.alpha_per_look`): the largest at which noise alone
+  fails a metric at some scheduled look with probability `alpha` less that level (paid
+  for the look a budget stop may add between two scheduled ones), found by simulating
+  A/A checks through the same statistic (Pocock's boundary). However the check stops,
+  the chance that noise alone fails a metric stays at most `alpha`.
 
 Where the code comes from: the base side's workers run with DIR first on `PYTHONPATH`
 and DIR as their working directory (`python -m` puts the working directory ahead of
@@ -477,6 +479,7 @@ def run_relative(
     judging: JudgeOptions | None = None,
     on_block: Callable[[int, Block, int], None] | None = None,
     timing: str = RAW,
+    platform: str = "cpu",
 ) -> RelativeOutcome:
     """Measure blocks until every verdict is clear, `max_blocks`, or the budget; judge.
 
@@ -484,16 +487,24 @@ def run_relative(
     where the block was not a look). A case that fails on either side in a block is
     reported as that case's error and not measured again; the others go on. Of
     `judging`, `fail_on_missing`, `advisory`, `allow_output_change` and the rule's alpha
-    apply. `timing`: how each block's sides compare (`perfguard.decision.paired.log_ratios`).
+    apply. `timing`: how each block's sides compare (`perfguard.decision.paired.log_ratios`);
+    `platform` sets the floor a difference must clear (`tolerances.relative_pad`).
     """
     judging = judging or JudgeOptions()
     alpha = judging.rule.alpha
     looks = look_points(min_blocks, max_blocks)
     alpha_look = alpha_per_look(alpha, looks)
+    levels: dict[str, Any] = {
+        "alpha_look": alpha_look,
+        "timing": timing,
+        "platform": platform,
+        # The per-step metrics share alpha: each is a family of `m` at alpha / m.
+        "family_level": lambda m: alpha_per_look(alpha / m, looks),
+    }
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
-    run = _Blocks(cases, looks, alpha_look, timing)
+    run = _Blocks(cases, levels)
     started = clock()
     stopped = "max-blocks"
     previous: str | None = None
@@ -524,14 +535,13 @@ def run_relative(
     judgement, pooled = judge_blocks(
         [c.id for c in cases],
         run.blocks,
-        alpha_look=alpha_look,
         final=True,
         errors=run.errors,
         latched=run.latched,
         fail_on_missing=judging.fail_on_missing,
         advisory=judging.advisory,
         allow_output_change=judging.allow_output_change,
-        timing=timing,
+        **levels,
     )
     return RelativeOutcome(
         judgement=judgement,
@@ -552,13 +562,10 @@ class _Blocks:
     case's error, and the verdicts latched at a look (a sequential test stops where it
     decides)."""
 
-    def __init__(
-        self, cases: Sequence[Case], looks: Sequence[int], alpha_look: float, timing: str
-    ) -> None:
+    def __init__(self, cases: Sequence[Case], levels: Mapping[str, Any]) -> None:
         self.ids = [c.id for c in cases]
-        self.timing = timing
+        self.levels = dict(levels)
         self.active = list(cases)
-        self.alpha_look = alpha_look
         self.errors: dict[str, str] = {}
         self.latched: dict[tuple[str, str], MetricVerdict] = {}
         self.blocks: list[Block] = []
@@ -582,11 +589,10 @@ class _Blocks:
         judgement, _ = judge_blocks(
             self.ids,
             self.blocks,
-            alpha_look=self.alpha_look,
             final=False,
             errors=self.errors,
             latched=self.latched,
-            timing=self.timing,
+            **self.levels,
         )
         open_metrics = 0
         for c in judgement.cases:
