@@ -19,7 +19,11 @@ the real schedule and rule (`perfguard.measurement.relative.run_relative`) on bl
 shuffled pool (distinct blocks within a check; a pool of at least twice the maximum
 blocks of a check), each on a virtual clock that advances by the block's own measured
 duration. They assume blocks are exchangeable (no drift across the benchmark): an
-estimate of what more live checks would show, labelled as such in the output.
+estimate of what more live checks would show, labelled as such in the output. Each
+pool is replayed once per `--timing`, per `--levels` (how each look's level is set:
+perfguard's simulated one, or Bonferroni's `alpha / (K + 1)`) and per `--max-blocks`;
+run another checkout's copy of this script with `--replay --out DIR` to replay the same
+blocks through its rules.
 
 Run late on a shared machine, at normal priority: `python benchmarks/relative.py
 --minutes 30 --out /tmp/relative`.
