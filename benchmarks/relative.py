@@ -210,17 +210,17 @@ family-wise rate over the schedule found by simulation) or the earlier `alpha / 
 @contextlib.contextmanager
 def level_per_look(kind: str) -> Iterator[None]:
     """The relative check's per-look level set the `kind` way while the block lasts."""
-    from perfguard.measurement import relative
+    from perfguard.decision import paired
 
     if kind == "simulated":
         yield
         return
-    real = relative.alpha_per_look
-    relative.alpha_per_look = lambda alpha, looks: alpha / (len(looks) + 1)
+    real = paired.alpha_per_look
+    paired.alpha_per_look = lambda alpha, looks: alpha / (len(looks) + 1)
     try:
         yield
     finally:
-        relative.alpha_per_look = real
+        paired.alpha_per_look = real
 
 
 def resample(

@@ -595,7 +595,7 @@ def _measure_relative(
     """Probe the base (in a temporary worktree of `against.ref`, always removed) and
     measure blocks of both sides until the verdicts are clear or the budget is spent:
     the base and the `RelativeOutcome`."""
-    from perfguard.decision.paired import BASE, HEAD
+    from perfguard.decision.paired import BASE, HEAD, Comparing
     from perfguard.measurement import relative
 
     timing = against.timing_on(platform.name)
@@ -633,8 +633,7 @@ def _measure_relative(
             budget_s=against.budget_s,
             seed=against.order_seed,
             on_block=on_block,
-            timing=timing,
-            platform=platform.name,
+            compare=Comparing(timing, platform.name),
         )
     return base, outcome
 

@@ -104,26 +104,33 @@ def test_a_difference_within_the_timer_floor_is_no_regression() -> None:
 
 
 def test_the_per_step_metrics_share_alpha_as_one_family() -> None:
-    """Ten steps, one of which reads 1.2x with a spread that clears 1 % but not 0.1 %."""
+    """Step 0 reads 1.2x with a spread that clears alpha alone but not alpha / 10."""
 
-    def side(step0: float) -> CaseResult:
+    def side(step0: float, steps: int) -> CaseResult:
         res = CaseResult("c", repeats=1)
-        res.samples = {f"step:{i}": [step0 if i == 0 else 1.0] for i in range(10)}
+        res.samples = {f"step:{i}": [step0 if i == 0 else 1.0] for i in range(steps)}
         return res
 
-    blocks = [
-        paired.Block("BH", 1.0, {"B": {"c": side(1.0)}, "H": {"c": side(1.2 * math.exp(d))}})
-        for d in (0.1, -0.1) * 6
-    ]
-    xs = paired.log_ratios(blocks, "c", "step:0")
-    est = paired_estimate(xs, 0.10, 0.01)
-    assert est.low > 1.0 and paired_estimate(xs, 0.10, 0.001).low < 1.0  # the premise
-    for family, verdict in ((None, PASS), (lambda m: 0.01, REGRESSION)):
-        judgement, _ = paired.judge_blocks(
-            ["c"], blocks, alpha_look=0.01, final=True, family_level=family
-        )
+    levels = paired.Levels(0.01, (12,))
+    assert (
+        levels.of("step:0", 10) < levels.alpha_look / 5
+        and levels.of("e2e", 10) == levels.alpha_look
+    )
+    for steps, verdict in ((10, PASS), (1, REGRESSION)):
+        blocks = [
+            paired.Block(
+                "BH",
+                1.0,
+                {"B": {"c": side(1.0, steps)}, "H": {"c": side(1.2 * math.exp(d), steps)}},
+            )
+            for d in (0.09, -0.09) * 6
+        ]
+        xs = paired.log_ratios(blocks, "c", "step:0")
+        assert paired_estimate(xs, 0.10, levels.alpha_look).slower  # the premise
+        assert not paired_estimate(xs, 0.10, levels.of("step:0", 10)).slower
+        judgement, _ = paired.judge_blocks(["c"], blocks, levels=levels, final=True)
         by = {m.metric: m for m in judgement.cases[0].metrics}
-        assert by["step:0"].verdict == verdict, by["step:0"].reason
+        assert by["step:0"].verdict == verdict, (steps, by["step:0"].reason)
 
 
 def test_look_schedule_and_the_level_per_look() -> None:
@@ -164,6 +171,7 @@ def test_block_orders_come_in_mirrored_pairs_from_the_seed() -> None:
 # ---- the schedule on a virtual clock ------------------------------------------------------
 
 
+NORMALIZED = paired.Comparing("normalized")
 CASE = Case(id="sleepy", workload="qwen_image", preset="tiny")
 OTHER = Case(id="other", workload="qwen_image", preset="tiny")
 
@@ -318,12 +326,14 @@ def test_normalized_timing_divides_out_a_spell_that_moved_one_side_of_a_block() 
     raw = run_virtual(SpellBlocks({"DenoisingStage": 1.05}, spell=0.15), budget_s=1000)
     assert verdicts(raw)["stage:DenoisingStage"] == PASS
     normalized = run_virtual(
-        SpellBlocks({"DenoisingStage": 1.05}, spell=0.15), budget_s=1000, timing="normalized"
+        SpellBlocks({"DenoisingStage": 1.05}, spell=0.15),
+        budget_s=1000,
+        compare=NORMALIZED,
     )
     found = verdicts(normalized)
     assert found["stage:DenoisingStage"] == REGRESSION and found["stage:DecodingStage"] == PASS
     # Unchanged code under the same spells: clearly the same, normalized.
-    same = run_virtual(SpellBlocks(spell=0.15), budget_s=1000, timing="normalized")
+    same = run_virtual(SpellBlocks(spell=0.15), budget_s=1000, compare=NORMALIZED)
     assert same.judgement.exit_code == 0 and same.stopped == "resolved"  # type: ignore[attr-defined]
 
 

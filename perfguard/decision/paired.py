@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,34 +142,8 @@ def judge_relative_metric(
             "too few to compare",
             clear=False,
         )  # fmt: skip
-    est = paired_estimate(log_ratios, effect, alpha)
-    band = Band(effect, pad)
-    bound = band.bound(baseline.median)
-    interval = f"{1 - alpha:.2%} bounds {est.low:.3f}-{est.high:.3f}x over {est.blocks} blocks"
-    if pad > 0 and est.decision != SAME:
-        # In the figure's unit: an interval inside the floor is the same; a difference
-        # that is credible in ratio but within the floor is not shown to matter.
-        if max(est.high - 1.0, 1.0 - est.low) * baseline.median <= pad:
-            est = dataclasses.replace(est, decision=SAME)
-        elif est.decision == DIFFERENT and abs(est.ratio - 1.0) * baseline.median <= pad:
-            est = dataclasses.replace(est, decision=UNKNOWN)
-    if est.slower:
-        verdict = REGRESSION
-        reason = f"{est.ratio:.3f}x the base, above 1 + {effect:g} and credibly > 1 ({interval})"
-    elif est.decision == DIFFERENT:
-        verdict = IMPROVEMENT
-        reason = f"{est.ratio:.3f}x the base: faster by more than {effect:g} ({interval})"
-    elif est.decision == SAME:
-        verdict = PASS
-        reason = ""
-    else:
-        verdict = PASS
-        reason = (
-            f"unresolved: {est.ratio:.3f}x the base ({interval}) is neither credibly slower "
-            f"by {effect:g} (and {pad:g} in all) nor within +-{effect:g}: passed with a note"
-            if final
-            else "unresolved"
-        )
+    est = floored(paired_estimate(log_ratios, effect, alpha), baseline.median, pad)
+    verdict, reason = _verdict_of(est, pad, final)
     return MetricVerdict(
         metric,
         verdict,
@@ -184,6 +158,39 @@ def judge_relative_metric(
         significant=est.low > 1.0,
         clear=est.decision != UNKNOWN,
         paired=est,
+    )
+
+
+def floored(est: PairedEstimate, base: float, pad: float) -> PairedEstimate:
+    """`est` with the floor `pad` applied in the figure's unit (`base` the base's median):
+    an interval that lies inside the floor is `same`; a difference that is credible as a
+    ratio but within the floor is `unknown` (not shown to matter)."""
+    if pad <= 0 or est.decision == SAME:
+        return est
+    if max(est.high - 1.0, 1.0 - est.low) * base <= pad:
+        return dataclasses.replace(est, decision=SAME)
+    if est.decision == DIFFERENT and abs(est.ratio - 1.0) * base <= pad:
+        return dataclasses.replace(est, decision=UNKNOWN)
+    return est
+
+
+def _verdict_of(est: PairedEstimate, pad: float, final: bool) -> tuple[str, str]:
+    """The metric verdict a paired estimate gives, and its reason."""
+    effect = est.min_effect
+    interval = f"{1 - est.alpha:.2%} bounds {est.low:.3f}-{est.high:.3f}x over {est.blocks} blocks"
+    if est.slower:
+        return REGRESSION, (
+            f"{est.ratio:.3f}x the base, above 1 + {effect:g} and credibly > 1 ({interval})"
+        )
+    if est.decision == DIFFERENT:
+        return IMPROVEMENT, (
+            f"{est.ratio:.3f}x the base: faster by more than {effect:g} ({interval})"
+        )
+    if est.decision == SAME or not final:
+        return PASS, "" if est.decision == SAME else "unresolved"
+    return PASS, (
+        f"unresolved: {est.ratio:.3f}x the base ({interval}) is neither credibly slower "
+        f"by {effect:g} (and {pad:g} in all) nor within +-{effect:g}: passed with a note"
     )
 
 
@@ -331,30 +338,57 @@ def per_reference(result: CaseResult, metric: str) -> list[float] | None:
     return divided(result.samples.get(metric) or [], result.reference or [])
 
 
+@dataclass(frozen=True)
+class Comparing:
+    """How a block's two sides are compared: `timing` raw or normalized (`log_ratios`),
+    and the `platform` whose floor a difference must clear (`tolerances.relative_pad`)."""
+
+    timing: str = RAW
+    platform: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Levels:
+    """The level each metric of a relative check is tested at, at each of the `looks`.
+
+    Every metric at `alpha_look` (`alpha_per_look(alpha, looks)`), except the per-step
+    metrics of a case (`step:0`, `step:1`, ...): one family of `m`, each at the level for
+    `alpha / m`, since a slowdown of the code moves the stage and the step aggregates at
+    the full level, and twenty steps at 1 % each would be twenty chances for noise (the
+    stored gate's `verdict.rule_of` does the same).
+    """
+
+    alpha: float
+    looks: tuple[int, ...]
+    compare: Comparing = field(default_factory=Comparing)
+
+    @property
+    def alpha_look(self) -> float:
+        return alpha_per_look(self.alpha, self.looks)
+
+    def of(self, metric: str, steps: int) -> float:
+        """The level of `metric` in a case that has `steps` per-step metrics."""
+        if metric_class(metric) != "denoise_step" or steps < 2:
+            return self.alpha_look
+        return alpha_per_look(self.alpha / steps, self.looks)
+
+
 def judge_blocks(
     case_ids: Sequence[str],
     blocks: Sequence[Block],
     *,
-    alpha_look: float,
+    levels: Levels,
     final: bool,
     errors: Mapping[str, str] | None = None,
     latched: Mapping[tuple[str, str], MetricVerdict] | None = None,
     fail_on_missing: bool = False,
     advisory: bool = False,
     allow_output_change: bool = False,
-    timing: str = RAW,
-    platform: str = "cpu",
-    family_level: Callable[[int], float] | None = None,
 ) -> tuple[Judgement, dict[str, dict[str, CaseResult]]]:
     """The judgement on the blocks so far, and each side's results pooled over them.
 
-    `timing` is how a block's two sides are compared (`log_ratios`); the pooled results
-    stay as measured. Each metric is tested at `alpha_look`, except the per-step
-    metrics of a case (`step:0`, `step:1`, ...): one family, which shares it, each at
-    `family_level(m)` of its `m` steps (None: Bonferroni's `alpha_look / m`), since a
-    slowdown of the code moves the stage and the step aggregates at the full level, and
-    twenty steps at 1 % each would be twenty chances for noise. A difference must also
-    exceed `platform`'s floor (`tolerances.relative_pad`).
+    Each metric is judged at its level (`Levels`), its sides compared as
+    `levels.compare` says; the pooled results stay as measured.
 
     `latched` holds the verdicts already decided at an earlier look, keyed by (case,
     metric): they stand as they were decided. The work counters and the output of the
@@ -384,12 +418,9 @@ def judge_blocks(
             head,
             base,
             blocks,
-            alpha_look=alpha_look,
+            levels=levels,
             final=final,
             latched=latched,
-            timing=timing,
-            platform=platform,
-            family_level=family_level,
         )
         verdicts.append(_relative_case(cid, head, base, metrics, head_blocks, allow_output_change))
     judgement = Judgement(PROFILE_NAME, tuple(verdicts), fail_on_missing, advisory)
@@ -415,20 +446,15 @@ def _relative_metrics(
     base: CaseResult,
     blocks: Sequence[Block],
     *,
-    alpha_look: float,
+    levels: Levels,
     final: bool,
     latched: Mapping[tuple[str, str], MetricVerdict],
-    timing: str = RAW,
-    platform: str = "cpu",
-    family_level: Callable[[int], float] | None = None,
 ) -> list[MetricVerdict]:
     """The verdict on each metric of either side: latched where decided before, else
-    judged on the blocks' log ratios (the levels: `judge_blocks`)."""
+    judged on the blocks' log ratios at its level."""
     names = sorted(set(head.samples) | set(base.samples), key=metric_sort_key)
     steps = sum(1 for m in names if metric_class(m) == "denoise_step")
-    step_level = alpha_look
-    if steps > 1:
-        step_level = family_level(steps) if family_level else alpha_look / steps
+    compare = levels.compare
     return [
         latched[(cid, metric)]
         if (cid, metric) in latched
@@ -436,12 +462,12 @@ def _relative_metrics(
             metric,
             head.samples.get(metric),
             base.samples.get(metric),
-            log_ratios(blocks, cid, metric, timing),
-            alpha=step_level if metric_class(metric) == "denoise_step" else alpha_look,
+            log_ratios(blocks, cid, metric, compare.timing),
+            alpha=levels.of(metric, steps),
             head_groups=head.groups,
             base_groups=base.groups,
             final=final,
-            pad=relative_pad(metric, platform),
+            pad=relative_pad(metric, compare.platform),
         )
         for metric in names
     ]

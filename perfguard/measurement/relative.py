@@ -71,14 +71,15 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.decision.gate import JudgeOptions
-from perfguard.decision.normalize import RAW, timing_of
+from perfguard.decision.normalize import timing_of
 from perfguard.decision.paired import (
     BASE,
     HEAD,
     SIDES,
     Block,
+    Comparing,
+    Levels,
     RelativeOutcome,
-    alpha_per_look,
     judge_blocks,
     look_points,
 )
@@ -478,8 +479,7 @@ def run_relative(
     clock: Callable[[], float] = time.monotonic,
     judging: JudgeOptions | None = None,
     on_block: Callable[[int, Block, int], None] | None = None,
-    timing: str = RAW,
-    platform: str = "cpu",
+    compare: Comparing | None = None,
 ) -> RelativeOutcome:
     """Measure blocks until every verdict is clear, `max_blocks`, or the budget; judge.
 
@@ -487,20 +487,13 @@ def run_relative(
     where the block was not a look). A case that fails on either side in a block is
     reported as that case's error and not measured again; the others go on. Of
     `judging`, `fail_on_missing`, `advisory`, `allow_output_change` and the rule's alpha
-    apply. `timing`: how each block's sides compare (`perfguard.decision.paired.log_ratios`);
-    `platform` sets the floor a difference must clear (`tolerances.relative_pad`).
+    apply; `compare` says how each block's sides compare (raw by default, on CPU's floor).
     """
     judging = judging or JudgeOptions()
     alpha = judging.rule.alpha
     looks = look_points(min_blocks, max_blocks)
-    alpha_look = alpha_per_look(alpha, looks)
-    levels: dict[str, Any] = {
-        "alpha_look": alpha_look,
-        "timing": timing,
-        "platform": platform,
-        # The per-step metrics share alpha: each is a family of `m` at alpha / m.
-        "family_level": lambda m: alpha_per_look(alpha / m, looks),
-    }
+    levels = Levels(alpha, looks, compare or Comparing())
+    alpha_look = levels.alpha_look
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
@@ -541,7 +534,7 @@ def run_relative(
         fail_on_missing=judging.fail_on_missing,
         advisory=judging.advisory,
         allow_output_change=judging.allow_output_change,
-        **levels,
+        levels=levels,
     )
     return RelativeOutcome(
         judgement=judgement,
@@ -562,9 +555,9 @@ class _Blocks:
     case's error, and the verdicts latched at a look (a sequential test stops where it
     decides)."""
 
-    def __init__(self, cases: Sequence[Case], levels: Mapping[str, Any]) -> None:
+    def __init__(self, cases: Sequence[Case], levels: Levels) -> None:
         self.ids = [c.id for c in cases]
-        self.levels = dict(levels)
+        self.levels = levels
         self.active = list(cases)
         self.errors: dict[str, str] = {}
         self.latched: dict[tuple[str, str], MetricVerdict] = {}
@@ -592,7 +585,7 @@ class _Blocks:
             final=False,
             errors=self.errors,
             latched=self.latched,
-            **self.levels,
+            levels=self.levels,
         )
         open_metrics = 0
         for c in judgement.cases:
