@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,7 +105,9 @@ def one_check(
     report: Path,
     extra: list[str] | None = None,
     cwd: Path = ROOT,
+    keep: Path | None = None,
 ) -> dict:
+    """One `perfguard check` process; with `keep`, its results are written there."""
     cmd = [
         sys.executable,
         "-m",
@@ -121,6 +124,8 @@ def one_check(
     ]
     if pct and method == "inject":
         cmd += ["--inject", f"DenoisingStage=+{pct}%"]
+    if keep is not None:
+        cmd += ["--out", str(keep)]
     t0 = time.perf_counter()
     proc = subprocess.run(
         cmd,
@@ -132,6 +137,8 @@ def one_check(
     )
     wall = time.perf_counter() - t0
     out = {"exit": proc.returncode, "wall_s": wall, "cases": {}}
+    if keep is not None and keep.exists():
+        out["results"] = str(keep)
     if report.exists():
         data = json.loads(report.read_text())
         for cid, case in data["cases"].items():
@@ -187,7 +194,18 @@ def main() -> None:
         "'reruns6=--max-reruns 6'): every condition runs once per variant in each round, "
         "in a random order, against the same baselines.",
     )
+    ap.add_argument(
+        "--keep",
+        default=None,
+        metavar="DIR",
+        help="Keep every baseline and every check's results (--out) in DIR, named in the "
+        "--json trials, so that other settings can re-judge the same measurements "
+        "(benchmarks/rejudge.py).",
+    )
     args = ap.parse_args()
+    keep = Path(args.keep).resolve() if args.keep else None
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     checks = dict(v.split("=", 1) for v in args.check_variants)
     revisions = {
@@ -224,14 +242,20 @@ def main() -> None:
                 if since_gen[rev] >= args.checks_per_baseline or not base.exists():
                     gen_times[rev].append(gen_baseline(base, args.gen_args.split(), cwd))
                     since_gen[rev] = 0
+                    if keep is not None and base.exists():
+                        kept_base = keep / f"baseline-{rev}-{len(gen_times[rev])}.json"
+                        shutil.copyfile(base, kept_base)
                 spin = [spinner() for _ in range({"quiet": 0, "one-busy": 1, "two-busy": 2}[load])]
+                kept = keep / f"check-{len(trials):04d}.json" if keep is not None else None
                 try:
-                    res = one_check(base, method, pct, report, extra.split(), cwd)
+                    res = one_check(base, method, pct, report, extra.split(), cwd, kept)
                 finally:
                     for p in spin:
                         p.kill()
                         p.wait()
                 res.update(variant=variant, load=load, method=method, pct=pct)
+                if keep is not None:
+                    res["baseline"] = str(keep / f"baseline-{rev}-{len(gen_times[rev])}.json")
                 trials.append(res)
                 since_gen[rev] += 1
             rounds += 1

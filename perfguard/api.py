@@ -337,7 +337,11 @@ def check(
     _warn_hardware(results, base, echo)
     # The report records how the first measurement sampled (`max_repeats`: its cap).
     settings = {"source": "run", **first.settings("check"), "shard": selection.shard}
-    settings |= {"max_reruns": judging.max_reruns, "confirm_gap_s": judging.confirm_gap_s}
+    settings |= {
+        "max_reruns": judging.max_reruns,
+        "confirm_gap_s": judging.confirm_gap_s,
+        "alpha": judging.rule.alpha,
+    }
     return build_against(outcome.judgement, results, base, path, settings=settings)
 
 

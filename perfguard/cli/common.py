@@ -17,6 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from perfguard.decision.comparison import DEFAULT_RULE, Rule
 from perfguard.decision.gate import DEFAULT_CONFIRM_GAP_S, DEFAULT_MAX_RERUNS, JudgeOptions
 from perfguard.device.inject import inject_from
 from perfguard.measurement.launch import START_METHODS
@@ -381,9 +382,21 @@ confirm_gap_option = click.option(
 )
 
 
+alpha_option = click.option(
+    "--alpha",
+    type=click.FloatRange(0, 0.5, min_open=True, max_open=True),
+    default=DEFAULT_RULE.alpha,
+    show_default=True,
+    envvar="PERFGUARD_ALPHA",
+    help="One-sided false-alarm rate of each metric's credibility test (the per-step "
+    "metrics share it as one family; env: PERFGUARD_ALPHA). Lower: fewer false alarms, "
+    "smaller slowdowns missed more often (docs/verdicts.md).",
+)
+
+
 def judge_options(max_reruns_help: str) -> Decorator:
-    """--profile / --max-reruns / --confirm-gap-s / --fail-on-missing / --advisory /
-    --allow-output-change:
+    """--profile / --max-reruns / --confirm-gap-s / --alpha / --fail-on-missing /
+    --advisory / --allow-output-change:
     how a check judges (`JudgeOptions`); the command gets `judging`."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -396,6 +409,7 @@ def judge_options(max_reruns_help: str) -> Decorator:
                 allow_output_change=kwargs.pop("allow_output_change"),
                 max_reruns=kwargs.pop("max_reruns"),
                 confirm_gap_s=kwargs.pop("confirm_gap_s"),
+                rule=Rule(alpha=kwargs.pop("alpha")),
             )
             return fn(**kwargs)
 
@@ -411,7 +425,12 @@ def judge_options(max_reruns_help: str) -> Decorator:
                 "so with `output_may_change = true`).",
             ),
         ]
-        options = [max_reruns_option(max_reruns_help), confirm_gap_option, profile_option]
+        options = [
+            max_reruns_option(max_reruns_help),
+            confirm_gap_option,
+            alpha_option,
+            profile_option,
+        ]
         options += [click.option(name, is_flag=True, help=text) for name, text in flags]
         return _apply(wrapper, options)
 

@@ -1,0 +1,132 @@
+"""Re-judge kept detection checks under other settings: the same measurements, other rules.
+
+`benchmarks/detection.py --keep DIR --json T.json` keeps each check's pooled results
+(`check --out`) and the baseline it ran against. This script judges every kept check
+again for each `--alpha` and each `--max-reruns` cap, and prints the detection table of
+each setting. The comparison is paired: every setting sees the same processes, so the
+differences between settings are the rules', not the runner's.
+
+A cap below the one the checks ran with is exact: the gate confirms one fresh process
+at a time while a metric is over its bound, so a check with cap R would have stopped at
+the first 1 + R process groups of the kept results, or earlier where it stopped anyway.
+A cap above it cannot be replayed. The futility stop of the first measurement's runs
+tests the median's reach at the check's own alpha, so a lower alpha replayed here sees
+the runs the check's alpha took (a few more or fewer than its own stop would take).
+
+The first setting listed (the checks' own) is also compared with the exit codes the checks
+returned: a replay that does not reproduce them is reported, so a drift between this
+script and the gate shows.
+
+    python benchmarks/rejudge.py T.json --alphas 0.01 0.005 0.0025 --max-reruns 8 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from scipy.stats import beta
+
+from perfguard.api import load_baseline
+from perfguard.decision.comparison import Rule
+from perfguard.decision.gate import JudgeOptions
+from perfguard.results import CaseResult, Results
+from perfguard.storage.reports import read_results
+
+CASES = ("qwen_image_t2i_smoke", "glm_image_t2i_smoke")
+
+
+def upper95(k: int, n: int) -> float:
+    return 1.0 if k >= n else float(beta.ppf(0.95, k + 1, n - k))
+
+
+def lower95(k: int, n: int) -> float:
+    return 0.0 if k == 0 else float(beta.ppf(0.05, k, n - k + 1))
+
+
+def first_groups(result: CaseResult, groups: int) -> CaseResult:
+    """`result` with only its first `groups` process groups (the first measurement and
+    the confirmations a smaller --max-reruns would have allowed)."""
+    sizes = result.groups or [len(result.reference)]
+    if len(sizes) <= groups:
+        return result
+    keep: list[bool] = []
+    for i, size in enumerate(sizes):
+        keep += [i < groups] * size
+    return result.only_runs(keep)
+
+
+def capped(results: Results, reruns: int) -> Results:
+    return dataclasses.replace(
+        results,
+        cases={
+            cid: first_groups(c, 1 + reruns) if c.status == "ok" else c
+            for cid, c in results.cases.items()
+        },
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trials", help="The --json of a detection.py run made with --keep.")
+    ap.add_argument("--alphas", type=float, nargs="+", default=[0.01, 0.005, 0.0025])
+    ap.add_argument("--max-reruns", type=int, nargs="+", default=[4])
+    args = ap.parse_args(argv)
+    trials = [t for t in json.loads(Path(args.trials).read_text())["trials"] if "results" in t]
+    baselines: dict[str, object] = {}
+    settings = [(a, r) for r in args.max_reruns for a in args.alphas]
+    # (setting, variant, pct) -> [alarms, checks, qwen caught, glm caught]
+    table: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    culprits: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    mismatches = 0
+    for t in trials:
+        if t["baseline"] not in baselines:
+            baselines[t["baseline"]] = load_baseline(t["baseline"])
+        base = baselines[t["baseline"]]
+        results = read_results(t["results"])
+        for i, (alpha, reruns) in enumerate(settings):
+            judging = JudgeOptions(rule=Rule(alpha=alpha), max_reruns=reruns)
+            judgement = judging.judge(capped(results, reruns), base)
+            code = judgement.exit_code
+            if i == 0 and t["exit"] in (0, 1) and code != t["exit"]:
+                mismatches += 1
+            verdicts = {c.case_id: c.verdict for c in judgement.cases}
+            row = table[((alpha, reruns), t["variant"], t["pct"])]
+            row[0] += code == 1
+            row[1] += 1
+            row[2] += verdicts.get(CASES[0]) == "regression"
+            row[3] += verdicts.get(CASES[1]) == "regression"
+            if t["pct"] == 0:
+                seen = culprits[((alpha, reruns), t["variant"])]
+                for c in judgement.cases:
+                    for m in c.metrics:
+                        seen[f"{c.case_id}:{m.metric}"] += m.verdict == "regression"
+    print(
+        f"{len(trials)} kept checks re-judged under {len(settings)} settings; replays of the "
+        f"first setting that differ from the check's exit code: {mismatches}"
+    )
+    print()
+    print(
+        "| alpha | max reruns | variant | slowdown | checks | exit 1 | qwen caught | glm caught |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for ((alpha, reruns), variant, pct), (k, n, q, g) in sorted(table.items()):
+        if pct == 0:
+            rate = f"{k}/{n} = {k / n:.1%} (95 % upper {upper95(k, n):.1%})"
+        else:
+            rate = f"{k}/{n} = {k / n:.0%} (95 % lower {lower95(k, n):.0%})"
+        print(f"| {alpha:g} | {reruns} | {variant} | +{pct} % | {n} | {rate} | {q}/{n} | {g}/{n} |")
+    for ((alpha, reruns), variant), counts in sorted(culprits.items()):
+        most = sorted(((m, k) for m, k in counts.items() if k), key=lambda kv: (-kv[1], kv[0]))
+        print(
+            f"A/A regressions (alpha {alpha:g}, reruns {reruns}, {variant}): "
+            + ", ".join(f"{m} x{k}" for m, k in most)
+        )
+
+
+if __name__ == "__main__":
+    main()
