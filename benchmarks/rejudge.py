@@ -50,14 +50,23 @@ def lower95(k: int, n: int) -> float:
 
 def first_groups(result: CaseResult, groups: int) -> CaseResult:
     """`result` with only its first `groups` process groups (the first measurement and
-    the confirmations a smaller --max-reruns would have allowed)."""
+    the confirmations a smaller --max-reruns would have allowed).
+
+    Per-run metrics keep their first runs; a metric with one sample per process (peak
+    memory) is left whole: `CaseResult.only_runs` refuses a mask it cannot apply to
+    every metric, so the cut is made here, where the timed metrics are what is judged.
+    """
     sizes = result.groups or [len(result.reference)]
     if len(sizes) <= groups:
         return result
-    keep: list[bool] = []
-    for i, size in enumerate(sizes):
-        keep += [i < groups] * size
-    return result.only_runs(keep)
+    runs = sum(sizes[:groups])
+    total = len(result.reference)
+    return dataclasses.replace(
+        result,
+        samples={m: v[:runs] if len(v) == total else v for m, v in result.samples.items()},
+        reference=result.reference[:runs],
+        groups=sizes[:groups],
+    )
 
 
 def capped(results: Results, reruns: int) -> Results:

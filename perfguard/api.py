@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.gate import RELATIVE_JUDGING, JudgeOptions
 from perfguard.errors import PerfguardError
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.warm import in_warm_pool
@@ -337,11 +337,8 @@ def check(
     _warn_hardware(results, base, echo)
     # The report records how the first measurement sampled (`max_repeats`: its cap).
     settings = {"source": "run", **first.settings("check"), "shard": selection.shard}
-    settings |= {
-        "max_reruns": judging.max_reruns,
-        "confirm_gap_s": judging.confirm_gap_s,
-        "alpha": judging.rule.alpha,
-    }
+    settings |= {"max_reruns": judging.max_reruns, "confirm_gap_s": judging.confirm_gap_s}
+    settings["alpha"] = judging.rule.alpha
     return build_against(outcome.judgement, results, base, path, settings=settings)
 
 
@@ -518,7 +515,7 @@ def check_relative(
     paired per-block ratios (`perfguard.decision.paired`). Everything that can be wrong
     with the options, the registry, the base checkout or the baseline file to write is
     checked before the first block runs, so a bad input measures nothing and writes
-    nothing. Of `judging`, `fail_on_missing`, `advisory` and `allow_output_change` apply.
+    nothing. Of `judging` (default `RELATIVE_JUDGING`), all but the confirmations apply.
     """
     from perfguard.decision.paired import BASE, HEAD
     from perfguard.storage import baseline as store
@@ -529,7 +526,7 @@ def check_relative(
     platform = platform or probe()
     cases, environment = _relative_preflight(selection, options, against, platform, echo)
     base, outcome = _measure_relative(
-        cases, options, against, judging or JudgeOptions(), platform, echo
+        cases, options, against, judging or RELATIVE_JUDGING, platform, echo
     )
     against_info = {**base.to_json(), **outcome.summary()}
     if against.ref is not None:

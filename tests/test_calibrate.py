@@ -24,6 +24,7 @@ from perfguard.decision.calibrate import (
     measure_noise,
     suggested_overrides,
 )
+from perfguard.decision.comparison import Rule
 from perfguard.decision.stats import Summary
 from perfguard.decision.tolerances import Band, default_profiles
 from perfguard.results import CaseResult, pool
@@ -69,11 +70,18 @@ def test_more_noise_needs_a_wider_band_and_more_processes_see_more() -> None:
     quiet = measure_noise(measured(within=0.01, between=0.01))[1]
     noisy = measure_noise(measured(within=0.01, between=0.08))[1]
     setup = CheckSetup(repeats=10, trials=200)
+    # At 1 % with 4 confirmations the band must widen to hold the false alarms of a noisy
+    # runner; at the stored level (0.1 %, 8) the interval holds them, and the noise shows
+    # as a larger smallest slowdown caught.
+    lax = CheckSetup(repeats=10, trials=200, rule=Rule(alpha=0.01), max_reruns=4)
     assert (
-        detection(noisy, Band(0.25, 0.0), setup).suggested.rel
-        > detection(quiet, Band(0.25, 0.0), setup).suggested.rel
+        detection(noisy, Band(0.25, 0.0), lax).suggested.rel
+        > detection(quiet, Band(0.25, 0.0), lax).suggested.rel
     )
     one = detection(noisy, Band(0.25, 0.0), setup)
+    calm = detection(quiet, Band(0.25, 0.0), setup)
+    assert calm.suggested_catches is not None
+    assert one.suggested_catches is None or one.suggested_catches > calm.suggested_catches
     many = detection(
         noisy,
         Band(0.25, 0.0),

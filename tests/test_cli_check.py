@@ -149,6 +149,22 @@ def test_the_confirmation_gap_is_an_option_a_setting_and_never_negative(
     assert report_of(Path("r.json"))["settings"]["confirm_gap_s"] == 1.5
 
 
+def test_alpha_is_an_option_a_setting_and_stays_inside_zero_to_a_half(
+    fake: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pg(*GEN)
+    for bad in ("0", "0.5", "-0.01", "x"):
+        code, _, err = pg(*CHECK, "--alpha", bad, "--report", "r.json")
+        assert code == 2 and "--alpha" in err and not Path("r.json").exists()
+    assert pg(*CHECK, "--report", "r.json")[0] == 0
+    assert report_of(Path("r.json"))["settings"]["alpha"] == 0.001  # the stored default
+    assert pg(*CHECK, "--alpha", "0.002", "--report", "r.json")[0] == 0
+    assert report_of(Path("r.json"))["settings"]["alpha"] == 0.002
+    monkeypatch.setenv("PERFGUARD_ALPHA", "0.004")  # the runner's setting
+    assert pg(*CHECK, "--report", "r.json")[0] == 0
+    assert report_of(Path("r.json"))["settings"]["alpha"] == 0.004
+
+
 def test_check_without_a_baseline_file_says_how_to_make_one(fake: Path, pg: PG) -> None:
     code, _, err = pg(*CHECK)
     assert code == 2 and "perfguard gen-baselines" in err and err.count("\n") == 1
@@ -411,7 +427,7 @@ def pipeline(case, platform):
 def test_smoke_case_gen_baselines_then_check_passes_and_an_injected_slowdown_fails(
     smoke: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Done-when of the issue, through every moving part of the gate, without a retry.
+    """Done-when of the issue, through every moving part of the gate.
 
     gen-baselines pools three fresh processes; each check runs `--isolate`, so its
     confirmations are fresh processes too; the A/A check passes and +50 % injected into
@@ -441,18 +457,20 @@ def test_smoke_case_gen_baselines_then_check_passes_and_an_injected_slowdown_fai
         len(saved["scenarios"]["qwen_image_t2i_smoke"]["stages"]["DenoisingStage"]["processes"])
         == 3
     )
-    code, out, err = pg("check", *base, *qwen, "--isolate", "--report", "pass.json")
+
+    def measured(*args: str) -> tuple[int, str, str]:
+        # Exit 4 is no verdict: the reference workload found the runner contended after
+        # the gate's own waits (a neighbour on a shared CI host). The sleeps cannot be
+        # contended, the yardstick can, so such a check is run again, at most twice.
+        for _ in range(3):
+            code, out, err = pg("check", *base, *qwen, "--isolate", *args)
+            if code != 4:
+                break
+        return code, out, err
+
+    code, out, err = measured("--report", "pass.json")
     assert code == 0, out + err + Path("pass.json").read_text()
-    code, out, err = pg(
-        "check",
-        *base,
-        *qwen,
-        "--isolate",
-        "--inject",
-        "DenoisingStage=+50%",
-        "--report",
-        "slow.json",
-    )
+    code, out, err = measured("--inject", "DenoisingStage=+50%", "--report", "slow.json")
     report = json.loads(Path("slow.json").read_text())
     case = report["cases"]["qwen_image_t2i_smoke"]
     assert "stage:DenoisingStage" in out and "confirming in a fresh process (1 of" in err

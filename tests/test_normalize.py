@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from perfguard.decision import normalize
+from perfguard.decision.comparison import Rule
 from perfguard.decision.tolerances import default_profiles
 from perfguard.decision.verdict import judge
 from perfguard.errors import PerfguardError
@@ -55,7 +56,10 @@ BASELINE_SPEED = [0.97] * 5 + [1.0] * 5 + [1.04] * 5
 
 def verdict_of(result: CaseResult, timing: str) -> tuple[str, str, dict]:
     base = baseline_of(measured(BASELINE_SPEED), timing)
-    case = judge(Results({"platform": "cpu"}, {}, {"c": result}), base).cases[0]
+    # At 1 %, the level these one-process figures were made for: at the stored 0.1 % a
+    # 25 % excess over a one-process baseline is not credible, and nothing is left to excuse.
+    results = Results({"platform": "cpu"}, {}, {"c": result})
+    case = judge(results, base, rule=Rule(alpha=0.01)).cases[0]
     return case.verdict, metric(case, "stage:DenoisingStage").verdict, dict(case.runner or {})
 
 

@@ -29,6 +29,7 @@ from perfguard.cli.common import (
     platform_option,
     selection_options,
 )
+from perfguard.decision.comparison import RELATIVE_RULE
 from perfguard.decision.gate import JudgeOptions
 from perfguard.decision.normalize import TIMINGS
 from perfguard.errors import EXIT_CODES_HELP, PerfguardError
@@ -254,7 +255,7 @@ def check(
     A metric regresses when its median exceeds max(b * (1 + rel), b + pad) (rel: the
     minimum effect of interest, 3 % for e2e, the denoising stage and the step
     aggregates; pad: a multiple of the baseline's noise) and the slowdown is credible
-    (99 %, Student's t over the spread between processes). A case over a bound is
+    (99.9 %, Student's t over the spread between processes; --alpha). A case over a bound is
     confirmed in fresh processes first (--max-reruns); runs that the reference workload
     saw contended are left out, and a runner that stays contended gets the verdict
     `contended` (exit 4), never `regression`. Cases run here stop sampling early once
@@ -341,6 +342,8 @@ def _relative(
     for param, flag in NOT_RELATIVE.items():
         if given(param, environment=False):
             raise PerfguardError(f"{flag} does not apply to a relative check (--against)")
+    if not given("alpha"):
+        judging = judging.replace(rule=RELATIVE_RULE)
     platform = api.probe(platform_name)
     return api.check_relative(
         selection,

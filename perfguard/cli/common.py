@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from perfguard.decision.comparison import DEFAULT_RULE, Rule
+from perfguard.decision.comparison import DEFAULT_RULE, RELATIVE_ALPHA, STORED_ALPHA, Rule
 from perfguard.decision.gate import DEFAULT_CONFIRM_GAP_S, DEFAULT_MAX_RERUNS, JudgeOptions
 from perfguard.device.inject import inject_from
 from perfguard.measurement.launch import START_METHODS
@@ -151,16 +151,19 @@ def selection_options(*, shard: bool = True) -> Decorator:
     return decorate
 
 
-DEFAULT_BASELINE_PROCESSES = 6
-"""gen-baselines measures in 6 fresh processes by default: the verdict's interval needs
+DEFAULT_BASELINE_PROCESSES = 10
+"""gen-baselines measures in 10 fresh processes by default: the verdict's interval needs
 the between-process spread, and the baseline's median is shared by every check against
 it, so its error is the one no check can average away. With 3 processes a baseline left
 its median a few percent off (the A/A checks of one baseline read their denoising stage
-at a median of 1.06-1.09x, those of the next at 1.01x: docs/verdicts.md) and its spread
-had 2 degrees of freedom (one-sided 99 % t quantile 6.96). Processes are forks of the
-warm server and only the first two recount the work (`options.COUNTED_PROCESSES`), so a
-process costs its build and runs: ~0.9 s for the two smoke cases, and gen-baselines +
-check of the smoke tier stays within 15 s (docs/verdicts.md)."""
+at a median of 1.06-1.09x, those of the next at 1.01x: docs/verdicts.md); with 6, the
+mean A/A log ratio of `DenoisingStage` still moved by 2.0-2.4 % (sd) from one baseline
+to the next, with 10 by 1.0-1.4 % (one detection run, 11 baselines of each,
+interleaved), and at the stored level the A/A checks against them failed 12 of 142
+times against 2 of 143. Processes are forks of the warm server and only the first two
+recount the work (`options.COUNTED_PROCESSES`), so a process costs its build and runs:
+gen-baselines of the smoke tier took a median 8.6 s with 10, 5.3 s with 6, in the same
+run (docs/verdicts.md)."""
 
 
 def measurement_options(
@@ -385,12 +388,12 @@ confirm_gap_option = click.option(
 alpha_option = click.option(
     "--alpha",
     type=click.FloatRange(0, 0.5, min_open=True, max_open=True),
-    default=DEFAULT_RULE.alpha,
-    show_default=True,
+    default=None,
     envvar="PERFGUARD_ALPHA",
-    help="One-sided false-alarm rate of each metric's credibility test (the per-step "
-    "metrics share it as one family; env: PERFGUARD_ALPHA). Lower: fewer false alarms, "
-    "smaller slowdowns missed more often (docs/verdicts.md).",
+    help=f"One-sided false-alarm rate of each metric's credibility test (the per-step "
+    f"metrics share it as one family; env: PERFGUARD_ALPHA). Default: {STORED_ALPHA:g} "
+    f"against a stored baseline, {RELATIVE_ALPHA:g} with --against. Lower: fewer false "
+    "alarms, smaller slowdowns missed more often (docs/verdicts.md).",
 )
 
 
@@ -409,7 +412,7 @@ def judge_options(max_reruns_help: str) -> Decorator:
                 allow_output_change=kwargs.pop("allow_output_change"),
                 max_reruns=kwargs.pop("max_reruns"),
                 confirm_gap_s=kwargs.pop("confirm_gap_s"),
-                rule=Rule(alpha=kwargs.pop("alpha")),
+                rule=DEFAULT_RULE if (alpha := kwargs.pop("alpha")) is None else Rule(alpha),
             )
             return fn(**kwargs)
 

@@ -21,12 +21,12 @@ neighbour) moves the mean of five samples by 20 % and the median not at all.
 
 A median above the band is a regression only when the slowdown is also credible: the
 lower end of a one-sided (1 - alpha) confidence bound on median/baseline must exceed 1
-(`Rule.alpha`, 1 % by default). The interval comes from `stats.log_ratio_noise`: the
-spread of both sides' samples and, when either side was measured in several processes,
-the spread of the per-process medians, because on a shared runner the process is a
-source of variation that the samples of one process cannot show. Without that
-information the bands themselves must cover the drift between processes; `perfguard
-calibrate` measures it and suggests bands that do.
+(`Rule.alpha`: 0.1 % against a stored baseline, `comparison.STORED_ALPHA`). The interval
+comes from `stats.log_ratio_noise`: the spread of both sides' samples and, when either
+side was measured in several processes, the spread of the per-process medians, because
+on a shared runner the process is a source of variation that the samples of one process
+cannot show. Without that information the bands themselves must cover the drift between
+processes; `perfguard calibrate` measures it and suggests bands that do.
 
 A case with a metric over its bound is confirmed by the gate in fresh processes pooled
 in before it can be a regression (`perfguard.decision.gate`). A metric's `borderline`
@@ -343,7 +343,7 @@ def _figures(c: Comparison) -> str:
 
 def _evidence(c: Comparison) -> str:
     if c.noise.se > 0:
-        return f"{1 - c.rule.alpha:.0%} lower bound {c.low:.3f}x from the {c.noise.source}"
+        return f"{(1 - c.rule.alpha) * 100:.4g}% lower bound {c.low:.3f}x from the {c.noise.source}"
     return "no spread known: the band alone decides"
 
 
