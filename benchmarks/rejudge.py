@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,6 +81,37 @@ def capped(results: Results, reruns: int) -> Results:
     )
 
 
+def offsets(trials: list[dict]) -> list[str]:
+    """Per variant, how the A/A checks' failures and `DenoisingStage` ratios fall by the
+    baseline they ran against: the offset a baseline carries from its session."""
+    aa: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for t in trials:
+        if t["pct"] == 0:
+            aa[t["variant"]][t["baseline"]].append(t)
+    lines = []
+    for variant, by_base in sorted(aa.items()):
+        fails = sorted(
+            ((sum(t["exit"] == 1 for t in ts), len(ts)) for ts in by_base.values()), reverse=True
+        )
+        lines.append(
+            f"A/A failures per baseline ({variant}, as the checks ran): "
+            f"{', '.join(f'{k}/{n}' for k, n in fails)} ({len(by_base)} baselines)"
+        )
+        for case in CASES:
+            logs = [
+                [math.log(t["cases"][case]["ratio"]) for t in ts if t["cases"][case].get("ratio")]
+                for ts in by_base.values()
+            ]
+            logs = [v for v in logs if len(v) > 2]
+            between = statistics.stdev(statistics.fmean(v) for v in logs)
+            within = math.sqrt(statistics.fmean(statistics.pvariance(v) for v in logs))
+            lines.append(
+                f"  {case}: sd of the baselines' mean A/A log DenoisingStage ratio "
+                f"{between:.1%}, within a baseline {within:.1%}"
+            )
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trials", help="The --json of a detection.py run made with --keep.")
@@ -129,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             rate = f"{k}/{n} = {k / n:.0%} (95 % lower {lower95(k, n):.0%})"
         print(f"| {alpha:g} | {reruns} | {variant} | +{pct} % | {n} | {rate} | {q}/{n} | {g}/{n} |")
+    print("\n".join(offsets(trials)))
     for ((alpha, reruns), variant), counts in sorted(culprits.items()):
         most = sorted(((m, k) for m, k in counts.items() if k), key=lambda kv: (-kv[1], kv[0]))
         print(

@@ -12,36 +12,6 @@ from perfguard.decision.tolerances import Band
 
 # ---- the evidence a regression needs -------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Rule:
-    """How much evidence a verdict needs, and which verdicts are flagged as borderline.
-
-    `alpha` is the one-sided false-alarm rate of the credibility test: a median above
-    its band is a regression only when the (1 - alpha) lower confidence bound of
-    median/baseline is above 1. 0.1 % against a stored baseline (`STORED_ALPHA`), 1 %
-    for a relative check (`RELATIVE_RULE`).
-
-    `borderline` (1.2) is how close to the band a credible slowdown counts as
-    borderline: its excess over the baseline is within 1.2x of the band's allowance, or
-    above 1/1.2 of it while still inside. Such a verdict could flip with the next
-    process's drift: the report flags it and shows its interval.
-    """
-
-    alpha: float = 0.001
-    borderline: float = 1.2
-
-    def __post_init__(self) -> None:
-        if not 0 < self.alpha < 0.5:
-            raise ValueError(f"alpha must be in (0, 0.5), not {self.alpha}")
-        if self.borderline < 1:
-            raise ValueError(f"borderline must be >= 1, not {self.borderline}")
-
-    def quantile(self, noise: Noise) -> float:
-        """Student's t at `alpha` with the degrees of freedom that estimated `noise`."""
-        return t_quantile(self.alpha, noise.dof)
-
-
 STORED_ALPHA = 0.001
 """The stored check's level. A stored baseline is one session of the runner, met by every
 check against it until it is regenerated, and what the interval sees is only the spread
@@ -63,9 +33,43 @@ FUTILITY_ALPHA = 0.01
 """The futility stop's level (`Comparison.clear`): a case stops sampling once its median
 could not cross its bound at this level. It only ever removes rejections, so it is set
 for cost, not for false alarms: 1 %, the level the verdict had when the stop was tuned
-(the detection runs of docs/verdicts.md sampled with it)."""
+(the detection runs of docs/verdicts.md sampled with it). It is not split over the
+per-step family as the verdict's level is (`verdict.rule_of`): a step's stop is at 1 %,
+where it was at 1 % / m before the stored level moved to 0.1 %."""
 
-DEFAULT_RULE = Rule(alpha=STORED_ALPHA)
+
+@dataclass(frozen=True)
+class Rule:
+    """How much evidence a verdict needs, and which verdicts are flagged as borderline.
+
+    `alpha` is the one-sided false-alarm rate of the credibility test: a median above
+    its band is a regression only when the (1 - alpha) lower confidence bound of
+    median/baseline is above 1. 0.1 % against a stored baseline (`STORED_ALPHA`), 1 %
+    for a relative check (`RELATIVE_RULE`).
+
+    `borderline` (1.2) is how close to the band a credible slowdown counts as
+    borderline: its excess over the baseline is within 1.2x of the band's allowance, or
+    above 1/1.2 of it while still inside. Such a verdict could flip with the next
+    process's drift: the report flags it and shows its interval.
+    """
+
+    alpha: float = STORED_ALPHA
+    borderline: float = 1.2
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 0.5:
+            raise ValueError(f"alpha must be in (0, 0.5), not {self.alpha}")
+        if self.borderline < 1:
+            raise ValueError(f"borderline must be >= 1, not {self.borderline}")
+
+
+def interval(ratio: float, noise: Noise, alpha: float) -> tuple[float, float]:
+    """The one-sided (1 - alpha) bounds [low, high] on a ratio whose log has `noise`."""
+    spread = math.exp(t_quantile(alpha, noise.dof) * noise.se)
+    return ratio / spread, ratio * spread
+
+
+DEFAULT_RULE = Rule()
 RELATIVE_RULE = Rule(alpha=RELATIVE_ALPHA)
 
 
@@ -91,9 +95,8 @@ class Comparison:
         cls, metric: str, measured: Summary, baseline: Summary, band: Band, rule: Rule
     ) -> Comparison:
         noise = log_ratio_noise(baseline, measured)
-        ratio = measured.median / baseline.median
-        spread = math.exp(rule.quantile(noise) * noise.se)
-        return cls(metric, measured, baseline, band, rule, noise, ratio / spread, ratio * spread)
+        low, high = interval(measured.median / baseline.median, noise, rule.alpha)
+        return cls(metric, measured, baseline, band, rule, noise, low, high)
 
     @property
     def m(self) -> float:
@@ -146,7 +149,6 @@ class Comparison:
         """
         m, b, bound = self.m, self.b, self.bound
         level = max(self.rule.alpha, FUTILITY_ALPHA)
-        spread = math.exp(t_quantile(level, self.noise.dof) * self.noise.se)
-        low, high = m / b / spread, m / b * spread
+        low, high = interval(m / b, self.noise, level)
         reach = median_reach(self.measured, self.baseline, level)
         return not (low * b <= bound < high * b) or m * reach <= bound or m / reach > bound
