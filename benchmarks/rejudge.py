@@ -9,15 +9,26 @@ differences between settings are the rules', not the runner's.
 A cap below the one the checks ran with is exact: the gate confirms one fresh process
 at a time while a metric is over its bound, so a check with cap R would have stopped at
 the first 1 + R process groups of the kept results, or earlier where it stopped anyway.
-A cap above it cannot be replayed. The futility stop of the first measurement's runs
-tests the median's reach at the check's own alpha, so a lower alpha replayed here sees
-the runs the check's alpha took (a few more or fewer than its own stop would take).
+A cap above it cannot be replayed. `--sessions` replays each setting with other session
+offsets (`Profile.session_sd`) in place of the ones the baselines carry: `none`, the
+platform's default (`cpu`), or `class=sd,...`; `--process-ratios` with other process
+screens (`ContentionPolicy.process_ratio`, 0: none). A case the screen finds contended
+replays as `contended` (exit 4), where the gate would have waited and measured again.
+The futility stop of the first measurement's runs tests the median's reach at the
+check's own alpha, so a lower alpha replayed here sees the runs the check's alpha took
+(a few more or fewer than its own stop would take).
 
 The first setting listed (the checks' own) is also compared with the exit codes the checks
 returned: a replay that does not reproduce them is reported, so a drift between this
 script and the gate shows.
 
-    python benchmarks/rejudge.py T.json --alphas 0.01 0.005 0.0025 --max-reruns 8 4
+It also estimates each metric's session offset from the A/A checks (method of moments,
+per variant): the variance of the baselines' mean log ratio, less what the baseline's
+own processes (its share of the between-process term) and the checks' scatter around
+that mean explain. That is the figure `tolerances.SESSION_SD` is set from.
+
+    python benchmarks/rejudge.py T.json --alphas 0.01 0.005 0.0025 --max-reruns 8 4 \
+        --sessions none cpu
 """
 
 from __future__ import annotations
@@ -35,11 +46,14 @@ from scipy.stats import beta
 
 from perfguard.api import load_baseline
 from perfguard.decision.comparison import Rule
+from perfguard.decision.contention import PROCESS_RATIO, ContentionPolicy
 from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.tolerances import SESSION_SD
 from perfguard.results import CaseResult, Results
 from perfguard.storage.reports import read_results
 
 CASES = ("qwen_image_t2i_smoke", "glm_image_t2i_smoke")
+TIME_CLASSES = ("e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg")
 
 
 def upper95(k: int, n: int) -> float:
@@ -81,6 +95,53 @@ def capped(results: Results, reruns: int) -> Results:
     )
 
 
+def session_figures(spec: str) -> dict[str, float] | None:
+    """`none` -> {}, a platform of `SESSION_SD` -> its figures, `class=sd,...` -> those;
+    `baseline` -> None (each baseline's own)."""
+    if spec == "baseline":
+        return None
+    if spec == "none":
+        return {}
+    if spec in SESSION_SD:
+        return dict(SESSION_SD[spec])
+    out = {}
+    for part in spec.split(","):
+        kind, _, value = part.partition("=")
+        if kind not in TIME_CLASSES:
+            raise SystemExit(f"--sessions: unknown metric class {kind!r} in {spec!r}")
+        out[kind] = float(value)
+    return out
+
+
+def with_sessions(base, figures: dict[str, float] | None):
+    """`base` with every profile's session offsets replaced by `figures` (None: as is)."""
+    if figures is None:
+        return base
+    return dataclasses.replace(
+        base,
+        profiles={n: dataclasses.replace(p, session_sd=figures) for n, p in base.profiles.items()},
+    )
+
+
+def session_estimates(noise: dict[tuple, dict[str, list]]) -> list[str]:
+    """Per (variant, case, metric), the session offset's sd estimated from the A/A checks:
+    var(baseline means) - mean(check scatter / checks) - mean(baseline's between share)."""
+    lines = []
+    for (variant, case, metric), by_base in sorted(noise.items()):
+        groups = [v for v in by_base.values() if len(v) > 2]
+        if len(groups) < 3:
+            continue
+        means = [statistics.fmean(x[0] for x in v) for v in groups]
+        scatter = statistics.fmean(statistics.pvariance([x[0] for x in v]) / len(v) for v in groups)
+        own = statistics.fmean(x[1] for v in groups for x in v)
+        tau2 = statistics.variance(means) - scatter - own
+        lines.append(
+            f"  {variant} {case} {metric}: baselines' mean log ratio sd "
+            f"{statistics.stdev(means):.1%}; session offset sd {math.sqrt(max(tau2, 0.0)):.1%}"
+        )
+    return lines
+
+
 def offsets(trials: list[dict]) -> list[str]:
     """Per variant, how the A/A checks' failures and `DenoisingStage` ratios fall by the
     baseline they ran against: the offset a baseline carries from its session."""
@@ -117,12 +178,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("trials", help="The --json of a detection.py run made with --keep.")
     ap.add_argument("--alphas", type=float, nargs="+", default=[0.01, 0.005, 0.0025])
     ap.add_argument("--max-reruns", type=int, nargs="+", default=[4])
+    ap.add_argument(
+        "--sessions",
+        nargs="+",
+        default=["baseline"],
+        help="session offsets to replay with: baseline (each baseline's own), none, cpu, "
+        "or class=sd,... (e.g. non_denoise_stage=0.04,denoise_step=0.015)",
+    )
+    ap.add_argument(
+        "--process-ratios",
+        type=float,
+        nargs="+",
+        default=[PROCESS_RATIO],
+        help="process screens to replay with (0: none)",
+    )
     args = ap.parse_args(argv)
     trials = [t for t in json.loads(Path(args.trials).read_text())["trials"] if "results" in t]
     baselines: dict[str, object] = {}
-    settings = [(a, r) for r in args.max_reruns for a in args.alphas]
-    # (setting, variant, pct) -> [alarms, checks, qwen caught, glm caught]
-    table: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    sessions = {spec: session_figures(spec) for spec in args.sessions}
+    settings = [
+        (a, r, spec, pr)
+        for pr in args.process_ratios
+        for spec in args.sessions
+        for r in args.max_reruns
+        for a in args.alphas
+    ]
+    # (variant, case, metric) -> baseline -> [(log ratio, the baseline's share of between^2)]
+    aa_noise: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    # (setting, variant, pct) -> [alarms, checks, qwen caught, glm caught, contended]
+    table: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     culprits: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     mismatches = 0
     for t in trials:
@@ -130,20 +214,32 @@ def main(argv: Sequence[str] | None = None) -> None:
             baselines[t["baseline"]] = load_baseline(t["baseline"])
         base = baselines[t["baseline"]]
         results = read_results(t["results"])
-        for i, (alpha, reruns) in enumerate(settings):
-            judging = JudgeOptions(rule=Rule(alpha=alpha), max_reruns=reruns)
-            judgement = judging.judge(capped(results, reruns), base)
+        for i, (alpha, reruns, spec, pr) in enumerate(settings):
+            policy = ContentionPolicy(process_ratio=pr)
+            judging = JudgeOptions(rule=Rule(alpha=alpha), max_reruns=reruns, policy=policy)
+            judgement = judging.judge(capped(results, reruns), with_sessions(base, sessions[spec]))
             code = judgement.exit_code
             if i == 0 and t["exit"] in (0, 1) and code != t["exit"]:
                 mismatches += 1
+            if i == 0 and t["pct"] == 0:
+                for c in judgement.cases:
+                    for m in c.metrics:
+                        n = m.noise
+                        if n is None or not m.low or not m.high or n.between <= 0:
+                            continue
+                        kb, kc = n.processes_baseline, n.processes_current
+                        own = n.between**2 * (1 / kb) / (1 / kb + 1 / kc)
+                        key = (t["variant"], c.case_id, m.metric)
+                        aa_noise[key][t["baseline"]].append((math.log(m.low * m.high) / 2, own))
             verdicts = {c.case_id: c.verdict for c in judgement.cases}
-            row = table[((alpha, reruns), t["variant"], t["pct"])]
+            row = table[((alpha, reruns, spec, pr), t["variant"], t["pct"])]
             row[0] += code == 1
             row[1] += 1
             row[2] += verdicts.get(CASES[0]) == "regression"
             row[3] += verdicts.get(CASES[1]) == "regression"
+            row[4] += code == 4
             if t["pct"] == 0:
-                seen = culprits[((alpha, reruns), t["variant"])]
+                seen = culprits[((alpha, reruns, spec, pr), t["variant"])]
                 for c in judgement.cases:
                     for m in c.metrics:
                         seen[f"{c.case_id}:{m.metric}"] += m.verdict == "regression"
@@ -153,21 +249,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print()
     print(
-        "| alpha | max reruns | variant | slowdown | checks | exit 1 | qwen caught | glm caught |"
+        "| alpha | max reruns | sessions | process screen | variant | slowdown | checks "
+        "| exit 1 | exit 4 | qwen caught | glm caught |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for ((alpha, reruns), variant, pct), (k, n, q, g) in sorted(table.items()):
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for ((alpha, reruns, spec, pr), variant, pct), (k, n, q, g, c4) in sorted(table.items()):
         if pct == 0:
             rate = f"{k}/{n} = {k / n:.1%} (95 % upper {upper95(k, n):.1%})"
         else:
             rate = f"{k}/{n} = {k / n:.0%} (95 % lower {lower95(k, n):.0%})"
-        print(f"| {alpha:g} | {reruns} | {variant} | +{pct} % | {n} | {rate} | {q}/{n} | {g}/{n} |")
+        print(
+            f"| {alpha:g} | {reruns} | {spec} | {pr:g} | {variant} | +{pct} % | {n} | {rate} "
+            f"| {c4} | {q}/{n} | {g}/{n} |"
+        )
     print("\n".join(offsets(trials)))
-    for ((alpha, reruns), variant), counts in sorted(culprits.items()):
+    print("session offsets estimated from the A/A checks:")
+    print("\n".join(session_estimates(aa_noise)))
+    for ((alpha, reruns, spec, pr), variant), counts in sorted(culprits.items()):
         most = sorted(((m, k) for m, k in counts.items() if k), key=lambda kv: (-kv[1], kv[0]))
         print(
-            f"A/A regressions (alpha {alpha:g}, reruns {reruns}, {variant}): "
-            + ", ".join(f"{m} x{k}" for m, k in most)
+            f"A/A regressions (alpha {alpha:g}, reruns {reruns}, sessions {spec}, "
+            f"process screen {pr:g}, {variant}): " + ", ".join(f"{m} x{k}" for m, k in most)
         )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfguard.metrics import metrics_of_run
+from perfguard.metrics import metric_class, metrics_of_run
 
 RESULTS_KIND = "perfguard.results"
 
@@ -69,14 +69,17 @@ class CaseResult:
     def only_runs(self, keep: Sequence[bool]) -> CaseResult:
         """This result with only the runs where `keep` is true (one flag per run).
 
-        Every metric and the reference must have one sample per run, so that run `i` is
-        the same run in each; otherwise nothing is dropped. `groups` shrink with their
-        runs, and a group left empty disappears.
+        The reference and the timed metrics have one sample per run, so that run `i` is
+        the same run in each, and lose the runs not kept. A metric measured once per
+        measurement rather than per run (peak memory: the counted run's) is kept whole,
+        as counters of another length are. A metric of any other length means the runs
+        cannot be aligned, and nothing is dropped. `groups` shrink with their runs, and
+        a group left empty disappears.
         """
         runs = len(self.reference)
         if len(keep) != runs or all(keep) or not any(keep):
             return self
-        if any(len(v) != runs for v in self.samples.values()):
+        if any(len(v) != runs and not _per_measurement(m) for m, v in self.samples.items()):
             return self
         groups: list[int] = []
         at = 0
@@ -88,7 +91,8 @@ class CaseResult:
         return dataclasses.replace(
             self,
             samples={
-                m: [x for x, k in zip(v, keep, strict=True) if k] for m, v in self.samples.items()
+                m: [x for x, k in zip(v, keep, strict=True) if k] if len(v) == runs else v
+                for m, v in self.samples.items()
             },
             reference=[x for x, k in zip(self.reference, keep, strict=True) if k],
             counters=None
@@ -158,6 +162,15 @@ class CaseResult:
             work_error=data.get("work_error"),
             output_sketch=dict(data["output_sketch"]) if data.get("output_sketch") else None,
         )
+
+
+def _per_measurement(metric: str) -> bool:
+    """A metric measured once per measurement, not per run: peak memory (the counted
+    run's tensor storage on CPU, the allocator's peak over the runs on a device)."""
+    try:
+        return metric_class(metric) == "peak_memory"
+    except ValueError:
+        return False
 
 
 def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:

@@ -10,6 +10,7 @@ import pytest
 
 from perfguard.decision import normalize
 from perfguard.decision.comparison import Rule
+from perfguard.decision.contention import ContentionPolicy, screen
 from perfguard.decision.tolerances import default_profiles
 from perfguard.decision.verdict import judge
 from perfguard.errors import PerfguardError
@@ -116,14 +117,24 @@ def test_a_result_with_no_reference_is_stored_raw_and_says_so() -> None:
 
 
 def test_a_slow_spell_of_the_runner_passes_unchanged_code_instead_of_no_verdict() -> None:
-    spell = measured([1.25] * 10, seed=1)  # 25 % slower everywhere: under the 1.3x screen
+    spell = measured([1.15] * 10, seed=1)  # 15 % slower everywhere: under both screens
     assert verdict_of(spell, normalize.NORMALIZED)[:2] == ("pass", "pass")
     # Raw, the runner's speed can only excuse the excess: no verdict either way.
     assert verdict_of(spell, normalize.RAW)[1] == "contended"
 
 
+def test_a_process_whose_reference_reads_over_the_process_screen_is_no_verdict() -> None:
+    # 25 % slower everywhere: every run is under the 1.3x run screen, but the process's
+    # reference median is over the 1.2x process screen, where dividing by it was measured
+    # to leave the runner's mode in the figures (contention.PROCESS_RATIO).
+    spell = measured([1.25] * 10, seed=1)
+    verdict, _stage, runner = verdict_of(spell, normalize.NORMALIZED)
+    assert verdict == "contended"
+    assert runner["slow_processes"] == 2 and runner["dropped_runs"] == 10  # both processes
+
+
 def test_a_real_slowdown_is_caught_in_a_slow_spell_and_in_a_fast_one() -> None:
-    for speed in (1.25, 0.85):
+    for speed in (1.15, 0.85):
         slow = measured([speed] * 10, slower=1.10, seed=2)
         verdict, stage, runner = verdict_of(slow, normalize.NORMALIZED)
         assert (verdict, stage) == ("regression", "regression"), speed
@@ -133,7 +144,7 @@ def test_a_real_slowdown_is_caught_in_a_slow_spell_and_in_a_fast_one() -> None:
 
 
 def test_memory_and_counters_are_judged_as_measured() -> None:
-    res = measured([1.25] * 10, seed=3)
+    res = measured([1.15] * 10, seed=3)
     res.samples["peak_memory"] = [3.6] * 10  # 20 % more memory: no runner speed excuses it
     base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
     case = judge(Results({"platform": "cpu"}, {}, {"c": res}), base).cases[0]
@@ -189,3 +200,32 @@ def test_the_baseline_file_says_how_it_timed_and_refuses_normalized_without_a_re
     path.write_text(json.dumps(data))
     with pytest.raises(PerfguardError, match=r"b\.json.*scenarios.*c.*timing"):
         store.load(path)
+
+
+def test_one_slow_process_of_three_is_left_out_and_the_others_are_judged() -> None:
+    # The middle process's reference reads 1.25x the baseline's (each run under the 1.3x
+    # run screen) and its figures 1.5x: a mode that dividing by the reference leaves in.
+    res = measured([1.0] * 5 + [1.25] * 5 + [1.0] * 5, seed=4)
+    res.samples["stage:DenoisingStage"][5:10] = [90.0] * 5
+    res.samples["e2e"][5:10] = [150.0] * 5
+    ref_median = LEVEL
+    kept, scr = screen(res, ref_median)
+    assert (scr.slow_processes, scr.dropped, scr.contended) == (1, 5, False)
+    assert kept.groups == [5, 5] and len(kept.samples["e2e"]) == 10
+    assert kept.samples["peak_memory"] == res.samples["peak_memory"][:10]
+    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    case = judge(Results({"platform": "cpu"}, {}, {"c": res}), base).cases[0]
+    assert case.verdict == "pass" and case.runner["slow_processes"] == 1
+    # Without the process screen the slow process's 1.2x normalized reading is pooled in.
+    plain = ContentionPolicy(process_ratio=0)
+    assert screen(res, ref_median, plain)[1].dropped == 0
+
+
+def test_runs_are_dropped_whatever_peak_memory_was_measured_once_per_measurement() -> None:
+    res = measured([1.0] * 4 + [2.0], seed=5)  # one run in a burst twice as slow
+    res.samples["peak_memory"] = [3.0]  # the counted run's, once per measurement
+    kept, scr = screen(res, LEVEL)
+    assert scr.dropped == 1 and len(kept.samples["e2e"]) == 4 and len(kept.reference) == 4
+    assert kept.samples["peak_memory"] == [3.0]
+    odd = dataclasses.replace(res, samples={**res.samples, "e2e": res.samples["e2e"][:3]})
+    assert odd.only_runs([True, True, True, True, False]) is odd  # cannot be aligned

@@ -25,11 +25,11 @@ from perfguard.decision.gate import (
     run_gate,
 )
 from perfguard.decision.stats import log_ratio_noise, process_spread, summarize
-from perfguard.decision.tolerances import Band
+from perfguard.decision.tolerances import SESSION_SD, Band, Profile, default_profiles
 from perfguard.decision.verdict import CONTENDED, PASS, REGRESSION, Rule, judge_case, judge_metric
 from perfguard.device.platform import Platform
 from perfguard.device.timer import stage
-from perfguard.errors import EXIT_CONTENDED
+from perfguard.errors import EXIT_CONTENDED, PerfguardError
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.runner import run_case, run_in_process
 from perfguard.results import CaseResult, Results, pool
@@ -145,6 +145,36 @@ def test_a_stricter_alpha_needs_more_evidence() -> None:
     assert loose.verdict == REGRESSION and strict.verdict == PASS
     with pytest.raises(ValueError):
         Rule(alpha=0.7)
+
+
+def test_a_session_offset_widens_the_interval_once_for_each_side() -> None:
+    base = summarize(processes([10.0, 10.1, 9.9, 10.05]), groups=[10] * 4)
+    cur = summarize(processes([10.8, 10.9, 10.85]), groups=[10] * 3)
+    plain, wide = log_ratio_noise(base, cur), log_ratio_noise(base, cur, session=0.04)
+    assert wide.se == pytest.approx(math.sqrt(plain.se**2 + 2 * 0.04**2))
+    assert (wide.within, wide.between, wide.dof) == (plain.within, plain.between, plain.dof)
+    assert "session offset of 4.0%" in wide.source
+    # An 8 % slowdown that tight processes make credible is not, once two sessions' offsets
+    # of 4 % each may be in it.
+    samples = processes([10.8, 10.9, 10.85])
+    band = Band(0.05, 0.0)
+    assert judge_metric(M, samples, base, band, groups=[10] * 3).verdict == REGRESSION
+    v = judge_metric(M, samples, base, band, groups=[10] * 3, session=0.04)
+    assert v.verdict == PASS and not v.significant
+
+
+def test_a_profiles_session_offsets_are_per_class_kept_in_the_file_and_validated() -> None:
+    profile = default_profiles("cpu")["pr_test"]
+    assert profile.session("stage:TextEncodingStage") == SESSION_SD["cpu"]["non_denoise_stage"]
+    assert profile.session("stage:DenoisingStage") == 0.0 and profile.session("peak_memory") == 0
+    assert Profile.from_json("pr_test", profile.to_json()) == profile
+    assert default_profiles("cuda")["pr_test"].session_sd == {}
+    data = new_baseline({"platform": "cpu", "hardware": "amd-epyc"}).to_json()
+    validate(data, "baseline", "b.json")
+    assert data["tolerances"]["pr_test"]["session_sd"] == {"non_denoise_stage": 0.04}
+    data["tolerances"]["pr_test"]["session_sd"] = {"ops": 0.1}
+    with pytest.raises(PerfguardError, match=r"b\.json.*session_sd"):
+        validate(data, "baseline", "b.json")
 
 
 # ---- groups, pooling, baselines ------------------------------------------------------------

@@ -92,9 +92,16 @@ class Comparison:
 
     @classmethod
     def of(
-        cls, metric: str, measured: Summary, baseline: Summary, band: Band, rule: Rule
+        cls,
+        metric: str,
+        measured: Summary,
+        baseline: Summary,
+        band: Band,
+        rule: Rule,
+        session: float = 0.0,
     ) -> Comparison:
-        noise = log_ratio_noise(baseline, measured)
+        """`session`: the sd of one session's offset on this metric (`Profile.session`)."""
+        noise = log_ratio_noise(baseline, measured, session)
         low, high = interval(measured.median / baseline.median, noise, rule.alpha)
         return cls(metric, measured, baseline, band, rule, noise, low, high)
 

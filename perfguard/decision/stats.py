@@ -232,7 +232,10 @@ class Noise:
     `within` is what the samples alone show (each median's standard error from its
     spread); `between` is what the per-process medians show (zero when neither side has
     two processes); `se` is the larger of the two, since the process medians already
-    contain the within-process noise. `source` says which one the verdict used, and
+    contain the within-process noise, widened by `session`: the sd of the offset one
+    session of the runner leaves on a figure that no process of it shows (a stored
+    baseline is one session, a check another, so it enters twice: se^2 + 2 session^2;
+    `Profile.session_sd`). `source` says which one the verdict used, and
     `dof` how many degrees of freedom estimated it: an interval must use Student's t
     with them, not the normal quantile (with 3 processes, dof 2, the one-sided 99 %
     quantile is 6.96, not 2.33).
@@ -245,6 +248,7 @@ class Noise:
     processes_current: int
     between_dof: int = 0
     within_dof: int = 0
+    session: float = 0.0
 
     @property
     def dof(self) -> int:
@@ -266,12 +270,16 @@ class Noise:
     @property
     def source(self) -> str:
         if self.between > 0 and self.between >= self.within:
-            return f"between-process spread ({self.between_dof} dof)"
-        if self.within > 0 and self.between_dof > 0:
-            return f"within-process spread, at the processes' {self.between_dof} dof"
-        if self.within > 0:
-            return "within-process spread"
-        return "no spread known"
+            where = f"between-process spread ({self.between_dof} dof)"
+        elif self.within > 0 and self.between_dof > 0:
+            where = f"within-process spread, at the processes' {self.between_dof} dof"
+        elif self.within > 0:
+            where = "within-process spread"
+        else:
+            where = "no spread known"
+        if self.session > 0:
+            where += f" and a session offset of {self.session:.1%} on each side"
+        return where
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -283,6 +291,7 @@ class Noise:
             "dof": self.dof,
             "within_dof": self.within_dof,
             "between_dof": self.between_dof,
+            "session": round(self.session, 5),
         }
 
     @classmethod
@@ -298,10 +307,11 @@ class Noise:
             processes_current=int(data["processes_current"]),
             between_dof=int(data.get("between_dof", dof)),
             within_dof=int(data.get("within_dof", dof)),
+            session=float(data.get("session", 0.0)),
         )
 
 
-def log_ratio_noise(baseline: Summary, current: Summary) -> Noise:
+def log_ratio_noise(baseline: Summary, current: Summary, session: float = 0.0) -> Noise:
     """How uncertain log(current.median / baseline.median) is, from both sides' data.
 
     Within processes: each median's standard error is sqrt(pi/2) x its per-sample noise
@@ -311,6 +321,8 @@ def log_ratio_noise(baseline: Summary, current: Summary) -> Noise:
     each side's median varies by s^2 / (its number of processes); a side measured in one
     process counts as one. When no side has two processes this part is 0, and the bands
     must cover the drift between processes (`perfguard calibrate` measures it).
+    `session` (an sd on the log scale) is the offset of one session of the runner that
+    neither side's processes show: it is added once for each side.
     """
     wb, wc = log_spread(baseline), log_spread(current)
     wb = wc if wb is None else wb
@@ -327,7 +339,8 @@ def log_ratio_noise(baseline: Summary, current: Summary) -> Noise:
     if spread is not None:
         s, dof = spread
         between = s * math.sqrt(1.0 / kb + 1.0 / kc)
-    return Noise(max(within, between), within, between, kb, kc, dof, within_dof)
+    se = math.sqrt(max(within, between) ** 2 + 2.0 * session**2)
+    return Noise(se, within, between, kb, kc, dof, within_dof, session)
 
 
 def median_reach(current: Summary, other: Summary | None, alpha: float) -> float:

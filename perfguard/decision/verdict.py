@@ -233,6 +233,7 @@ def judge_metric(
     rule: Rule = DEFAULT_RULE,
     groups: Sequence[int] | None = None,
     speed: float | None = None,
+    session: float = 0.0,
 ) -> MetricVerdict:
     """Compare the median of `samples` with `baseline.median` under `band` and `rule`.
 
@@ -256,7 +257,9 @@ def judge_metric(
     of machine speed) but predicts one measurement's only to 11-18 % (sd of log ratios
     over rounds of 10 runs), several times the 3 % minimum effect, so dividing by it
     excused real slowdowns of that size (`+3-5 %` e2e at a 1.105x runner). A faster
-    runner adjusts nothing: it must not hide a real slowdown.
+    runner adjusts nothing: it must not hide a real slowdown. `session` widens the
+    interval by the offset one session of the runner leaves on the metric
+    (`Profile.session`), once for the baseline's session and once for this one's.
     """
     if not samples:
         if baseline is None:
@@ -274,7 +277,7 @@ def judge_metric(
         return MetricVerdict(metric, NEW_STAGE, measured=measured, reason="not in the baseline")
     if baseline.median <= 0 or measured.median <= 0:
         return _judge_on_the_band_alone(metric, measured, baseline, band)
-    c = Comparison.of(metric, measured, baseline, band, rule)
+    c = Comparison.of(metric, measured, baseline, band, rule, session)
     verdict, reason = _outcome(c, improvement_threshold, speed)
     return MetricVerdict(
         metric,
@@ -545,6 +548,7 @@ def judge_case(
             rule=rule_of(metric, judged, rule),
             groups=result.groups,
             speed=speed,
+            session=profile.session(metric),
         )
         for metric in judged
     ]
