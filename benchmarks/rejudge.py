@@ -142,6 +142,54 @@ def session_estimates(noise: dict[tuple, dict[str, list]]) -> list[str]:
     return lines
 
 
+BINS = (0.0, 0.95, 1.05, 1.10, 1.15, 1.20, 1.30)
+
+
+def slow_processes(trials: list[dict], baselines: dict) -> list[str]:
+    """Per variant, case and slowdown, the kept checks' processes binned by their reference
+    median over the baseline's (runs over the 1.3x run screen left out), with the median
+    and sd of their normalized `DenoisingStage` over the baseline's: what the process
+    screen (`contention.PROCESS_RATIO`) is set from."""
+    bins: dict[tuple, list[float]] = defaultdict(list)
+    for t in trials:
+        base = baselines[t["baseline"]]
+        for cid, r in read_results(t["results"]).cases.items():
+            if r.status != "ok" or cid not in base.scenarios:
+                continue
+            scen = base.scenarios[cid]
+            if scen.reference is None:
+                continue
+            ref, stage = scen.reference.median, scen.metrics["stage:DenoisingStage"].median
+            at = 0
+            for size in r.groups or [len(r.reference)]:
+                runs = zip(
+                    r.reference[at : at + size],
+                    r.samples["stage:DenoisingStage"][at : at + size],
+                    strict=True,
+                )
+                at += size
+                quiet = [(x, y) for x, y in runs if x <= 1.3 * ref]
+                if not quiet:
+                    continue
+                speed = statistics.median(x for x, _ in quiet) / ref
+                norm = statistics.median(y * ref / x for x, y in quiet) / stage
+                lo = max(b for b in BINS if b <= speed)
+                bins[(t["variant"], cid, t["pct"], lo)].append(math.log(norm))
+    lines = [
+        "| variant | case | slowdown | process reference / baseline's | processes "
+        "| normalized DenoisingStage / baseline's: median | sd |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (variant, cid, pct, lo), logs in sorted(bins.items()):
+        hi = BINS[BINS.index(lo) + 1] if lo != BINS[-1] else math.inf
+        sd = f"{statistics.stdev(logs):.1%}" if len(logs) > 2 else ""
+        lines.append(
+            f"| {variant} | {cid} | +{pct} % | {lo:.2f}-{hi:.2f} | {len(logs)} "
+            f"| {math.exp(statistics.median(logs)):.3f} | {sd} |"
+        )
+    return lines
+
+
 def offsets(trials: list[dict]) -> list[str]:
     """Per variant, how the A/A checks' failures and `DenoisingStage` ratios fall by the
     baseline they ran against: the offset a baseline carries from its session."""
@@ -263,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"| {c4} | {q}/{n} | {g}/{n} |"
         )
     print("\n".join(offsets(trials)))
+    print("\nthe kept checks' processes by the reference workload beside them:")
+    print("\n".join(slow_processes(trials, baselines)))
     print("session offsets estimated from the A/A checks:")
     print("\n".join(session_estimates(aa_noise)))
     for ((alpha, reruns, spec, pr), variant), counts in sorted(culprits.items()):

@@ -256,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--replay", action="store_true", help="Only resample the reports in --out.")
     parser.add_argument(
+        "--conditions",
+        nargs="+",
+        default=list(CONDITIONS),
+        choices=list(CONDITIONS),
+        help="The live conditions, taken in turn (e.g. only A/A, for a false-alarm count).",
+    )
+    parser.add_argument(
         "--timing",
         nargs="+",
         default=["raw", "normalized"],
@@ -282,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.replay:
         deadline = time.monotonic() + args.minutes * 60
         index = len(log.read_text().splitlines()) if log.exists() else 0
-        names = list(CONDITIONS)
+        names = list(args.conditions)
         while time.monotonic() < deadline:
             name = names[index % len(names)]
             row = live_check(args.out, index, name, CONDITIONS[name], args.tag)

@@ -309,14 +309,15 @@ baseline's session and once for the check's.
 
 Measured on the project's 2-core CPU runner, with timings normalized, from 143 checks of
 unchanged code against 11 baselines of 10 processes (`benchmarks/rejudge.py` prints the
-estimate; docs/verdicts.md, "The sessions' offsets"): from one baseline to the next, the
-mean log ratio of the checks against it moved by more than the baseline's processes and
-the checks' scatter explain, by an sd of 3.9 % (glm) and 2.1 % (qwen) on
-`TextEncodingStage` and 1.3-2.1 % on `LatentPreparationStage`: the small stages, hence
-4 % on `non_denoise_stage`. `DenoisingStage`, e2e and the step aggregates showed 0-0.5 %,
-which their intervals already cover; the steps 0-1.5 %, left at 0 since each step is
-judged at alpha / m already (`verdict.rule_of`) and 1 % there lost +10 % catches in the
-replay. Devices have none until one has measured them (`benchmarks/gpu_selfcheck.py`)."""
+estimate; docs/verdicts.md, "Slow processes and the sessions' offsets"): from one
+baseline to the next, the mean log ratio of the checks against it moved by more than
+the baseline's processes and the checks' scatter explain, by an sd of 3.7 % (glm) and
+2.0 % (qwen) on `TextEncodingStage` and 1.3-2.0 % on `LatentPreparationStage`: the
+small stages, hence 4 % on `non_denoise_stage`. `DenoisingStage`, e2e and the step
+aggregates showed 0-0.5 %, which their intervals already cover; the steps 0-1.4 %, left
+at 0 since each step is judged at alpha / m already (`verdict.rule_of`) and 1.5 % there
+lost 2 of 36 +10 % catches in the replay. Devices have none until one has measured
+them (`benchmarks/gpu_selfcheck.py`)."""
 
 
 def pad_scale(platform: str) -> float:
