@@ -65,7 +65,9 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return low, high
 
 
-def live_check(out: Path, index: int, name: str, spec: str | None, tag: str) -> dict[str, Any]:
+def live_check(
+    out: Path, index: int, name: str, spec: str | None, tag: str, extra: Sequence[str] = ()
+) -> dict[str, Any]:
     report = out / f"check-{index:03d}-{name.strip('+%/').replace('/', '') or 'aa'}.json"
     cmd = [sys.executable, "-m", "perfguard", "check", "--platform", "cpu", "--tag", tag]
     head, base = report.with_suffix(".head.json"), report.with_suffix(".base.json")
@@ -73,6 +75,7 @@ def live_check(out: Path, index: int, name: str, spec: str | None, tag: str) -> 
     cmd += ["--out", str(head), "--write-baseline", str(base)]
     if spec:
         cmd += ["--inject", spec]
+    cmd += list(extra)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -256,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--replay", action="store_true", help="Only resample the reports in --out.")
     parser.add_argument(
+        "--check-args",
+        default="",
+        help="More `check` options, one string (e.g. '--start-method spawn').",
+    )
+    parser.add_argument(
         "--conditions",
         nargs="+",
         default=list(CONDITIONS),
@@ -292,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         names = list(args.conditions)
         while time.monotonic() < deadline:
             name = names[index % len(names)]
-            row = live_check(args.out, index, name, CONDITIONS[name], args.tag)
+            row = live_check(
+                args.out, index, name, CONDITIONS[name], args.tag, args.check_args.split()
+            )
             with log.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
