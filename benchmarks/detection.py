@@ -2,7 +2,7 @@
 
 Each trial is one `perfguard check --tag smoke --baseline B` process, exactly as CI runs
 it, against a baseline made by `perfguard gen-baselines --tag smoke` (the defaults: one
-intra-op thread, 3 baseline processes, in-process check with confirmation in fresh
+intra-op thread, 10 baseline processes, in-process check with confirmation in fresh
 processes, contention screening). Conditions are interleaved round by round in a random
 order, so a slow spell of the machine hits every condition alike:
 
