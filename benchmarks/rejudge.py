@@ -22,10 +22,12 @@ The first setting listed (the checks' own) is also compared with the exit codes 
 returned: a replay that does not reproduce them is reported, so a drift between this
 script and the gate shows.
 
-It also estimates each metric's session offset from the A/A checks (method of moments,
-per variant): the variance of the baselines' mean log ratio, less what the baseline's
-own processes (its share of the between-process term) and the checks' scatter around
-that mean explain. That is the figure `tolerances.SESSION_SD` is set from.
+It prints the A/A failures and mean ratios per baseline, the kept processes binned by
+the reference workload beside them, the processes of each A/A check failing under the
+first or the last setting, and each metric's session offset estimated from the A/A
+checks (method of moments, per variant): the variance of the baselines' mean log ratio,
+less what the baseline's own processes (its share of the between-process term) and the
+checks' scatter around that mean explain. That is the figure `tolerances.SESSION_SD` is set from.
 
     python benchmarks/rejudge.py T.json --alphas 0.01 0.005 0.0025 --max-reruns 8 4 \
         --sessions none cpu
@@ -66,23 +68,10 @@ def lower95(k: int, n: int) -> float:
 
 def first_groups(result: CaseResult, groups: int) -> CaseResult:
     """`result` with only its first `groups` process groups (the first measurement and
-    the confirmations a smaller --max-reruns would have allowed).
-
-    Per-run metrics keep their first runs; a metric with one sample per process (peak
-    memory) is left whole: `CaseResult.only_runs` refuses a mask it cannot apply to
-    every metric, so the cut is made here, where the timed metrics are what is judged.
-    """
+    the confirmations a smaller --max-reruns would have allowed)."""
     sizes = result.groups or [len(result.reference)]
-    if len(sizes) <= groups:
-        return result
     runs = sum(sizes[:groups])
-    total = len(result.reference)
-    return dataclasses.replace(
-        result,
-        samples={m: v[:runs] if len(v) == total else v for m, v in result.samples.items()},
-        reference=result.reference[:runs],
-        groups=sizes[:groups],
-    )
+    return result.only_runs([i < runs for i in range(len(result.reference))])
 
 
 def capped(results: Results, reruns: int) -> Results:
@@ -145,34 +134,39 @@ def session_estimates(noise: dict[tuple, dict[str, list]]) -> list[str]:
 BINS = (0.0, 0.95, 1.05, 1.10, 1.15, 1.20, 1.30)
 
 
-def slow_processes(trials: list[dict], baselines: dict) -> list[str]:
+def process_figures(result: CaseResult, scenario) -> list[tuple[float, float]]:
+    """Per process of `result`: its quiet runs' reference median over the baseline's and
+    its normalized `DenoisingStage` median over the baseline's (runs over the 1.3x run
+    screen left out; a process with none left is skipped)."""
+    if result.status != "ok" or scenario is None or scenario.reference is None:
+        return []
+    ref = scenario.reference.median
+    stage = scenario.metrics["stage:DenoisingStage"].median
+    out, at = [], 0
+    for size in result.groups or [len(result.reference)]:
+        runs = zip(
+            result.reference[at : at + size],
+            result.samples["stage:DenoisingStage"][at : at + size],
+            strict=True,
+        )
+        at += size
+        quiet = [(x, y) for x, y in runs if x <= 1.3 * ref]
+        if quiet:
+            speed = statistics.median(x for x, _ in quiet) / ref
+            out.append((speed, statistics.median(y * ref / x for x, y in quiet) / stage))
+    return out
+
+
+def slow_processes(trials: list[dict], baselines: dict, kept: dict[str, Results]) -> list[str]:
     """Per variant, case and slowdown, the kept checks' processes binned by their reference
-    median over the baseline's (runs over the 1.3x run screen left out), with the median
-    and sd of their normalized `DenoisingStage` over the baseline's: what the process
-    screen (`contention.PROCESS_RATIO`) is set from."""
+    median over the baseline's, with the median and sd of their normalized
+    `DenoisingStage` over the baseline's (`process_figures`): what the process screen
+    (`contention.PROCESS_RATIO`) is set from."""
     bins: dict[tuple, list[float]] = defaultdict(list)
     for t in trials:
-        base = baselines[t["baseline"]]
-        for cid, r in read_results(t["results"]).cases.items():
-            if r.status != "ok" or cid not in base.scenarios:
-                continue
-            scen = base.scenarios[cid]
-            if scen.reference is None:
-                continue
-            ref, stage = scen.reference.median, scen.metrics["stage:DenoisingStage"].median
-            at = 0
-            for size in r.groups or [len(r.reference)]:
-                runs = zip(
-                    r.reference[at : at + size],
-                    r.samples["stage:DenoisingStage"][at : at + size],
-                    strict=True,
-                )
-                at += size
-                quiet = [(x, y) for x, y in runs if x <= 1.3 * ref]
-                if not quiet:
-                    continue
-                speed = statistics.median(x for x, _ in quiet) / ref
-                norm = statistics.median(y * ref / x for x, y in quiet) / stage
+        scenarios = baselines[t["baseline"]].scenarios
+        for cid, r in kept[t["results"]].cases.items():
+            for speed, norm in process_figures(r, scenarios.get(cid)):
                 lo = max(b for b in BINS if b <= speed)
                 bins[(t["variant"], cid, t["pct"], lo)].append(math.log(norm))
     lines = [
@@ -206,6 +200,15 @@ def offsets(trials: list[dict]) -> list[str]:
             f"A/A failures per baseline ({variant}, as the checks ran): "
             f"{', '.join(f'{k}/{n}' for k, n in fails)} ({len(by_base)} baselines)"
         )
+        for name, ts in sorted(by_base.items()):
+            means = []
+            for case in CASES:
+                logs = [math.log(r) for t in ts if (r := t["cases"][case].get("ratio"))]
+                means.append(f"{case.split('_')[0]} {math.exp(statistics.fmean(logs)):.3f}")
+            lines.append(
+                f"  {Path(name).name}: {sum(t['exit'] == 1 for t in ts)}/{len(ts)} failed; "
+                f"geometric mean A/A DenoisingStage ratio {', '.join(means)}"
+            )
         for case in CASES:
             logs = [
                 [math.log(t["cases"][case]["ratio"]) for t in ts if t["cases"][case].get("ratio")]
@@ -257,11 +260,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     table: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     culprits: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     mismatches = 0
+    kept: dict[str, Results] = {}
+    # A/A checks failing under the first or the last setting -> (setting, failing metrics)
+    failing: list[tuple[dict, tuple, list[str]]] = []
     for t in trials:
         if t["baseline"] not in baselines:
             baselines[t["baseline"]] = load_baseline(t["baseline"])
         base = baselines[t["baseline"]]
-        results = read_results(t["results"])
+        results = kept[t["results"]] = read_results(t["results"])
         for i, (alpha, reruns, spec, pr) in enumerate(settings):
             policy = ContentionPolicy(process_ratio=pr)
             judging = JudgeOptions(rule=Rule(alpha=alpha), max_reruns=reruns, policy=policy)
@@ -286,6 +292,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             row[2] += verdicts.get(CASES[0]) == "regression"
             row[3] += verdicts.get(CASES[1]) == "regression"
             row[4] += code == 4
+            if t["pct"] == 0 and code == 1 and i in (0, len(settings) - 1):
+                bad = [
+                    f"{c.case_id}:{m.metric}"
+                    for c in judgement.cases
+                    for m in c.metrics
+                    if m.verdict == "regression"
+                ]
+                failing.append((t, (alpha, reruns, spec, pr), bad))
             if t["pct"] == 0:
                 seen = culprits[((alpha, reruns, spec, pr), t["variant"])]
                 for c in judgement.cases:
@@ -312,7 +326,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     print("\n".join(offsets(trials)))
     print("\nthe kept checks' processes by the reference workload beside them:")
-    print("\n".join(slow_processes(trials, baselines)))
+    print("\n".join(slow_processes(trials, baselines, kept)))
+    print("\nA/A checks failing under the first or the last setting, process by process")
+    print("(reference / baseline's, normalized DenoisingStage / baseline's):")
+    for t, (alpha, _reruns, spec, pr), bad in failing:
+        scenarios = baselines[t["baseline"]].scenarios
+        procs = {
+            cid.split("_")[0]: " ".join(
+                f"{a:.2f}/{b:.2f}" for a, b in process_figures(r, scenarios.get(cid))
+            )
+            for cid, r in kept[t["results"]].cases.items()
+        }
+        print(
+            f"  {Path(t['results']).name} (alpha {alpha:g}, sessions {spec}, screen {pr:g}): "
+            f"{', '.join(bad)}; " + "; ".join(f"{c}: {v}" for c, v in procs.items())
+        )
     print("session offsets estimated from the A/A checks:")
     print("\n".join(session_estimates(aa_noise)))
     for ((alpha, reruns, spec, pr), variant), counts in sorted(culprits.items()):

@@ -25,6 +25,10 @@ perfguard's simulated one, or Bonferroni's `alpha / (K + 1)`) and per `--max-blo
 run another checkout's copy of this script with `--replay --out DIR` to replay the same
 blocks through its rules.
 
+With at least three live A/A checks it also prints, per metric, the sd of the checks'
+mean per-block log ratio against their standard error (`check_offsets`): blocks that
+are independent give a ratio of about 1.
+
 Run late on a shared machine, at normal priority: `python benchmarks/relative.py
 --minutes 30 --out /tmp/relative`.
 """
@@ -249,6 +253,41 @@ def resample(
     return failures, used
 
 
+def check_offsets(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Whether the blocks of one live A/A check are independent: per check, the mean of
+    its normalized per-block log ratios (head over base) and its standard error; across
+    checks, the sd of those means against the rms standard error. With independent
+    blocks the sd of mean / se is about 1; above it, each check carries an offset between
+    its sides that its blocks do not show (and that resampling blocks across checks
+    hides)."""
+    per: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for row in rows:
+        blocks = [b for _, b in blocks_of(row, "normalized")]
+        for case in sorted(blocks[0]["H"]) if blocks else ():
+            for metric in ("e2e", "stage:DenoisingStage"):
+                logs = [
+                    math.log(b["H"][case][metric] / b["B"][case][metric])
+                    for b in blocks
+                    if metric in b["H"].get(case, {}) and metric in b["B"].get(case, {})
+                ]
+                if len(logs) > 2:
+                    se = statistics.stdev(logs) / math.sqrt(len(logs))
+                    per.setdefault((case, metric), []).append((statistics.fmean(logs), se))
+    lines = [
+        f"\nA/A checks' offsets between their sides ({len(rows)} checks, normalized):",
+        f"{'case':<24}{'metric':<22}{'sd of means':>12}{'rms se':>9}{'sd(mean/se)':>13}",
+    ]
+    for (case, metric), v in sorted(per.items()):
+        means = [m for m, _ in v]
+        rms = math.sqrt(statistics.fmean(se * se for _, se in v))
+        z = [m / se for m, se in v if se > 0]
+        lines.append(
+            f"{case:<24}{metric:<22}{statistics.stdev(means):>12.2%}{rms:>9.2%}"
+            f"{statistics.stdev(z):>13.2f}"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="Live checks for this long.")
@@ -328,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for timing in args.timing:
             pools[f"{name} {timing}"] = [b for r in got for b in blocks_of(r, timing)]
+    aa = [r for r in rows if r["condition"] == "A/A" and "error" not in r]
+    if len(aa) > 2:
+        print("\n".join(check_offsets(aa)))
     if args.resample:
         print(
             f"\nresampled checks ({args.resample} per condition, blocks dealt from the live ones;"
