@@ -429,7 +429,9 @@ def test_gen_baselines_from_a_directory_holding_a_perfguard_folder(
               "--baseline", "b.json", "--start-method", method, "--no-progress"])  # fmt: skip
     assert info.value.code == 0
     scenario = load(tmp_path / "b.json").scenarios["fine"]
-    assert scenario.metrics["e2e"].n == 4
+    # Every run of the two processes is kept, or left out by the contention screen and
+    # counted (a loaded CI host can push one run's reference over 1.3x).
+    assert scenario.metrics["e2e"].n + (scenario.dropped_runs or 0) == 4
     pids = {pid for _, pid, _ in log_lines(fake, "build")}
     assert len(pids) == 2 and os.getpid() not in pids
 
