@@ -26,6 +26,18 @@ lives for the whole benchmark (`perfguard.measurement.resident`), in alternating
 This is the process a `check` measures in. (The thread-count mode runs cold commands.)
 
     python benchmarks/noise.py --processes 24 --commands cold resident
+
+`--server-arms random hash0 hash0-noaslr` asks where a server's shared offset comes from:
+each arm starts `--servers` warm servers at once and forks its processes from them in
+turn (process i from server i mod N), the arms interleaved. `random`: servers as a check
+starts them (a fresh string-hash seed and address-space layout each); `hash0`: every
+server with `PYTHONHASHSEED=0`; `hash0-noaslr`: the same seed and no address-space
+randomization (`setarch -R`), so every server of the arm starts alike. It prints a
+one-way analysis of variance of the processes' normalized medians over servers: the sd
+within a server, the sd a server adds (the between-server component) and its F test.
+If a server's offset is its hash seed or layout, the component vanishes in that arm.
+
+    python benchmarks/noise.py --processes 32 --servers 8 --server-arms random hash0
 """
 
 from __future__ import annotations
@@ -111,6 +123,96 @@ def start_method_rows(args: argparse.Namespace) -> Rows:
     return rows
 
 
+def server_arm_rows(args: argparse.Namespace) -> tuple[Rows, dict[str, list[int]]]:
+    """Per-process figures of each server arm and the server each process forked from."""
+    import shutil
+    import time
+
+    from perfguard.device.platform import probe
+    from perfguard.measurement.options import MeasureOptions
+    from perfguard.measurement.workers import WorkerStarter, _env_for, preload_modules
+    from perfguard.storage.cases import load_registry
+
+    platform = probe("cpu")
+    (case,) = [c for c in load_registry(platform.name, args.cases) if c.id == args.case]
+    options = MeasureOptions(repeats=args.repeats, threads=args.threads[0], progress=False)
+    env = _env_for(platform, None, 1, threads=args.threads[0])
+    env.pop("PYTHONHASHSEED", None)
+    starters: dict[str, list[WorkerStarter]] = {}
+    real_exe = sys.executable
+    with tempfile.TemporaryDirectory(prefix="pgarm") as tmp:
+        wrapper = Path(tmp) / "python-noaslr"
+        setarch = shutil.which("setarch") or "setarch"
+        machine = os.uname().machine
+        wrapper.write_text(f'#!/bin/sh\nexec {setarch} {machine} -R {real_exe} "$@"\n')
+        wrapper.chmod(0o755)
+        t0 = time.perf_counter()
+        try:
+            for arm in args.server_arms:
+                arm_env = dict(env) if arm == "random" else dict(env, PYTHONHASHSEED="0")
+                starters[arm] = []
+                for k in range(args.servers):
+                    st = WorkerStarter(arm_env, f"{arm} server {k}", "forkserver",
+                                       preload_modules([case]))  # fmt: skip
+                    sys.executable = str(wrapper) if arm.endswith("noaslr") else real_exe
+                    try:
+                        st.warm_up()
+                    finally:
+                        sys.executable = real_exe
+                    starters[arm].append(st)
+            for arm, sts in starters.items():
+                for st in sts:
+                    why = st.ready()
+                    if why is not None:
+                        raise SystemExit(f"{arm}: {why}")
+            print(f"servers ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            rows: Rows = {a: [] for a in args.server_arms}
+            server_of: dict[str, list[int]] = {a: [] for a in args.server_arms}
+            for i in range(args.processes):
+                arms = list(args.server_arms)
+                order = arms if i % 2 == 0 else arms[::-1]
+                for arm in order:
+                    k = i % args.servers
+                    worker, why = starters[arm][k].new()
+                    if worker is None:
+                        raise SystemExit(f"{arm}: {why}")
+                    res = worker.run(case, options, platform.name)
+                    worker.close()
+                    if res.status != "ok":
+                        raise SystemExit(f"{arm}: {res.error}")
+                    rows[arm].append(summarize_process(res.samples[args.metric], res.reference))
+                    server_of[arm].append(k)
+                print(f"process {i + 1}/{args.processes}", file=sys.stderr, flush=True)
+        finally:
+            for sts in starters.values():
+                for st in sts:
+                    st.close()
+    return rows, server_of
+
+
+def print_server_anova(rows: Rows, server_of: dict[str, list[int]]) -> None:
+    """One-way analysis of variance of log normalized process medians over servers."""
+    from scipy import stats
+
+    print("| arm | processes | servers | sd within a server | sd a server adds | F | p |")
+    print("|---|---|---|---|---|---|---|")
+    for arm, vals in rows.items():
+        groups: dict[int, list[float]] = {}
+        for v, k in zip(vals, server_of[arm], strict=True):
+            groups.setdefault(k, []).append(math.log(v[3]))
+        gs = [g for g in groups.values() if len(g) > 1]
+        n, m = sum(len(g) for g in gs), len(gs)
+        grand = statistics.fmean(x for g in gs for x in g)
+        ssw = sum((x - statistics.fmean(g)) ** 2 for g in gs for x in g)
+        ssb = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in gs)
+        msw, msb = ssw / (n - m), ssb / (m - 1)
+        k0 = (n - sum(len(g) ** 2 for g in gs) / n) / (m - 1)
+        between = math.sqrt(max(0.0, (msb - msw) / k0))
+        f = msb / msw
+        p = stats.f.sf(f, m - 1, n - m)
+        print(f"| {arm} | {n} | {m} | {math.sqrt(msw):.2%} | {between:.2%} | {f:.2f} | {p:.3f} |")
+
+
 def command_rows(args: argparse.Namespace) -> Rows:
     """Per-process figures of whole `perfguard run` commands, cold and resident."""
     rows: Rows = {m: [] for m in args.commands}
@@ -168,9 +270,21 @@ def main() -> None:
         choices=("cold", "resident"),
         help="Compare whole commands: fresh interpreters against resident-server forks.",
     )
+    ap.add_argument(
+        "--server-arms",
+        nargs="+",
+        default=None,
+        choices=("random", "hash0", "hash0-noaslr"),
+        help="Compare servers' shared offsets: random, fixed hash seed, no ASLR.",
+    )
+    ap.add_argument("--servers", type=int, default=8, help="Servers per arm (--server-arms).")
     args = ap.parse_args()
     rows: Rows
-    if args.commands:
+    server_of: dict[str, list[int]] | None = None
+    if args.server_arms:
+        rows, server_of = server_arm_rows(args)
+        label = "server arm"
+    elif args.commands:
         rows = command_rows(args)
         label = "command"
     elif args.start_methods:
@@ -207,8 +321,10 @@ def main() -> None:
             f"{statistics.median(refs):.3f} | {log_sd(refs):.1%} | {log_sd(norm):.1%} | "
             f"{log_sd([v[3] for v in vals]):.1%} |"
         )
+    if server_of is not None:
+        print_server_anova(rows, server_of)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": rows, "server_of": server_of}, indent=1))
 
 
 if __name__ == "__main__":

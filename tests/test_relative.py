@@ -523,6 +523,36 @@ def test_unchanged_code_passes_against_a_base_directory(
     assert code == 0, out + err
 
 
+def test_both_sides_fork_from_one_server_and_import_their_own_code(
+    project: Path, pg: PG, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forks of one server share an offset: one server a side put it between the sides
+    of every block. Both sides' workers are children of one server, each side's
+    pipeline module its own."""
+    log = tmp_path / "forks.log"
+    monkeypatch.setenv("PG_REL_LOG", str(log))
+    logged = VIRTUAL_PIPES.replace(
+        "def pipeline(case, platform):\n",
+        "def pipeline(case, platform):\n"
+        "    with open(os.environ['PG_REL_LOG'], 'a') as fh:\n"
+        "        fh.write(f'{{__file__}} {{os.getppid()}}\\n')\n",
+    )
+    base = tmp_path / "base"
+    base.mkdir()
+    for where in (base, project):
+        (where / "pg_rel_pipes.py").write_text(logged.format(slow=1.0))
+    code, out, err = pg(
+        "check", *QUICK, *FACTORY, "--against", str(base), "--min-blocks", "2",
+        "--max-blocks", "2", "--start-method", "forkserver", "--report", "r.json",
+    )  # fmt: skip
+    assert code == 0, out + err
+    forks = [line.split() for line in log.read_text().splitlines()]
+    files = sorted({Path(f).parent for f, _ in forks})
+    assert files == sorted([base, project]) and len(forks) == 4
+    (parent,) = {int(pid) for _, pid in forks}
+    assert parent != os.getpid()
+
+
 def test_a_head_slowed_by_a_few_percent_fails_against_its_merge_base(project: Path, pg: PG) -> None:
     """--against-ref: a temporary worktree of HEAD is the base; the working tree (5 %
     slower in its denoising steps) is the head. The worktree is gone afterwards."""

@@ -638,3 +638,56 @@ def test_the_warm_server_starts_before_the_command_and_ends_when_it_fails(
         with pytest.raises(PerfguardError):
             command(None, options, wanted=wanted)
     assert started == []  # spawned workers, several slots or no workers: nothing early
+
+
+TELL = """
+import json, os, sys
+
+import pgrev
+
+try:
+    import onlya  # noqa: F401  (only in the server's own root)
+    have = True
+except ImportError:
+    have = False
+msg = {"name": pgrev.NAME, "ppid": os.getppid(), "side": os.environ.get("PG_SIDE"),
+       "cwd": os.getcwd(), "onlya": have}
+os.write(int(sys.argv[1]), (json.dumps(msg) + "\\n").encode())
+"""
+
+
+def test_sides_sharing_a_server_import_their_own_revision_in_their_own_env(
+    tmp_path: Path,
+) -> None:
+    """The relative check's base and head fork from one server (`SharedFork`): each fork
+    takes its side's environment, working directory and import root, and a module only
+    the server's root holds is not found from the other side."""
+    import json
+
+    from perfguard.measurement import launch
+
+    for name in ("a", "b"):
+        pkg = tmp_path / name / "pgrev"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(f"NAME = {name!r}\n")
+        (pkg / "tell.py").write_text(TELL)
+    (tmp_path / "a" / "onlya.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    server = launch.WarmServer(env, "shared server", preload=["json"], root=str(tmp_path / "a"))
+    try:
+        assert server.start(60) is None
+        for name in ("a", "b"):
+            where = str(tmp_path / name)
+            side = launch.SharedFork(server, {**env, "PG_SIDE": name}, where, where)
+            proc, fd = side.fork("pgrev.tell", ["{result_fd}"])
+            with os.fdopen(fd) as fh:
+                got = json.loads(fh.readline())
+            assert proc.wait(timeout=10) == 0
+            assert got == {
+                "name": name, "ppid": server.proc.pid, "side": name, "cwd": where,
+                "onlya": name == "a",
+            }  # fmt: skip
+            side.close()  # the owner's to close: the server stays
+            assert server.alive
+    finally:
+        server.close()

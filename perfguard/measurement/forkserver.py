@@ -29,7 +29,10 @@ Protocol of the server (`serve-forks ROOT CONTROL_FD PRELOAD_JSON`): the control
 is an `AF_UNIX` `SOCK_SEQPACKET` pair, one JSON object per packet. The server sends
 `{"ready": true, "pid", "preloaded", "import_s"}` (or `{"ready": false, "error"}`);
 the parent sends `{"fork": ID, "module", "argv"}` with two file descriptors attached
-(the worker's stdin and its result pipe, `{result_fd}` in `argv` naming the latter);
+(the worker's stdin and its result pipe, `{result_fd}` in `argv` naming the latter),
+and `env`, `cwd` and `root` when the worker takes others than the server's (a server
+shared by both sides of a relative check imports no perfguard module: each side's
+worker imports its own revision's, from its `root`);
 the server answers `{"forked": ID, "pid"}` and, when a worker exits,
 `{"exited": PID, "returncode"}` (negative: killed by that signal, as `subprocess`
 says). Each worker starts a session of its own (its process group is killed as one)
@@ -82,10 +85,21 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+_ROOT: list[str] = []
+"""The import root this process put first on `sys.path` (`_set_root`)."""
+
+
 def _set_root(root: str) -> None:
     """Import from `root` first, ahead of the working directory (`''`) that `-c` puts
     first: perfguard comes from `root`, and a module of the working directory (a
-    `--factory` module beside the caller, as `python -m` found it before) still imports."""
+    `--factory` module beside the caller, as `python -m` found it before) still imports.
+    A fork asked for another root (`{"root"}`: a server both sides of a relative check
+    share) takes it in place of the server's, so a module the base revision lacks is not
+    found in the head's."""
+    for old in _ROOT:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(old)
+    _ROOT[:] = [root]
     sys.path.insert(0, root)
 
 
@@ -148,7 +162,7 @@ def _child(closing: list[socket.socket], msg: dict[str, Any], fds: list[int]) ->
     A worker (`{"module", "argv"}`) gets two descriptors, its stdin and its result pipe,
     and a third where its output goes (else the server's stderr). A command of the
     resident server (`{"call": "module:function", "argv"}`) gets the caller's stdin,
-    stdout and stderr. `env` and `cwd`, when sent, replace the server's.
+    stdout and stderr. `env`, `cwd` and the import `root`, when sent, replace the server's.
     """
     code = 70
     try:
@@ -169,6 +183,8 @@ def _child(closing: list[socket.socket], msg: dict[str, Any], fds: list[int]) ->
             os.environ.update({str(k): str(v) for k, v in msg["env"].items()})
         if msg.get("cwd"):
             os.chdir(str(msg["cwd"]))
+        if msg.get("root"):
+            _set_root(str(msg["root"]))
         _take_process_state(msg.get("process") or {})
         # What a fresh interpreter would draw, not the server's state (numpy seeds its
         # global generator from the OS at import; torch's default seed is fixed anyway).

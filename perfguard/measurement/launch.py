@@ -216,15 +216,20 @@ class ForkChannel:
         """What every fork request of this channel adds (`env`, ...) and extra descriptors."""
         return {}, []
 
-    def fork(self, module: str, argv: Sequence[str]) -> tuple[ForkedProcess, int]:
+    def fork(
+        self, module: str, argv: Sequence[str], request: Mapping[str, Any] | None = None
+    ) -> tuple[ForkedProcess, int]:
         """A new worker running `module argv...` (`{result_fd}` names its result pipe):
-        its process and the read end of its result pipe. `OSError` when the server is gone."""
+        its process and the read end of its result pipe; `request` adds to the fork
+        request (`SharedFork`: the side's `env`, `cwd` and `root`). `OSError` when the
+        server is gone."""
         stdin_r, stdin_w = os.pipe()
         result_r, result_w = os.pipe()
         ident = next(self._ids)
         extra, fds = self._request()
         try:
-            msg = json.dumps({"fork": ident, "module": module, "argv": list(argv), **extra})
+            msg = {"fork": ident, "module": module, "argv": list(argv), **extra, **(request or {})}
+            msg = json.dumps(msg)
             socket.send_fds(self.sock, [msg.encode()], [stdin_r, result_w, *fds])
         except BaseException:
             for fd in (stdin_w, result_r):
@@ -343,6 +348,46 @@ class WarmServer(ForkChannel):
             self.proc.wait(timeout=10)
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+class SharedFork:
+    """One side's forks of a warm server that several sides share (`WarmServer` with no
+    perfguard module imported): each fork request carries the side's environment,
+    working directory and import root, so a worker imports its own revision's perfguard
+    (~0.06 s once torch, transformers and diffusers are in). The relative check forks
+    its base and head workers from one server this way: forks of one server share an
+    offset (docs/relative.md), and shared by both sides it cancels in their ratio.
+    The server's owner ends it; `close` and `kill` here leave it alone."""
+
+    def __init__(
+        self, server: WarmServer, env: Mapping[str, str], cwd: str | None, root: str
+    ) -> None:
+        self.server = server
+        self.label = server.label
+        self.request = {"env": dict(env), "cwd": cwd or os.getcwd(), "root": root}
+
+    @property
+    def ready(self) -> dict[str, Any] | None:
+        return self.server.ready
+
+    @property
+    def alive(self) -> bool:
+        return self.server.alive
+
+    def start(self, timeout: float) -> str | None:
+        return self.server.start(timeout)
+
+    def fork(self, module: str, argv: Sequence[str]) -> tuple[ForkedProcess, int]:
+        return self.server.fork(module, argv, self.request)
+
+    def describe(self) -> str:
+        return self.server.describe()
+
+    def close(self) -> None:
+        """Nothing: the server's owner closes it."""
+
+    def kill(self) -> None:
+        """Nothing: the server's owner kills it."""
 
 
 class ResidentChannel(ForkChannel):

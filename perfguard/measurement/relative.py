@@ -87,6 +87,7 @@ from perfguard.decision.verdict import ERROR, MetricVerdict
 from perfguard.device.inject import ENV_INJECT
 from perfguard.device.threads import case_threads
 from perfguard.errors import EXIT_TERMINATED, PerfguardError
+from perfguard.measurement.launch import SharedFork, import_root
 from perfguard.measurement.options import COUNTED_PROCESSES, MeasureOptions
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
@@ -632,11 +633,13 @@ class ProcessBlocks:
 
     Cases with the same thread count share a pair of processes, started together and
     closed after the cases ran; the sides alternate case by case in the block's order,
-    mirrored on every other case. With `--start-method forkserver` each side (and thread
-    count) has one warm server for the whole check, started with the first block, and
-    every block's workers are forks of it: a block then costs the builds and the runs,
-    not two interpreters' imports, and the time saved buys more blocks within the budget
-    while a verdict is open. Call `close` (or use it in a `with`) to end the servers.
+    mirrored on every other case. With `--start-method forkserver` both sides (of a
+    thread count) fork their workers from one warm server for the whole check, started
+    with the first block: a block then costs the builds and the runs, not two
+    interpreters' imports, and the time saved buys more blocks while a verdict is open.
+    It imports no perfguard module; each worker imports its side's (`launch.SharedFork`).
+    One server, not one a side: forks of one server share an offset (docs/relative.md)
+    that a server a side put between the sides of every block. `close` ends it.
     """
 
     def __init__(
@@ -644,6 +647,7 @@ class ProcessBlocks:
     ) -> None:
         self.sides, self.platform, self.devices = sides, platform, devices
         self.starters: dict[tuple[str, int], Any] = {}
+        self.servers: dict[int, Any] = {}
 
     def env_for(self, side: Side, threads: int) -> dict[str, str]:
         from perfguard.measurement.workers import worker_environment
@@ -654,22 +658,43 @@ class ProcessBlocks:
         return env
 
     def starter(self, s: str, threads: int, cases: Sequence[Case], index: int) -> Any:
-        from perfguard.measurement.workers import WorkerStarter, preload_modules
+        from perfguard.measurement.workers import WorkerStarter
 
         side = self.sides[s]
         label = f"{SIDES[s]} worker"
         key = (s, threads)
         if side.options.start_method != "forkserver":
             label += f" (block {index + 1})"
-        if key not in self.starters:
-            preload = preload_modules(cases, side.options.factory)
-            if s == BASE:  # the base revision may lack a module: import what it has
-                preload = ["?" + name for name in preload]
+        if key not in self.starters:  # forks come from `shared_server`: no preload of its own
             self.starters[key] = WorkerStarter(
-                self.env_for(side, threads), label, side.options.start_method, preload,
+                self.env_for(side, threads), label, side.options.start_method, [],
                 cwd=side.cwd, module=side.worker_module, root=side.root,
             )  # fmt: skip
-        return self.starters[key]
+        starter = self.starters[key]
+        if side.options.start_method == "forkserver":
+            server = self.shared_server(threads, cases)
+            if getattr(starter.server, "server", None) is not server:
+                starter.server = SharedFork(server, starter.env, side.cwd, starter.root)
+        return starter
+
+    def shared_server(self, threads: int, cases: Sequence[Case]) -> Any:
+        """The warm server both sides fork from, one per thread count (a dead one's cases
+        were errors: it is replaced)."""
+        from perfguard.measurement.workers import WarmServer, preload_modules
+        from perfguard.workloads.modules import shared_preload
+
+        old, head = self.servers.get(threads), self.sides[HEAD]
+        if old is None or not old.alive:
+            if old is not None:
+                old.kill()
+            names = shared_preload(
+                preload_modules(cases, head.options.factory), head.options.factory
+            )
+            self.servers[threads] = WarmServer(
+                self.env_for(head, threads), "warm server of both sides", preload=names,
+                root=head.root or import_root(),
+            )  # fmt: skip
+        return self.servers[threads]
 
     def __call__(
         self, index: int, order: str, cases: Sequence[Case]
@@ -722,6 +747,9 @@ class ProcessBlocks:
         for starter in self.starters.values():
             starter.close()
         self.starters.clear()
+        for server in self.servers.values():
+            server.close()
+        self.servers.clear()
 
     def __enter__(self) -> ProcessBlocks:
         return self

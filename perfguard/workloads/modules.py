@@ -89,3 +89,16 @@ def preload_for(cases: Iterable[Any] | None, factory: str | None = None) -> list
     if factory:
         return [RUNNER[0], factory.partition(":")[0]]
     return everything() if cases is None else preload(cases)
+
+
+def shared_preload(names: Iterable[str], factory: str | None = None) -> list[str]:
+    """What a server shared by two revisions imports (`launch.SharedFork`): `names`
+    without perfguard's modules and the factory's (each side's worker imports its own
+    revision's), each optional ("?"), torch first."""
+    skip = {"perfguard", (factory or "").partition(":")[0].partition(".")[0]}
+    out = ["torch"]
+    for name in names:
+        bare = name.lstrip("?")
+        if bare.partition(".")[0] not in skip and bare != "torch":
+            out.append("?" + bare)
+    return out
