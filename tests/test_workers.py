@@ -691,3 +691,21 @@ def test_sides_sharing_a_server_import_their_own_revision_in_their_own_env(
             assert server.alive
     finally:
         server.close()
+
+
+def test_a_shared_server_imports_no_module_a_side_brings_itself(tmp_path: Path) -> None:
+    """Not perfguard, not the factory's module, and not a package the base checkout
+    holds (a diffusers checkout as the base: its workers import it from there)."""
+    from perfguard.workloads.modules import everything, shared_preload
+
+    names = [*everything(), "pg_my_pipes"]
+    assert any(n.startswith("perfguard.") for n in names)
+    got = shared_preload(names, "pg_my_pipes:build")
+    assert got[0] == "torch" and all(n.startswith("?") for n in got[1:])
+    assert not [n for n in got if n.lstrip("?").partition(".")[0] in ("perfguard", "pg_my_pipes")]
+    assert any(n.startswith("?diffusers.") for n in got)
+    (tmp_path / "diffusers").mkdir()
+    (tmp_path / "pg_other.py").write_text("")
+    without = shared_preload([*names, "pg_other"], None, [str(tmp_path)])
+    assert not [n for n in without if n.startswith(("?diffusers", "?pg_other"))]
+    assert any(n.startswith("?transformers.") for n in without)

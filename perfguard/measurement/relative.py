@@ -687,9 +687,9 @@ class ProcessBlocks:
         if old is None or not old.alive:
             if old is not None:
                 old.kill()
-            names = shared_preload(
-                preload_modules(cases, head.options.factory), head.options.factory
-            )
+            factory = head.options.factory
+            roots = [os.getcwd(), *(side.root for side in self.sides.values() if side.root)]
+            names = shared_preload(preload_modules(cases, factory), factory, roots)
             self.servers[threads] = WarmServer(
                 self.env_for(head, threads), "warm server of both sides", preload=names,
                 root=head.root or import_root(),

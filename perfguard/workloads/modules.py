@@ -13,7 +13,9 @@ any worker.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 SCHEDULER = "diffusers.schedulers.scheduling_flow_match_euler_discrete"
@@ -91,12 +93,20 @@ def preload_for(cases: Iterable[Any] | None, factory: str | None = None) -> list
     return everything() if cases is None else preload(cases)
 
 
-def shared_preload(names: Iterable[str], factory: str | None = None) -> list[str]:
+def shared_preload(
+    names: Iterable[str], factory: str | None = None, roots: Iterable[str] = ()
+) -> list[str]:
     """What a server shared by two revisions imports (`launch.SharedFork`): `names`
-    without perfguard's modules and the factory's (each side's worker imports its own
-    revision's), each optional ("?"), torch first."""
+    without perfguard's modules, the factory's, and any package one of the sides'
+    import `roots` holds (a base checkout of diffusers, say: its workers must import
+    it from there, not get the server's), each optional ("?"), torch first."""
     skip = {"perfguard", (factory or "").partition(":")[0].partition(".")[0]}
-    out = ["torch"]
+    for root in roots:
+        with contextlib.suppress(OSError):
+            for entry in Path(root).iterdir():
+                if entry.is_dir() or entry.suffix in (".py", ".so"):
+                    skip.add(entry.name.partition(".")[0])
+    out = [] if "torch" in skip else ["torch"]
     for name in names:
         bare = name.lstrip("?")
         if bare.partition(".")[0] not in skip and bare != "torch":
