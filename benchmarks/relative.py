@@ -27,7 +27,8 @@ blocks through its rules.
 
 With at least three live A/A checks it also prints, per metric, the sd of the checks'
 mean per-block log ratio against their standard error (`check_offsets`): blocks that
-are independent give a ratio of about 1.
+are independent give a ratio of about 1; and the median over checks of the sd of a
+check's per-block log ratios (how far a block's two sides differ).
 
 Run late on a shared machine, at normal priority: `python benchmarks/relative.py
 --minutes 30 --out /tmp/relative`.
@@ -271,19 +272,22 @@ def check_offsets(rows: Sequence[dict[str, Any]]) -> list[str]:
                     if metric in b["H"].get(case, {}) and metric in b["B"].get(case, {})
                 ]
                 if len(logs) > 2:
-                    se = statistics.stdev(logs) / math.sqrt(len(logs))
-                    per.setdefault((case, metric), []).append((statistics.fmean(logs), se))
+                    sd = statistics.stdev(logs)
+                    row_ = (statistics.fmean(logs), sd / math.sqrt(len(logs)), sd)
+                    per.setdefault((case, metric), []).append(row_)
     lines = [
         f"\nA/A checks' offsets between their sides ({len(rows)} checks, normalized):",
-        f"{'case':<24}{'metric':<22}{'sd of means':>12}{'rms se':>9}{'sd(mean/se)':>13}",
+        f"{'case':<24}{'metric':<22}{'sd of means':>12}{'rms se':>9}{'sd(mean/se)':>13}"
+        f"{'median block sd':>17}",
     ]
     for (case, metric), v in sorted(per.items()):
-        means = [m for m, _ in v]
-        rms = math.sqrt(statistics.fmean(se * se for _, se in v))
-        z = [m / se for m, se in v if se > 0]
+        means = [m for m, _, _ in v]
+        rms = math.sqrt(statistics.fmean(se * se for _, se, _ in v))
+        z = [m / se for m, se, _ in v if se > 0]
+        block_sd = statistics.median(sd for _, _, sd in v)
         lines.append(
             f"{case:<24}{metric:<22}{statistics.stdev(means):>12.2%}{rms:>9.2%}"
-            f"{statistics.stdev(z):>13.2f}"
+            f"{statistics.stdev(z):>13.2f}{block_sd:>17.2%}"
         )
     return lines
 
