@@ -709,3 +709,28 @@ def test_a_shared_server_imports_no_module_a_side_brings_itself(tmp_path: Path) 
     without = shared_preload([*names, "pg_other"], None, [str(tmp_path)])
     assert not [n for n in without if n.startswith(("?diffusers", "?pg_other"))]
     assert any(n.startswith("?transformers.") for n in without)
+
+
+def test_a_shared_servers_libraries_are_all_a_worker_imports_besides_perfguard() -> None:
+    """`RUNNER_LIBRARIES` is whole: once the shared server's modules are in, a worker's
+    perfguard (the worker, the runner, every workload) imports no other package."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import importlib, json, sys\n"
+        "from perfguard.workloads import modules as M\n"
+        "pre = [n.lstrip('?') for n in M.shared_preload(M.everything())]\n"
+        "for k in [k for k in sys.modules if k.startswith('perfguard')]: del sys.modules[k]\n"
+        "for n in pre: importlib.import_module(n)\n"
+        "before = set(sys.modules)\n"
+        "for n in ['perfguard.measurement.worker', *M.RUNNER, *M.everything()]:\n"
+        "    importlib.import_module(n)\n"
+        "new = {m.partition('.')[0] for m in set(sys.modules) - before}\n"
+        "print(json.dumps(sorted(new - {'perfguard'} - set(sys.stdlib_module_names))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
+    )
+    assert json.loads(out.stdout.splitlines()[-1]) == []
