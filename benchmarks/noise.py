@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 Rows = dict[str, list[tuple[float, float, float, float]]]
 
@@ -81,20 +82,28 @@ def one_process(
     return json.loads(out.read_text())["cases"][case]
 
 
-def start_method_rows(args: argparse.Namespace) -> Rows:
-    """Per-process (median, reference median, IQR/median) of each start method, and the
-    seconds each worker took from the request to ready (printed as it goes)."""
-    import time
-
+def worker_setup(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, str]]:
+    """The CPU platform, the case, its options and the worker environment of a mode that
+    starts workers itself (`--start-methods`, `--server-arms`)."""
     from perfguard.device.platform import probe
     from perfguard.measurement.options import MeasureOptions
-    from perfguard.measurement.workers import WorkerStarter, _env_for, preload_modules
+    from perfguard.measurement.workers import _env_for
     from perfguard.storage.cases import load_registry
 
     platform = probe("cpu")
     (case,) = [c for c in load_registry(platform.name, args.cases) if c.id == args.case]
     options = MeasureOptions(repeats=args.repeats, threads=args.threads[0], progress=False)
-    env = _env_for(platform, None, 1, threads=args.threads[0])
+    return platform, case, options, _env_for(platform, None, 1, threads=args.threads[0])
+
+
+def start_method_rows(args: argparse.Namespace) -> Rows:
+    """Per-process (median, reference median, IQR/median) of each start method, and the
+    seconds each worker took from the request to ready (printed as it goes)."""
+    import time
+
+    from perfguard.measurement.workers import WorkerStarter, preload_modules
+
+    platform, case, options, env = worker_setup(args)
     starters = {
         m: WorkerStarter(env, f"{m} worker", m, preload_modules([case])) for m in args.start_methods
     }
@@ -128,15 +137,9 @@ def server_arm_rows(args: argparse.Namespace) -> tuple[Rows, dict[str, list[int]
     import shutil
     import time
 
-    from perfguard.device.platform import probe
-    from perfguard.measurement.options import MeasureOptions
-    from perfguard.measurement.workers import WorkerStarter, _env_for, preload_modules
-    from perfguard.storage.cases import load_registry
+    from perfguard.measurement.workers import WorkerStarter, preload_modules
 
-    platform = probe("cpu")
-    (case,) = [c for c in load_registry(platform.name, args.cases) if c.id == args.case]
-    options = MeasureOptions(repeats=args.repeats, threads=args.threads[0], progress=False)
-    env = _env_for(platform, None, 1, threads=args.threads[0])
+    platform, case, options, env = worker_setup(args)
     env.pop("PYTHONHASHSEED", None)
     starters: dict[str, list[WorkerStarter]] = {}
     real_exe = sys.executable
@@ -282,6 +285,8 @@ def main() -> None:
     rows: Rows
     server_of: dict[str, list[int]] | None = None
     if args.server_arms:
+        if args.servers < 2 or args.processes < 2 * args.servers:
+            ap.error("--server-arms needs --servers >= 2 and two processes a server")
         rows, server_of = server_arm_rows(args)
         label = "server arm"
     elif args.commands:
