@@ -193,10 +193,25 @@ def server_arm_rows(args: argparse.Namespace) -> tuple[Rows, dict[str, list[int]
     return rows, server_of
 
 
-def print_server_anova(rows: Rows, server_of: dict[str, list[int]]) -> None:
-    """One-way analysis of variance of log normalized process medians over servers."""
+def one_way(groups: list[list[float]]) -> tuple[float, float, float, float]:
+    """One-way random-effects analysis of variance of `groups` (log figures): the sd
+    within a group, the sd a group adds (method of moments, unequal sizes), F and its p."""
     from scipy import stats
 
+    gs = [g for g in groups if len(g) > 1]
+    n, m = sum(len(g) for g in gs), len(gs)
+    grand = statistics.fmean(x for g in gs for x in g)
+    ssw = sum((x - statistics.fmean(g)) ** 2 for g in gs for x in g)
+    ssb = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in gs)
+    msw, msb = ssw / (n - m), ssb / (m - 1)
+    k0 = (n - sum(len(g) ** 2 for g in gs) / n) / (m - 1)
+    between = math.sqrt(max(0.0, (msb - msw) / k0))
+    f = msb / msw
+    return math.sqrt(msw), between, f, float(stats.f.sf(f, m - 1, n - m))
+
+
+def print_server_anova(rows: Rows, server_of: dict[str, list[int]]) -> None:
+    """One-way analysis of variance of log normalized process medians over servers."""
     print("| arm | processes | servers | sd within a server | sd a server adds | F | p |")
     print("|---|---|---|---|---|---|---|")
     for arm, vals in rows.items():
@@ -204,16 +219,9 @@ def print_server_anova(rows: Rows, server_of: dict[str, list[int]]) -> None:
         for v, k in zip(vals, server_of[arm], strict=True):
             groups.setdefault(k, []).append(math.log(v[3]))
         gs = [g for g in groups.values() if len(g) > 1]
+        within, between, f, p = one_way(gs)
         n, m = sum(len(g) for g in gs), len(gs)
-        grand = statistics.fmean(x for g in gs for x in g)
-        ssw = sum((x - statistics.fmean(g)) ** 2 for g in gs for x in g)
-        ssb = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in gs)
-        msw, msb = ssw / (n - m), ssb / (m - 1)
-        k0 = (n - sum(len(g) ** 2 for g in gs) / n) / (m - 1)
-        between = math.sqrt(max(0.0, (msb - msw) / k0))
-        f = msb / msw
-        p = stats.f.sf(f, m - 1, n - m)
-        print(f"| {arm} | {n} | {m} | {math.sqrt(msw):.2%} | {between:.2%} | {f:.2f} | {p:.3f} |")
+        print(f"| {arm} | {n} | {m} | {within:.2%} | {between:.2%} | {f:.2f} | {p:.3f} |")
 
 
 def command_rows(args: argparse.Namespace) -> Rows:
