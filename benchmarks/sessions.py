@@ -7,7 +7,11 @@ no interval sees, and every check against that baseline inherits it. This runs
 `gen-baselines --tag smoke` `--rounds` times per arm, the arms in a random order in each
 round, and treats each baseline's processes as a group: a one-way random-effects analysis
 of variance over the baselines (`noise.one_way`) gives, per case and metric, the sd
-within a baseline, the sd a command adds (its session), F and p. It also prints the sd of
+within a baseline, the sd a command adds (its session), F and p. A normalized baseline
+stores its figures at the runner speed of its own reference median, so every figure is
+divided by that median first: baselines compare in one unit, the reference's time
+(left in milliseconds, the spread between baselines is the runner's, not the command's:
+4-9 % where these figures read 0.4-2 %). It also prints the sd of
 the baselines' figures against what their processes alone predict (`within / sqrt(K)`),
 and the correlation of consecutive baselines of an arm (a moment of the runner that
 outlasts one command shows as a positive lag-1 correlation).
@@ -97,6 +101,45 @@ def report(groups: dict[str, dict[tuple[str, str], list[list[float]]]]) -> None:
             )
 
 
+def report_reference(baselines: list[dict]) -> None:
+    """Does the reference still explain a baseline's level once divided by it?
+
+    Over the baselines of an arm, the log-log slope of (figure / reference median) on the
+    reference median: 0 when dividing by the reference tracks the runner, positive when the
+    figure moves more than the reference does (a division by reference**(1 + slope) would
+    then remove the sd in the last column).
+    """
+    print()
+    print(
+        "| arm | case | metric | baselines | slope on log reference | sd of baseline means "
+        "| after the slope |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for arm in dict.fromkeys(b["arm"] for b in baselines):
+        bs = [b for b in baselines if b["arm"] == arm]
+        for key in bs[0]["medians"]:
+            case = key.split("|")[0]
+            x = [math.log(reference_median(b, case)) for b in bs]
+            y = [
+                statistics.fmean(math.log(v) for v in b["medians"][key]) - xi
+                for b, xi in zip(bs, x, strict=True)
+            ]
+            if len(bs) < 3 or statistics.pvariance(x) == 0:
+                continue
+            slope, intercept = statistics.linear_regression(x, y)
+            resid = [yi - intercept - slope * xi for xi, yi in zip(x, y, strict=True)]
+            after = math.sqrt(sum(r * r for r in resid) / (len(bs) - 2))
+            print(
+                f"| {arm} | {case.split('_')[0]} | {key.split('|')[1]} | {len(bs)} | {slope:+.2f} "
+                f"| {statistics.stdev(y):.2%} | {after:.2%} |"
+            )
+
+
+def reference_median(baseline: dict, case: str) -> float:
+    """The reference median a baseline's figures are at the runner speed of."""
+    return statistics.median(baseline["reference"][case])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=12)
@@ -108,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.replay:
         data = json.loads(Path(args.replay).read_text())
+        if not all("reference" in b for b in data["baselines"]):
+            ap.error(f"{args.replay}: a baseline has no reference samples (an older file)")
         report(_groups(data["baselines"]))
+        report_reference(data["baselines"])
         return 0
     if args.rounds < 2:
         ap.error("--rounds must be at least 2: one baseline an arm has no spread between")
@@ -133,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                                 for c in CASES
                                 for m in METRICS
                             },
+                            "reference": {
+                                c: [float(x) for x in scenarios[c]["reference"]["samples"]]
+                                for c in CASES
+                            },
                         }
                     )
                 print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
@@ -145,17 +195,26 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{a} {statistics.median(w):.1f} s" for a, w in walls.items())
     )
     report(_groups(baselines))
+    report_reference(baselines)
     if args.json:
         Path(args.json).write_text(json.dumps({"baselines": baselines}, indent=1))
     return 0
 
 
 def _groups(baselines: list[dict]) -> dict[str, dict[tuple[str, str], list[list[float]]]]:
+    """Per arm and (case, metric), each baseline's process medians over its reference median.
+
+    A normalized baseline stores its figures at the runner speed of its own reference
+    median, so two baselines' figures compare only in one unit: the reference's time.
+    """
     out: dict[str, dict[tuple[str, str], list[list[float]]]] = {}
     for b in baselines:
         for key, medians in b["medians"].items():
             case, metric = key.split("|")
-            out.setdefault(b["arm"], {}).setdefault((case, metric), []).append(medians)
+            ref = reference_median(b, case)
+            out.setdefault(b["arm"], {}).setdefault((case, metric), []).append(
+                [x / ref for x in medians]
+            )
     return out
 
 
