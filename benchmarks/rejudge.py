@@ -50,6 +50,7 @@ from perfguard.api import load_baseline
 from perfguard.decision.comparison import Rule
 from perfguard.decision.contention import PROCESS_RATIO, ContentionPolicy
 from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.normalize import is_timed
 from perfguard.decision.tolerances import SESSION_SD
 from perfguard.results import CaseResult, Results
 from perfguard.storage.reports import read_results
@@ -82,6 +83,57 @@ def capped(results: Results, reruns: int) -> Results:
             for cid, c in results.cases.items()
         },
     )
+
+
+def inferred_groups(scenario):
+    """The runs of each process of a baseline written before `Scenario.groups` was kept,
+    recovered from what it did keep: its samples in order and its per-process medians.
+    A process ran `(runs + dropped runs) / processes` runs (`gen-baselines` gives each
+    the same number) and the screen only removed some, so the split is into that many
+    consecutive groups of at most that many runs whose medians match the stored ones (to
+    their 3 digits) on every timed metric with all the runs; the split when exactly one
+    does, else None (the replay then divides by the reference whole, as such a baseline
+    is judged)."""
+    summaries = [
+        s
+        for m, s in scenario.metrics.items()
+        if is_timed(m) and s.samples and s.processes and len(s.samples) == scenario.reference.n
+    ]
+    if not summaries:
+        return None
+    n, k = len(summaries[0].samples), len(summaries[0].processes)
+    longest = (n + (scenario.dropped_runs or 0)) // k
+
+    def fits(a: int, b: int, j: int) -> bool:
+        return all(
+            abs(statistics.median(s.samples[a:b]) - s.processes[j]) <= 0.0015 for s in summaries
+        )
+
+    found: list[list[int]] = []
+
+    def walk(at: int, j: int, sizes: list[int]) -> None:
+        if len(found) > 1:
+            return
+        if j == k:
+            if at == n:
+                found.append(list(sizes))
+            return
+        for size in range(1, longest + 1):
+            if at + size <= n and fits(at, at + size, j):
+                walk(at + size, j + 1, [*sizes, size])
+
+    walk(0, 0, [])
+    return tuple(found[0]) if len(found) == 1 else None
+
+
+def with_groups(base):
+    """`base` with `Scenario.groups` recovered where it lacks them (`inferred_groups`)."""
+    scenarios = {}
+    for cid, sc in base.scenarios.items():
+        if sc.groups is None and sc.normalized:
+            sc = dataclasses.replace(sc, groups=inferred_groups(sc))
+        scenarios[cid] = sc
+    return dataclasses.replace(base, scenarios=scenarios)
 
 
 def session_figures(spec: str) -> dict[str, float] | None:
@@ -243,6 +295,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=[PROCESS_RATIO],
         help="process screens to replay with (0: none)",
     )
+    ap.add_argument(
+        "--fit-reference",
+        action="store_true",
+        help="recover the processes of baselines written before they were kept "
+        "(inferred_groups), so that the reference's share is fitted as for a new baseline",
+    )
     args = ap.parse_args(argv)
     trials = [t for t in json.loads(Path(args.trials).read_text())["trials"] if "results" in t]
     baselines: dict[str, object] = {}
@@ -265,7 +323,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     failing: list[tuple[dict, tuple, list[str]]] = []
     for t in trials:
         if t["baseline"] not in baselines:
-            baselines[t["baseline"]] = load_baseline(t["baseline"])
+            base = load_baseline(t["baseline"])
+            baselines[t["baseline"]] = with_groups(base) if args.fit_reference else base
         base = baselines[t["baseline"]]
         results = kept[t["results"]] = read_results(t["results"])
         for i, (alpha, reruns, spec, pr) in enumerate(settings):

@@ -37,10 +37,12 @@ share the host's spells the same way and where no device has measured it yet
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from perfguard.decision.stats import Summary
+from perfguard.decision.stats import Summary, summarize
 from perfguard.metrics import metric_class
 
 RAW = "raw"
@@ -138,3 +140,84 @@ def at_speed_of(old: Any, new: Any) -> Any:
     factor = new.reference.median / old.reference.median
     metrics = {m: rescaled(s, factor) if is_timed(m) else s for m, s in old.metrics.items()}
     return dataclasses.replace(old, metrics=metrics)
+
+
+# ---- the reference's share, fitted per comparison -------------------------------------------
+
+MIN_RUNS_TO_FIT = 10
+"""Runs a side needs before its reference readings are used to fit the exponent."""
+
+
+def fitted_exponent(sides: Sequence[tuple[Sequence[float], Sequence[float]]]) -> float | None:
+    """How strongly a metric follows the reference workload, fitted on the runs at hand.
+
+    `sides` are (runs, reference readings beside them) of a baseline and a check. The
+    exponent is the least-squares slope of log run on log reference with an intercept
+    of each side's own, so a slowdown of the code (a shift of one side) is not read as
+    the runner's; clipped to [0, 1]: a metric does not get faster when the machine gets
+    slower, nor slow down by more than the machine does. This is a regression
+    estimator (a control variate; CUPED in A/B testing): `x * (level / reference) **
+    beta` has the least variance of the family, and `beta = 1` is the division by the
+    reference that `normalized` applies. None when a side has fewer than
+    `MIN_RUNS_TO_FIT` runs or the readings do not vary.
+
+    Why fit it: on the project's 2-core runner the slope changes from day to day. On a
+    day of deep spells the stage followed the reference run by run (dividing halved the
+    spread between processes); on a quiet one the reference moved by 8 % between
+    processes on its own, the qwen smoke `DenoisingStage` slope was 0.2, and dividing
+    by it tripled the spread of unchanged code's ratios (docs/verdicts.md, "The
+    reference's share, fitted").
+    """
+    num = den = 0.0
+    for xs, refs in sides:
+        if len(xs) != len(refs) or len(xs) < MIN_RUNS_TO_FIT or min(min(xs), min(refs)) <= 0:
+            return None
+        lx = [math.log(x) for x in xs]
+        lr = [math.log(r) for r in refs]
+        mx, mr = statistics.fmean(lx), statistics.fmean(lr)
+        num += sum((a - mx) * (b - mr) for a, b in zip(lx, lr, strict=True))
+        den += sum((b - mr) ** 2 for b in lr)
+    if den <= 0:
+        return None
+    return min(1.0, max(0.0, num / den))
+
+
+def powered(
+    xs: Sequence[float], reference: Sequence[float], level: float, exponent: float
+) -> list[float]:
+    """Run `i` as `xs[i] * (level / reference[i]) ** exponent`."""
+    return [x * (level / r) ** exponent for x, r in zip(xs, reference, strict=True)]
+
+
+def adjusted(
+    samples: Sequence[float],
+    reference: Sequence[float],
+    base: Summary,
+    scenario: Any,
+) -> tuple[list[float], Summary, float] | None:
+    """A check's `samples` of one timed metric (its raw runs, `reference` beside them) and
+    the baseline's `base`, both scaled by the exponent fitted on the two
+    (`fitted_exponent`), at the runner speed of the baseline's reference median: the
+    check's runs, the baseline's summary with its per-process medians, and the
+    exponent. None when it cannot be fitted: a baseline without its runs, its
+    reference readings or its processes (`Scenario.groups`, files from before it), runs
+    that do not align, too few runs. The caller then divides by the reference whole
+    (`normalized`), as such baselines always were.
+    """
+    ref = scenario.reference
+    groups = getattr(scenario, "groups", None)
+    if not scenario.normalized or ref is None or not ref.samples or not groups:
+        return None
+    level = ref.median
+    stored = base.samples
+    if stored is None or len(stored) != len(ref.samples) or sum(groups) != len(stored):
+        return None
+    if len(samples) != len(reference) or min(ref.samples) <= 0 or min(reference, default=0) <= 0:
+        return None
+    # The stored runs are at `level` (each multiplied by level / its reference): undo it.
+    raw = [x * r / level for x, r in zip(stored, ref.samples, strict=True)]
+    exponent = fitted_exponent([(raw, ref.samples), (samples, reference)])
+    if exponent is None:
+        return None
+    scaled_base = summarize(powered(raw, ref.samples, level, exponent), True, groups)
+    return powered(samples, reference, level, exponent), scaled_base, exponent

@@ -53,7 +53,7 @@ from perfguard.decision import counters
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, Screen, screen
 from perfguard.decision.estimate import PairedEstimate
-from perfguard.decision.normalize import NORMALIZED, normalized
+from perfguard.decision.normalize import NORMALIZED, adjusted, is_timed, normalized
 from perfguard.decision.stats import (
     Noise,
     Summary,
@@ -478,10 +478,36 @@ def as_checked(
     finds contended left out, then, where the scenario is normalized, every run scaled
     to its reference median (`perfguard.decision.normalize`); what the screen found;
     whether the runs were normalized. `perfguard calibrate` measures noise on the same."""
+    screened, scr = screened_runs(result, scenario, policy)
     ref = scenario.reference.median if scenario.reference is not None else None
-    screened, scr = screen(result, ref, policy)
     scaled = normalized(screened, ref) if scenario.normalized and ref else None
     return (screened if scaled is None else scaled), scr, scaled is not None
+
+
+def screened_runs(
+    result: CaseResult, scenario: Scenario, policy: ContentionPolicy = DEFAULT_POLICY
+) -> tuple[CaseResult, Screen]:
+    """`result` without the runs the contention screen finds contended, as measured."""
+    ref = scenario.reference.median if scenario.reference is not None else None
+    return screen(result, ref, policy)
+
+
+def metric_pair(
+    metric: str, raw: CaseResult, checked: CaseResult, scenario: Scenario
+) -> tuple[Sequence[float] | None, Summary | None, float | None]:
+    """The runs and the baseline summary `metric` is judged on, and the reference's
+    exponent when one was fitted: for a timed metric of a normalized baseline that
+    keeps its processes, both sides scaled by the fitted share of the reference
+    (`normalize.adjusted`); otherwise the check's `checked` runs (divided whole) and the
+    stored summary."""
+    samples, base = checked.samples.get(metric), scenario.metrics.get(metric)
+    if base is None or samples is None or not is_timed(metric) or not scenario.normalized:
+        return samples, base, None
+    fitted = adjusted(raw.samples[metric], raw.reference or [], base, scenario)
+    if fitted is None:
+        return samples, base, None
+    runs, summary, exponent = fitted
+    return runs, summary, exponent
 
 
 def judge_case(
@@ -529,6 +555,7 @@ def judge_case(
     )
     common["work"] = work.to_json() or None
     common["output"] = None if output is None else output.to_json()
+    raw, _ = screened_runs(result, scenario, policy)
     result, scr, scaled = as_checked(result, scenario, policy)
     runner = scr.to_json()
     speed = scr.speed
@@ -538,20 +565,34 @@ def judge_case(
     base = scenario.metrics
     steps = gated_steps(scenario.step_count, step_fractions)
     judged = list(_metrics_to_judge(result.samples, base, steps, set(ignore_missing)))
-    out = [
-        judge_metric(
-            metric,
-            result.samples.get(metric),
-            base.get(metric),
-            profile.noise_band(profile.band(metric, overrides), base.get(metric)),
-            improvement_threshold=improvement_threshold,
-            rule=rule_of(metric, judged, rule),
-            groups=result.groups,
-            speed=speed,
-            session=profile.session(metric),
+    out, exponents = [], {}
+    for metric in judged:
+        samples, summary, exponent = (
+            metric_pair(metric, raw, result, scenario)
+            if scaled
+            else (
+                result.samples.get(metric),
+                base.get(metric),
+                None,
+            )
         )
-        for metric in judged
-    ]
+        if exponent is not None:
+            exponents[metric] = round(exponent, 3)
+        out.append(
+            judge_metric(
+                metric,
+                samples,
+                summary,
+                profile.noise_band(profile.band(metric, overrides), summary),
+                improvement_threshold=improvement_threshold,
+                rule=rule_of(metric, judged, rule),
+                groups=result.groups,
+                speed=speed,
+                session=profile.session(metric),
+            )
+        )
+    if exponents:
+        runner["reference_exponents"] = exponents
     out.extend(MetricVerdict(**vars(c)) for c in work.metrics)
     kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
     verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=runner, **common)

@@ -110,6 +110,10 @@ class Scenario:
     timing: str | None = None
     """`normalized`: the timed metrics are at the runner speed of `reference.median`
     (`perfguard.decision.normalize`); `raw` or None (a file from before it): wall times."""
+    groups: tuple[int, ...] | None = None
+    """Runs of each process, in the order of the samples (those the screen kept): a
+    check re-weighs the reference's share per metric and needs the processes
+    (`perfguard.decision.normalize.adjusted`). None in files from before it."""
 
     @property
     def normalized(self) -> bool:
@@ -154,6 +158,7 @@ class Scenario:
             "reference_version": self.reference_version,
             "dropped_runs": self.dropped_runs,
             "timing": self.timing,
+            "groups": None if self.groups is None else list(self.groups),
             "source": self.source,
             "components": None
             if self.components is None
@@ -204,6 +209,7 @@ class Scenario:
             reference_version=data.get("reference_version"),
             dropped_runs=data.get("dropped_runs"),
             timing=data.get("timing"),
+            groups=None if data.get("groups") is None else tuple(data["groups"]),
             source=data.get("source"),
             components=data.get("components"),
             work=None if data.get("work") is None else WorkCounts.from_json(data["work"]),
@@ -365,6 +371,12 @@ def _semantic_errors(data: Mapping[str, Any]) -> Iterator[tuple[list[Any], str]]
                     yield ["scenarios", cid, key, stage], "not a valid stage name"
         if scen.get("timing") == NORMALIZED and not (scen.get("reference") or {}).get("median"):
             yield ["scenarios", cid, "timing"], "normalized timings need the reference's median"
+        runs = (scen.get("reference") or {}).get("n")
+        if scen.get("groups") is not None and runs is not None and sum(scen["groups"]) != runs:
+            yield (
+                ["scenarios", cid, "groups"],
+                f"the groups hold {sum(scen['groups'])} runs but the reference has {runs}",
+            )
         if scen.get("work") is not None:
             yield from _work_errors(["scenarios", cid, "work"], scen["work"])
         if scen.get("output_sketch") is not None:
@@ -548,6 +560,7 @@ def scenario_from_result(
         work=WorkCounts.from_runs(result.work or []),
         output_sketch=dict(result.output_sketch) if result.output_sketch else None,
         timing=timing,
+        groups=tuple(result.groups) if result.groups and result.reference else None,
     )
 
 
