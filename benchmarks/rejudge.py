@@ -22,6 +22,11 @@ The first setting listed (the checks' own) is also compared with the exit codes 
 returned: a replay that does not reproduce them is reported, so a drift between this
 script and the gate shows.
 
+`--fit-reference` recovers the processes of baselines written before they were kept
+(`inferred_groups`), so that the gate fits the reference's share as it does for a new
+baseline (`perfguard.decision.normalize.fitted_exponent`); `--whole-reference` drops them,
+so that every run is divided by the reference whole, as before.
+
 It prints the A/A failures and mean ratios per baseline, the kept processes binned by
 the reference workload beside them, the processes of each A/A check failing under the
 first or the last setting, and each metric's session offset estimated from the A/A
@@ -133,6 +138,12 @@ def with_groups(base):
         if sc.groups is None and sc.normalized:
             sc = dataclasses.replace(sc, groups=inferred_groups(sc))
         scenarios[cid] = sc
+    return dataclasses.replace(base, scenarios=scenarios)
+
+
+def without_groups(base):
+    """`base` judged as before the reference's share was fitted: no `Scenario.groups`."""
+    scenarios = {cid: dataclasses.replace(sc, groups=None) for cid, sc in base.scenarios.items()}
     return dataclasses.replace(base, scenarios=scenarios)
 
 
@@ -301,6 +312,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="recover the processes of baselines written before they were kept "
         "(inferred_groups), so that the reference's share is fitted as for a new baseline",
     )
+    ap.add_argument(
+        "--whole-reference",
+        action="store_true",
+        help="drop the baselines' processes (Scenario.groups), so that every timed run is "
+        "divided by the reference whole, as the gate judged before it fitted the share",
+    )
     args = ap.parse_args(argv)
     trials = [t for t in json.loads(Path(args.trials).read_text())["trials"] if "results" in t]
     baselines: dict[str, object] = {}
@@ -324,7 +341,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     for t in trials:
         if t["baseline"] not in baselines:
             base = load_baseline(t["baseline"])
-            baselines[t["baseline"]] = with_groups(base) if args.fit_reference else base
+            if args.fit_reference:
+                base = with_groups(base)
+            elif args.whole_reference:
+                base = without_groups(base)
+            baselines[t["baseline"]] = base
         base = baselines[t["baseline"]]
         results = kept[t["results"]] = read_results(t["results"])
         for i, (alpha, reruns, spec, pr) in enumerate(settings):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -229,3 +230,99 @@ def test_runs_are_dropped_whatever_peak_memory_was_measured_once_per_measurement
     assert kept.samples["peak_memory"] == [3.0]
     odd = dataclasses.replace(res, samples={**res.samples, "e2e": res.samples["e2e"][:3]})
     assert odd.only_runs([True, True, True, True, False]) is odd  # cannot be aligned
+
+
+# ---- the reference's share, fitted per comparison -------------------------------------------
+
+
+def test_the_fitted_exponent_is_the_slope_within_each_side_clipped_to_zero_and_one() -> None:
+    rng = np.random.default_rng(7)
+    ref = np.exp(0.08 * rng.standard_normal((2, 40)))
+    noise = np.exp(0.01 * rng.standard_normal((2, 40)))
+    # The metric follows the reference with a slope of 0.3; the second side is 10 %
+    # slower (the code), which is a shift of its own intercept, not the runner's slope.
+    base = 60.0 * ref[0] ** 0.3 * noise[0]
+    check = 66.0 * ref[1] ** 0.3 * noise[1]
+    beta = normalize.fitted_exponent([(base, ref[0]), (check, ref[1])])
+    assert beta == pytest.approx(0.3, abs=0.05)
+    steep = normalize.fitted_exponent([(base**5, ref[0]), (check**5, ref[1])])  # slope 1.5
+    assert steep == 1.0
+    against = normalize.fitted_exponent([(1 / base, ref[0]), (1 / check, ref[1])])
+    assert against == 0.0
+    assert normalize.fitted_exponent([(base[:5], ref[0][:5]), (check, ref[1])]) is None
+    flat = np.ones(40)
+    assert normalize.fitted_exponent([(base, flat), (check, flat)]) is None
+
+
+def reference_of_its_own(slower: float, seed: int, processes: int) -> CaseResult:
+    """Processes whose reference workload reads up to 10 % off on its own (a mode of the
+    yardstick's process, not of the runner) while the case's speed does not move."""
+    rng = np.random.default_rng(seed)
+    modes = np.repeat(np.exp(0.06 * rng.standard_normal(processes)), 5)
+    jitter = np.exp(0.01 * rng.standard_normal((2, 5 * processes)))
+    stage = 60.0 * slower * jitter[0]
+    return CaseResult(
+        case_id="c",
+        samples={
+            "e2e": [float(x) for x in stage * 100 / 60],
+            "stage:DenoisingStage": [float(x) for x in stage],
+        },
+        reference=[float(x) for x in LEVEL * modes * jitter[1]],
+        repeats=5 * processes,
+        groups=[5] * processes,
+    )
+
+
+def judged(result: CaseResult, base: Baseline):
+    return judge(Results({"platform": "cpu"}, {}, {"c": result}), base).cases[0]
+
+
+def test_a_yardstick_that_moves_on_its_own_is_not_divided_into_the_figures() -> None:
+    base = baseline_of(reference_of_its_own(1.0, seed=11, processes=10), normalize.NORMALIZED)
+    assert base.scenarios["c"].groups == (5,) * 10
+    same = judged(reference_of_its_own(1.0, seed=12, processes=9), base)
+    slower = judged(reference_of_its_own(1.10, seed=12, processes=9), base)
+    stage = metric(same, "stage:DenoisingStage")
+    assert same.runner["reference_exponents"]["stage:DenoisingStage"] < 0.2
+    assert same.verdict == "pass" and stage.low < 1.0 < stage.high
+    assert metric(slower, "stage:DenoisingStage").verdict == "regression"
+    # The same pair divided by the reference whole (a baseline without its processes, as
+    # files were before): the yardstick's own modes widen the interval (twice, here).
+    whole = dataclasses.replace(
+        base, scenarios={"c": dataclasses.replace(base.scenarios["c"], groups=None)}
+    )
+    divided = metric(judged(reference_of_its_own(1.0, seed=12, processes=9), whole), stage.metric)
+    assert "reference_exponents" not in (judged(reference_of_its_own(1.0, 12, 9), whole).runner)
+    assert math.log(divided.high / divided.low) > 1.5 * math.log(stage.high / stage.low)
+
+
+def test_a_runner_that_moves_the_case_with_the_reference_is_still_divided_out() -> None:
+    # The baseline's processes show the case following the reference: the exponent is
+    # ~1, and a check on a runner 15 % slower throughout reads as unchanged code.
+    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    case = judged(measured([1.15] * 10, seed=1), base)
+    assert case.runner["reference_exponents"]["e2e"] > 0.8
+    assert case.verdict == "pass"
+
+
+def test_a_baseline_keeps_its_processes_and_refuses_groups_that_do_not_add_up(tmp_path) -> None:
+    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    path = tmp_path / "b.json"
+    store.save(path, base)
+    data = json.loads(path.read_text())
+    assert data["scenarios"]["c"]["groups"] == [5, 5, 5]
+    assert store.load(path).scenarios["c"].groups == (5, 5, 5)
+    data["scenarios"]["c"]["groups"] = [5, 5]
+    path.write_text(json.dumps(data))
+    with pytest.raises(PerfguardError, match=r"b\.json.*scenarios.*c.*groups.*10 runs"):
+        store.load(path)
+
+
+def test_the_report_says_what_share_of_the_reference_each_case_was_scaled_by() -> None:
+    from perfguard.presentation.render import runner_text
+
+    base = baseline_of(reference_of_its_own(1.0, seed=11, processes=10), normalize.NORMALIZED)
+    res = reference_of_its_own(1.0, seed=12, processes=9)
+    report = judge(Results({"platform": "cpu"}, {}, {"c": res}), base)
+    share = report.cases[0].runner["reference_exponents"]["stage:DenoisingStage"]
+    assert f"stage:DenoisingStage: c {share:.2f}" in runner_text(report)

@@ -602,3 +602,22 @@ def judge_exact(
 def is_counter(metric: str) -> bool:
     """A work counter's verdict, not a time's (the gate does not confirm these)."""
     return is_work_metric(metric)
+
+
+def judge_scenario(
+    result: CaseResult,
+    scenario: Any,
+    profile: Profile,
+    overrides: Sequence[Overrides],
+    allow_output_change: bool = False,
+) -> tuple[WorkJudgement, OutputVerdict | None]:
+    """`judge_exact` against a baseline scenario's work counters and output."""
+    return judge_exact(
+        result,
+        scenario.work,
+        scenario.output_hash,
+        scenario.output_sketch,
+        profile,
+        overrides,
+        allow_output_change=allow_output_change,
+    )

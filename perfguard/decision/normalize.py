@@ -221,3 +221,21 @@ def adjusted(
         return None
     scaled_base = summarize(powered(raw, ref.samples, level, exponent), True, groups)
     return powered(samples, reference, level, exponent), scaled_base, exponent
+
+
+def metric_pair(
+    metric: str, raw: Any, checked: Any, scenario: Any
+) -> tuple[Sequence[float] | None, Summary | None, float | None]:
+    """The runs and the baseline summary `metric` is judged on, and the reference's
+    exponent when one was fitted: for a timed metric of a normalized baseline that
+    keeps its processes, both sides scaled by the fitted share of the reference
+    (`normalize.adjusted`); otherwise the check's `checked` runs (divided whole) and the
+    stored summary."""
+    samples, base = checked.samples.get(metric), scenario.metrics.get(metric)
+    if base is None or samples is None or not is_timed(metric) or not scenario.normalized:
+        return samples, base, None
+    fitted = adjusted(raw.samples[metric], raw.reference or [], base, scenario)
+    if fitted is None:
+        return samples, base, None
+    runs, summary, exponent = fitted
+    return runs, summary, exponent

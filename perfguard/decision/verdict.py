@@ -53,7 +53,7 @@ from perfguard.decision import counters
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, Screen, screen
 from perfguard.decision.estimate import PairedEstimate
-from perfguard.decision.normalize import NORMALIZED, adjusted, is_timed, normalized
+from perfguard.decision.normalize import NORMALIZED, metric_pair, normalized
 from perfguard.decision.stats import (
     Noise,
     Summary,
@@ -492,24 +492,6 @@ def screened_runs(
     return screen(result, ref, policy)
 
 
-def metric_pair(
-    metric: str, raw: CaseResult, checked: CaseResult, scenario: Scenario
-) -> tuple[Sequence[float] | None, Summary | None, float | None]:
-    """The runs and the baseline summary `metric` is judged on, and the reference's
-    exponent when one was fitted: for a timed metric of a normalized baseline that
-    keeps its processes, both sides scaled by the fitted share of the reference
-    (`normalize.adjusted`); otherwise the check's `checked` runs (divided whole) and the
-    stored summary."""
-    samples, base = checked.samples.get(metric), scenario.metrics.get(metric)
-    if base is None or samples is None or not is_timed(metric) or not scenario.normalized:
-        return samples, base, None
-    fitted = adjusted(raw.samples[metric], raw.reference or [], base, scenario)
-    if fitted is None:
-        return samples, base, None
-    runs, summary, exponent = fitted
-    return runs, summary, exponent
-
-
 def judge_case(
     case_id: str,
     result: CaseResult,
@@ -544,14 +526,8 @@ def judge_case(
     if scenario is None:
         return _without_a_baseline(case_id, result, common)
     overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
-    work, output = counters.judge_exact(
-        result,
-        scenario.work,
-        scenario.output_hash,
-        scenario.output_sketch,
-        profile,
-        overrides,
-        allow_output_change=allow_output_change,
+    work, output = counters.judge_scenario(
+        result, scenario, profile, overrides, allow_output_change
     )
     common["work"] = work.to_json() or None
     common["output"] = None if output is None else output.to_json()
@@ -570,20 +546,17 @@ def judge_case(
         samples, summary, exponent = (
             metric_pair(metric, raw, result, scenario)
             if scaled
-            else (
-                result.samples.get(metric),
-                base.get(metric),
-                None,
-            )
+            else (result.samples.get(metric), base.get(metric), None)
         )
         if exponent is not None:
             exponents[metric] = round(exponent, 3)
+        band = profile.noise_band(profile.band(metric, overrides), summary)
         out.append(
             judge_metric(
                 metric,
                 samples,
                 summary,
-                profile.noise_band(profile.band(metric, overrides), summary),
+                band,
                 improvement_threshold=improvement_threshold,
                 rule=rule_of(metric, judged, rule),
                 groups=result.groups,

@@ -350,10 +350,23 @@ def runner_text(report: Report) -> str:
         )
     else:
         how = "a slowdown it would explain gets no verdict (contended)"
+    shares = [
+        f"{c.case_id} {exps[STAGE]:.2f}"
+        for c in report.cases
+        if STAGE in (exps := (c.runner or {}).get("reference_exponents") or {})
+    ]
+    if shares:
+        how += (
+            " by the reference's share fitted on both sides' runs (run x (baseline's "
+            f"reference / its own) ** share; {STAGE}: {', '.join(shares)})"
+        )
     return (
         f"runner speed (reference workload now / at baseline time): {cells}; above 1 the "
         f"runner is slower; {how}"
     )
+
+
+STAGE = "stage:DenoisingStage"
 
 
 def verdict_reasons(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:
