@@ -152,8 +152,24 @@ def one_check(
                     k for k, v in case["metrics"].items() if v.get("verdict") == "regression"
                 ),
             }
+        # `check --settle`: the stored verdicts a relative check replaced, so that one run
+        # gives the stored gate's answer and the settled one on the same checks.
+        settled = (data.get("settled") or {}).get("cases") or {}
+        if settled:
+            out["settled"] = {cid: case["verdict"] for cid, case in settled.items()}
         report.unlink()
     return out
+
+
+def stored_alone(trial: dict) -> dict:
+    """`trial` as the stored check alone judged it: its cases' verdicts before settling
+    (a settled case was open: it passed) and the exit code they give."""
+    settled = trial.get("settled") or {}
+    if trial["exit"] not in (0, 1) or not settled:
+        return trial
+    cases = {c: {**v, "verdict": settled.get(c, v["verdict"])} for c, v in trial["cases"].items()}
+    failed = any(v["verdict"] == "regression" for v in cases.values())
+    return {**trial, "cases": cases, "exit": 1 if failed else 0, "settled": None}
 
 
 def main() -> None:
@@ -288,7 +304,12 @@ def main() -> None:
         "(qwen / glm) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for (variant, load, method, pct), ts in sorted(groups.items()):
+    rows = sorted(groups.items())
+    if any(t.get("settled") for t in trials):
+        # The same checks as the stored check alone judged them: a variant of its own.
+        alone = [((f"{v} (stored alone)", *rest), ts) for (v, *rest), ts in rows]
+        rows += [(k, [stored_alone(t) for t in ts]) for k, ts in alone]
+    for (variant, load, method, pct), ts in rows:
         n = len(ts)
         k = sum(t["exit"] == 1 for t in ts)
         caught = {

@@ -597,13 +597,13 @@ def _measure_relative(
     measure blocks of both sides until the verdicts are clear or the budget is spent:
     the base and the `RelativeOutcome`."""
     from perfguard.decision.paired import BASE, HEAD, Comparing
-    from perfguard.measurement import relative
+    from perfguard.measurement import checkout, relative
 
     timing = against.timing_on(platform.name)
     with contextlib.ExitStack() as stack:
         directory = against.directory
         if against.ref is not None:
-            directory = str(stack.enter_context(relative.temporary_worktree(against.ref)))
+            directory = str(stack.enter_context(checkout.temporary_worktree(against.ref)))
         assert directory is not None
         base = relative.probe_base(
             directory, subdir=against.subdir, factory=options.factory, ref=against.ref

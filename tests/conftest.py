@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.fake_pipeline import fake  # noqa: F401  (the fixture: fake pipelines, virtual clock)
-from tests.helpers import PG
+from tests.helpers import PG, make_project
 
 
 @pytest.fixture(scope="session")
@@ -97,3 +97,10 @@ def chromium() -> Iterator[Any]:
         pytest.skip(reason)
     with browser() as b:
         yield b
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A git repository holding the virtual-clock pipeline, the caller's working
+    directory and import path (the head side), with the real case registry."""
+    return make_project(tmp_path / "project", monkeypatch)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -230,3 +232,83 @@ def glm_dit_inputs(config: dict, seed: int = 2) -> dict:
         target_size=torch.tensor([[64.0, 96.0]] * GLM_BATCH),
         crop_coords=torch.zeros(GLM_BATCH, 2),
     )
+
+
+# ---- a project of virtual-clock pipelines (relative checks, --settle) ---------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+VIRTUAL_PIPES = """
+import math
+import os
+import random
+
+import torch
+
+from perfguard.device.timer import stage, step
+
+SLOW = {slow}
+
+
+def pipeline(case, platform):
+    # Virtual time: the stages last what they say (with 0.5 % noise per process and per
+    # run), whatever else the machine is doing; everything else runs for real.
+    rng = random.Random(os.getpid())
+    now = [0]
+    platform.mark = lambda: now[0]
+    drift = rng.gauss(0, 0.005)
+
+    def work(ms):
+        now[0] += int(ms * 1e6 * math.exp(drift + rng.gauss(0, 0.005)))
+
+    def run():
+        with stage("TextEncodingStage"):
+            work(2)
+        with stage("DenoisingStage"):
+            for i in range(4):
+                with step(i):
+                    work(5 * SLOW)
+        with stage("DecodingStage"):
+            work(3)
+        return torch.zeros(4)
+
+    return run
+"""
+
+FACTORY = ("--factory", "pg_rel_pipes:pipeline")
+QUICK = ("--platform", "cpu", "--case", "qwen_image_t2i_smoke", "--repeats", "3")
+
+
+def git_in(cwd: Path, *args: str) -> str:
+    who = {"NAME": "perfguard tests", "EMAIL": "tests@perfguard.invalid"}
+    env = {
+        **os.environ,
+        **{f"GIT_{r}_{k}": v for r in ("AUTHOR", "COMMITTER") for k, v in who.items()},
+    }
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def make_project(root: Path, monkeypatch: Any) -> Path:
+    """A git repository at `root` holding the virtual-clock pipeline (VIRTUAL_PIPES), made
+    the caller's working directory and import path (the head side of a relative
+    check), with the real case registry: the `project` fixture."""
+    root.mkdir()
+    (root / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.0))
+    git_in(root, "init", "-q")
+    git_in(root, "add", ".")
+    git_in(root, "commit", "-qm", "base")
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("PERFGUARD_CASES", str(REPO / "cases"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
+def worktrees(root: Path) -> list[str]:
+    return [
+        ln
+        for ln in git_in(root, "worktree", "list", "--porcelain").splitlines()
+        if ln.startswith("worktree ")
+    ]

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import random
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,12 +34,13 @@ from perfguard.decision.paired import (
 from perfguard.decision.tolerances import relative_pad
 from perfguard.decision.verdict import IMPROVEMENT, PASS, REGRESSION
 from perfguard.errors import PerfguardError
-from perfguard.measurement import relative
+from perfguard.measurement import checkout, relative
 from perfguard.measurement.options import MeasureOptions
 from perfguard.presentation.render import escape_md, render_markdown, summary_line
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 from perfguard.storage.reports import Report, build_relative, merge, read_report, write_report
+from tests.helpers import FACTORY, QUICK, VIRTUAL_PIPES, git_in, worktrees
 
 PG = Callable[..., tuple[int, str, str]]
 
@@ -419,82 +419,6 @@ def test_merge_refuses_reports_against_different_bases() -> None:
 
 # ---- the command, in processes -----------------------------------------------------------------
 
-VIRTUAL_PIPES = """
-import math
-import os
-import random
-
-import torch
-
-from perfguard.device.timer import stage, step
-
-SLOW = {slow}
-
-
-def pipeline(case, platform):
-    # Virtual time: the stages last what they say (with 0.5 % noise per process and per
-    # run), whatever else the machine is doing; everything else runs for real.
-    rng = random.Random(os.getpid())
-    now = [0]
-    platform.mark = lambda: now[0]
-    drift = rng.gauss(0, 0.005)
-
-    def work(ms):
-        now[0] += int(ms * 1e6 * math.exp(drift + rng.gauss(0, 0.005)))
-
-    def run():
-        with stage("TextEncodingStage"):
-            work(2)
-        with stage("DenoisingStage"):
-            for i in range(4):
-                with step(i):
-                    work(5 * SLOW)
-        with stage("DecodingStage"):
-            work(3)
-        return torch.zeros(4)
-
-    return run
-"""
-
-FACTORY = ("--factory", "pg_rel_pipes:pipeline")
-QUICK = ("--platform", "cpu", "--case", "qwen_image_t2i_smoke", "--repeats", "3")
-
-
-def _git(cwd: Path, *args: str) -> str:
-    who = {"NAME": "perfguard tests", "EMAIL": "tests@perfguard.invalid"}
-    env = {
-        **os.environ,
-        **{f"GIT_{r}_{k}": v for r in ("AUTHOR", "COMMITTER") for k, v in who.items()},
-    }
-    return subprocess.run(
-        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A git repository holding the sleeping pipeline, the caller's working directory
-    and import path (the head side), with the real case registry."""
-    root = tmp_path / "project"
-    root.mkdir()
-    (root / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.0))
-    _git(root, "init", "-q")
-    _git(root, "add", ".")
-    _git(root, "commit", "-qm", "base")
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("PERFGUARD_CASES", str(REPO / "cases"))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.syspath_prepend(str(root))
-    return root
-
-
-def worktrees(root: Path) -> list[str]:
-    return [
-        ln
-        for ln in _git(root, "worktree", "list", "--porcelain").splitlines()
-        if ln.startswith("worktree ")
-    ]
-
 
 def test_unchanged_code_passes_against_a_base_directory(
     project: Path, pg: PG, tmp_path: Path
@@ -557,7 +481,7 @@ def test_a_head_slowed_by_a_few_percent_fails_against_its_merge_base(project: Pa
     """--against-ref: a temporary worktree of HEAD is the base; the working tree (5 %
     slower in its denoising steps) is the head. The worktree is gone afterwards."""
     (project / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.05))
-    sha = _git(project, "rev-parse", "HEAD")
+    sha = git_in(project, "rev-parse", "HEAD")
     # The stages run on a virtual clock and the reference workload on the real one:
     # dividing one by the other would add the machine's noise, so --timing raw.
     code, out, err = pg(
@@ -714,7 +638,7 @@ def test_no_worktree_is_left_behind_on_a_bad_ref_a_failed_probe_or_ctrl_c(
 
 def test_temporary_worktree_is_removed_on_sigterm(project: Path) -> None:
     seen: list[Path] = []
-    with pytest.raises(SystemExit) as exc, relative.temporary_worktree("HEAD") as path:
+    with pytest.raises(SystemExit) as exc, checkout.temporary_worktree("HEAD") as path:
         seen.append(path)
         assert (path / "pg_rel_pipes.py").is_file()
         os.kill(os.getpid(), 15)

@@ -9,6 +9,7 @@ the relative check (`--against`: `_relative`), and the file modes that run nothi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,9 +31,10 @@ from perfguard.cli.common import (
     selection_options,
 )
 from perfguard.decision.comparison import RELATIVE_RULE
-from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.gate import JudgeOptions, open_cases
 from perfguard.decision.normalize import TIMINGS
 from perfguard.errors import EXIT_CODES_HELP, PerfguardError
+from perfguard.measurement.checkout import base_exists
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.relative import (
     DEFAULT_BUDGET_S,
@@ -42,7 +44,7 @@ from perfguard.measurement.relative import (
 )
 from perfguard.presentation.render import render_table
 from perfguard.storage.cases import Selection
-from perfguard.storage.reports import Report
+from perfguard.storage.reports import Report, settle
 
 
 def _relative_from(kwargs: dict[str, Any]) -> RelativeOptions | None:
@@ -51,7 +53,10 @@ def _relative_from(kwargs: dict[str, Any]) -> RelativeOptions | None:
     directory, ref, subdir = (kwargs.pop(k) for k in ("against", "against_ref", "against_subdir"))
     names = ("budget_s", "min_blocks", "max_blocks", "order_seed", "write_baseline", "timing")
     values = {name: kwargs.pop(name) for name in names}
+    settle = kwargs.pop("settle")
     if directory is None and ref is None:
+        if settle:
+            raise PerfguardError("--settle needs --against DIR or --against-ref REF (the base)")
         if values["write_baseline"]:
             raise PerfguardError("--write-baseline needs --against or --against-ref")
         if values["timing"]:
@@ -59,7 +64,87 @@ def _relative_from(kwargs: dict[str, Any]) -> RelativeOptions | None:
                 "--timing needs --against or --against-ref (a stored check follows its baseline)"
             )
         return None
-    return RelativeOptions(directory, ref, subdir, **values)
+    return RelativeOptions(directory, ref, subdir, **values, settle=settle)
+
+
+RELATIVE_OPTIONS = [
+    click.option(
+        "--against",
+        default=None,
+        type=click.Path(),
+        metavar="DIR",
+        help="Relative check: compare with the base revision checked out in DIR, run "
+        "side by side in interleaved blocks of fresh processes (no stored baseline).",
+    ),
+    click.option(
+        "--against-ref",
+        default=None,
+        metavar="REF",
+        help="Relative check against REF of this repository (a temporary `git worktree "
+        "add --detach`, always removed), e.g. the merge base of a PR.",
+    ),
+    click.option(
+        "--against-subdir",
+        default=None,
+        metavar="SUB",
+        help="The base's import root inside DIR, when its package lives in a "
+        "subdirectory (sglang: python).",
+    ),
+    click.option(
+        "--settle",
+        is_flag=True,
+        help="Check against the stored baseline first; then settle each case it leaves "
+        "open (a timed metric over its bound, not credibly) by the relative check "
+        "against --against / --against-ref (at the relative level; --alpha is the "
+        "stored check's), whose verdict counts for that case.",
+    ),
+    click.option(
+        "--budget-s",
+        default=DEFAULT_BUDGET_S,
+        show_default=True,
+        type=click.FloatRange(min=0),
+        help="Relative check: stop starting blocks past this many seconds of measuring "
+        "(--min-blocks always run); metrics still unresolved then pass with a note.",
+    ),
+    click.option(
+        "--min-blocks",
+        default=DEFAULT_MIN_BLOCKS,
+        show_default=True,
+        type=click.IntRange(min=2),
+        help="Relative check: blocks (one base and one head process each) before the first look.",
+    ),
+    click.option(
+        "--max-blocks",
+        default=DEFAULT_MAX_BLOCKS,
+        show_default=True,
+        type=click.IntRange(min=2),
+        help="Relative check: blocks at most.",
+    ),
+    click.option(
+        "--order-seed",
+        default=None,
+        type=int,
+        help="Relative check: seed of the randomized block order (default: drawn; the "
+        "report records it).",
+    ),
+    click.option(
+        "--write-baseline",
+        default=None,
+        type=click.Path(dir_okay=False),
+        metavar="PATH",
+        help="Relative check: also store the base side's measurement as a baseline file.",
+    ),
+    click.option(
+        "--timing",
+        type=click.Choice(TIMINGS),
+        default=None,
+        help="Relative check: compare each block's sides as measured (raw) or with "
+        "every run divided by the reference workload timed beside it (normalized: the "
+        "runner's spells divide out; docs/relative.md). A factory whose stages sleep "
+        "or wait needs raw. [default: normalized on cpu, raw on devices]",
+    ),
+]
+"""The relative group's click options (`relative_options`)."""
 
 
 def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -71,77 +156,7 @@ def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         relative = _relative_from(kwargs)
         return fn(**kwargs, relative=relative)
 
-    options = [
-        click.option(
-            "--against",
-            default=None,
-            type=click.Path(),
-            metavar="DIR",
-            help="Relative check: compare with the base revision checked out in DIR, run "
-            "side by side in interleaved blocks of fresh processes (no stored baseline).",
-        ),
-        click.option(
-            "--against-ref",
-            default=None,
-            metavar="REF",
-            help="Relative check against REF of this repository (a temporary `git worktree "
-            "add --detach`, always removed), e.g. the merge base of a PR.",
-        ),
-        click.option(
-            "--against-subdir",
-            default=None,
-            metavar="SUB",
-            help="The base's import root inside DIR, when its package lives in a "
-            "subdirectory (sglang: python).",
-        ),
-        click.option(
-            "--budget-s",
-            default=DEFAULT_BUDGET_S,
-            show_default=True,
-            type=click.FloatRange(min=0),
-            help="Relative check: stop starting blocks past this many seconds of measuring "
-            "(--min-blocks always run); metrics still unresolved then pass with a note.",
-        ),
-        click.option(
-            "--min-blocks",
-            default=DEFAULT_MIN_BLOCKS,
-            show_default=True,
-            type=click.IntRange(min=2),
-            help="Relative check: blocks (one base and one head process each) before the "
-            "first look.",
-        ),
-        click.option(
-            "--max-blocks",
-            default=DEFAULT_MAX_BLOCKS,
-            show_default=True,
-            type=click.IntRange(min=2),
-            help="Relative check: blocks at most.",
-        ),
-        click.option(
-            "--order-seed",
-            default=None,
-            type=int,
-            help="Relative check: seed of the randomized block order (default: drawn; the "
-            "report records it).",
-        ),
-        click.option(
-            "--write-baseline",
-            default=None,
-            type=click.Path(dir_okay=False),
-            metavar="PATH",
-            help="Relative check: also store the base side's measurement as a baseline file.",
-        ),
-        click.option(
-            "--timing",
-            type=click.Choice(TIMINGS),
-            default=None,
-            help="Relative check: compare each block's sides as measured (raw) or with "
-            "every run divided by the reference workload timed beside it (normalized: the "
-            "runner's spells divide out; docs/relative.md). A factory whose stages sleep "
-            "or wait needs raw. [default: normalized on cpu, raw on devices]",
-        ),
-    ]
-    return _apply(wrapper, options)
+    return _apply(wrapper, RELATIVE_OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -267,7 +282,8 @@ def check(
     revision in DIR and this one run side by side in randomized interleaved blocks of
     fresh processes, and each metric is judged on their paired per-block ratios with the
     same minimum effect, stopping once every metric is clearly different or clearly the
-    same, or at --budget-s (docs/relative.md).
+    same, or at --budget-s (docs/relative.md). With --settle as well, the stored check
+    runs first and only the cases it leaves open are measured side by side.
 
     Beside the timings, the work each stage does (ops, FLOPs, bytes allocated, host
     syncs, counted exactly in one untimed run per build) is compared exactly: a counter
@@ -275,12 +291,15 @@ def check(
     bit-identical or within tolerance (PSNR >= 100 dB) unless --allow-output-change.
     """
 
+    settling = relative is not None and relative.settle
+    if settling:
+        _refuse_settle(relative, results_file or perf_log, counters_only)
     if counters_only and (relative is not None or results_file or perf_log):
         raise PerfguardError(
             "--counters-only runs the cases: it cannot apply to --against, --results "
             "or --sglang-perf-log"
         )
-    if relative is not None:
+    if relative is not None and not settling:
         report = _relative(platform_name, selection, options, judging, relative, outputs)
     elif results_file or perf_log:
         _refuse_run_options(results_file, perf_log, options)
@@ -292,6 +311,8 @@ def check(
         report = _counters_only(platform_name, selection, baseline_path, options, judging, outputs)
     else:
         report = _stored(platform_name, selection, baseline_path, options, judging, outputs)
+        if relative is not None:
+            report = _settled(report, platform_name, selection, options, judging, relative)
     report, _ = api.write_report(report, outputs.report, outputs.markdown)
     render_table(report, console(), all_metrics=outputs.all_metrics)
     return report.exit_code
@@ -315,6 +336,49 @@ def _stored(
         platform=platform_name,
         echo=echo_err,
     )
+
+
+def _refuse_settle(relative: RelativeOptions, file_mode: str | None, counters_only: bool) -> None:
+    """--settle needs cases to run and writes no baseline; a base that cannot be found
+    fails here, before the stored check measures."""
+    if file_mode or counters_only:
+        raise PerfguardError(
+            "--settle runs the open cases again: it cannot apply to --results, "
+            "--sglang-perf-log or --counters-only"
+        )
+    if relative.write_baseline:
+        raise PerfguardError("--write-baseline does not apply to --settle")
+    base_exists(relative.directory, relative.ref)
+
+
+def _settled(
+    report: Report,
+    platform_name: str | None,
+    selection: Selection,
+    options: MeasureOptions,
+    judging: JudgeOptions,
+    relative: RelativeOptions,
+) -> Report:
+    """The stored check's open cases (`gate.open_cases`) measured again side by side
+    with the base, at the relative level; their relative verdicts replace the stored
+    ones (`reports.settle`). Nothing runs when no case is open."""
+    open_ = open_cases(report.judgement)
+    if not open_:
+        return report
+    echo_err(
+        f"perfguard: {len(open_)} case(s) over a bound without credible evidence "
+        f"({', '.join(open_)}): settling them side by side with the base"
+    )
+    narrowed = dataclasses.replace(selection, case_ids=tuple(open_), match=None, tags=())
+    settling = api.check_relative(
+        dataclasses.replace(narrowed, shard=None),
+        options,
+        relative,
+        judging=judging.replace(rule=RELATIVE_RULE),
+        platform=api.probe(platform_name),
+        echo=echo_err,
+    )
+    return settle(report, settling)
 
 
 def _counters_only(

@@ -7,7 +7,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from perfguard.decision.stats import Noise, Summary, log_ratio_noise, median_reach, t_quantile
+from perfguard.decision.stats import (
+    MAX_LOG_SPREAD,
+    Noise,
+    Summary,
+    log_ratio_noise,
+    median_reach,
+    t_quantile,
+)
 from perfguard.decision.tolerances import Band
 
 # ---- the evidence a regression needs -------------------------------------------------------
@@ -65,7 +72,7 @@ class Rule:
 
 def interval(ratio: float, noise: Noise, alpha: float) -> tuple[float, float]:
     """The one-sided (1 - alpha) bounds [low, high] on a ratio whose log has `noise`."""
-    spread = math.exp(t_quantile(alpha, noise.dof) * noise.se)
+    spread = math.exp(min(t_quantile(alpha, noise.dof) * noise.se, MAX_LOG_SPREAD))
     return ratio / spread, ratio * spread
 
 

@@ -51,6 +51,8 @@ from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.decision.verdict import (
     CONTENDED,
     DEFAULT_RULE,
+    IMPROVEMENT,
+    PASS,
     REGRESSION,
     CaseVerdict,
     Judgement,
@@ -152,6 +154,23 @@ class JudgeOptions:
 
 RELATIVE_JUDGING = JudgeOptions(rule=RELATIVE_RULE)
 """How a relative check judges unless told otherwise: at the relative level (1 %)."""
+
+
+def open_cases(judgement: Judgement) -> list[str]:
+    """The cases a stored check leaves open: they pass (or improve), yet a timed metric
+    is over its bound without the credible evidence a regression needs
+    (`CaseVerdict.over`). Chromium's Pinpoint calls this UNKNOWN: not different, not the
+    same, measure more. `check --settle` measures them again side by side with the base
+    revision (a relative check), where the sessions' offsets that a stored baseline
+    carries cancel in each block's ratio (docs/verdicts.md, "Settling open cases").
+
+    A regression, an error or a contended case is not open: they have their answer, or
+    the runner could not give one."""
+    return [
+        c.case_id
+        for c in judgement.cases
+        if c.verdict in (PASS, IMPROVEMENT) and c.over and not c.output_failed
+    ]
 
 
 @dataclass(frozen=True)

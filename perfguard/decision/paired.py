@@ -19,7 +19,7 @@ from typing import Any
 from perfguard.decision import counters
 from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate
 from perfguard.decision.normalize import NORMALIZED, RAW, divided, is_timed
-from perfguard.decision.stats import summarize, t_quantile
+from perfguard.decision.stats import MAX_LOG_SPREAD, summarize, t_quantile
 from perfguard.decision.tolerances import Band, min_effect, relative_pad
 from perfguard.decision.verdict import (
     ERROR,
@@ -79,7 +79,7 @@ def paired_estimate(
     wmean = math.fsum(winsorized) / n
     ss = math.fsum((x - wmean) ** 2 for x in winsorized)
     se = math.sqrt(ss / (h * (h - 1)))  # = s_w / ((1 - 2 trim) sqrt(n)), Yuen 1974
-    half = t_quantile(alpha, h - 1) * se
+    half = min(t_quantile(alpha, h - 1) * se, MAX_LOG_SPREAD)
     low, high = math.exp(mean - half), math.exp(mean + half)
     slower = ratio > 1.0 + effect and low > 1.0
     faster = ratio < 1.0 / (1.0 + effect) and high < 1.0

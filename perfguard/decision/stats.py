@@ -361,7 +361,13 @@ def median_reach(current: Summary, other: Summary | None, alpha: float) -> float
     if not spread or current.n < 1:
         return 1.0
     se = MEDIAN_SE_FACTOR * spread / math.sqrt(current.n)
-    return math.exp(t_quantile(alpha, max(1, current.n - 1)) * se)
+    return math.exp(min(t_quantile(alpha, max(1, current.n - 1)) * se, MAX_LOG_SPREAD))
+
+
+MAX_LOG_SPREAD = 50.0
+"""The widest interval, in log units (a factor of e**50): a tiny `--alpha` with few
+degrees of freedom gives a t quantile in the millions, and `exp` of it overflows. An
+interval that wide says what it has to, that nothing is credible, without a crash."""
 
 
 @functools.lru_cache(maxsize=256)

@@ -53,19 +53,14 @@ fails instead of silently comparing the head with itself.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +81,8 @@ from perfguard.decision.paired import (
 from perfguard.decision.verdict import ERROR, MetricVerdict
 from perfguard.device.inject import ENV_INJECT
 from perfguard.device.threads import case_threads
-from perfguard.errors import EXIT_TERMINATED, PerfguardError
+from perfguard.errors import PerfguardError
+from perfguard.measurement.checkout import commit_of
 from perfguard.measurement.launch import SharedFork, import_root
 from perfguard.measurement.options import COUNTED_PROCESSES, MeasureOptions
 from perfguard.results import CaseResult
@@ -131,6 +127,8 @@ class RelativeOptions:
     order_seed: int | None = None
     write_baseline: str | None = None
     timing: str | None = None
+    settle: bool = False
+    """`check --settle`: a stored check first; only the cases it leaves open run here."""
 
     def __post_init__(self) -> None:
         if self.directory is not None and self.ref is not None:
@@ -246,24 +244,6 @@ def base_environment(import_dir: Path, env: Mapping[str, str] | None = None) -> 
     return out
 
 
-def _git(args: Sequence[str], cwd: Path | str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
-    )
-
-
-def _commit_of(directory: Path) -> tuple[str | None, bool | None]:
-    """DIR's commit and whether its tracked files differ from it (None: not a checkout)."""
-    try:
-        head = _git(["rev-parse", "HEAD"], directory)
-        if head.returncode != 0:
-            return None, None
-        status = _git(["status", "--porcelain", "--untracked-files=no"], directory)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    return head.stdout.strip() or None, bool(status.stdout.strip())
-
-
 def _inside(path: str | None, directory: Path) -> bool:
     if not path:
         return False
@@ -334,7 +314,7 @@ def probe_base(
             f"{protocol}, this perfguard {_head_version()} speaks {_head_protocol()}: "
             "it cannot run this revision's cases"
         )
-    commit, dirty = _commit_of(root)
+    commit, dirty = commit_of(root)
     return Base(
         root=root.resolve(),
         import_dir=import_dir,
@@ -393,63 +373,6 @@ def options_for_base(options: MeasureOptions, base: Base, platform: str) -> dict
         return data
     defaults = _defaults(MeasureOptions)
     return _for_base(data, base.option_fields, defaults, "the run options", base)
-
-
-@contextlib.contextmanager
-def _terminate_as_exit() -> Iterator[None]:
-    """While a temporary worktree exists, SIGTERM unwinds (so it is removed) instead of
-    killing the process where it stands; only in the main thread, and only where
-    nobody else handles SIGTERM."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is not signal.SIG_DFL:
-        yield
-        return
-
-    def _exit(signum: int, frame: Any) -> None:
-        raise SystemExit(EXIT_TERMINATED)
-
-    signal.signal(signal.SIGTERM, _exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def temporary_worktree(ref: str, repo: str | os.PathLike[str] | None = None) -> Iterator[Path]:
-    """A detached `git worktree` of `ref` in a temporary directory, always removed.
-
-    The worktree is removed, its directory deleted and git's record of it pruned on
-    every way out: success, an error, Ctrl-C and SIGTERM. (Only SIGKILL can leave the
-    directory behind; the next run's prune then drops git's record of it.)
-    """
-    where = Path(repo) if repo is not None else Path.cwd()
-    top = _git(["rev-parse", "--show-toplevel"], where)
-    if top.returncode != 0:
-        raise PerfguardError(f"--against-ref {ref}: {where} is not inside a git repository")
-    toplevel = Path(top.stdout.strip())
-    sha = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], toplevel)
-    if sha.returncode != 0 or not sha.stdout.strip():
-        raise PerfguardError(f"--against-ref {ref}: no such commit in {toplevel}")
-    _git(["worktree", "prune"], toplevel)
-    with _terminate_as_exit():
-        tmp = Path(tempfile.mkdtemp(prefix="perfguard-base-"))
-        path = tmp / "base"
-        try:
-            added = _git(["worktree", "add", "--detach", str(path), sha.stdout.strip()], toplevel)
-            if added.returncode != 0:
-                last = [ln for ln in added.stderr.splitlines() if ln.strip()][-1:] or ["?"]
-                raise PerfguardError(f"--against-ref {ref}: git worktree add failed: {last[0]}")
-            yield path
-        finally:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                _git(["worktree", "remove", "--force", str(path)], toplevel)
-            shutil.rmtree(tmp, ignore_errors=True)
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                _git(["worktree", "prune"], toplevel)
 
 
 # ---- the schedule ---------------------------------------------------------------------------

@@ -155,7 +155,10 @@ def fmt_evidence(m: MetricVerdict) -> str:
 
 def against_text(report: Report) -> str:
     """`relative to DIR (commit abc123def456)`: what a relative report compared with."""
-    against = report.against or {}
+    return _against_words(report.against or {})
+
+
+def _against_words(against: Mapping[str, Any]) -> str:
     commit = against.get("commit")
     where = against.get("ref") or against.get("dir") or "?"
     return f"relative to {where} ({'commit ' + str(commit)[:12] if commit else 'no commit'})"
@@ -293,9 +296,29 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
         console.print(Text(f"{hidden} passing step metric(s) not shown (see the JSON report)"))
     for i, (case, m) in enumerate(reasons, 1):
         console.print(Text(f"({i}) {case.case_id} {m.metric} {m.verdict}: {m.reason}"))
-    for line in (runner_text(report), evidence_note(report)):
+    for line in (runner_text(report), evidence_note(report), *settled_lines(report)):
         if line:
             console.print(Text(line))
+
+
+def settled_lines(report: Report) -> list[str]:
+    """What `check --settle` did: per settled case, the metrics the stored check left
+    open and the verdict of the relative check that counts instead."""
+    settled = report.settled or {}
+    now = {c.case_id: c for c in report.cases}
+    lines = []
+    for cid, data in sorted((settled.get("cases") or {}).items()):
+        stored = CaseVerdict.from_json(cid, data)
+        over = set(stored.over)
+        figures = ", ".join(
+            f"{m.metric} {fmt_ratio(m.ratio)}" for m in stored.metrics if m.metric in over
+        )
+        verdict = now[cid].verdict if cid in now else "?"
+        lines.append(
+            f"{cid}: open against the baseline (over its bound, not credibly: {figures}); "
+            f"settled side by side with the base, {_against_words(settled['against'])}: {verdict}"
+        )
+    return lines
 
 
 def _confirmations(case: CaseVerdict) -> int:
@@ -507,6 +530,10 @@ def render_markdown(report: Report) -> str:
     lines += _md_failed(report)
     lines += _md_missing(report, by_verdict)
     lines += _md_unresolved(report)
+    settled = settled_lines(report)
+    if settled:
+        lines += ["#### Settled side by side with the base", ""]
+        lines += [f"- {escape_md(line)}" for line in settled] + [""]
     lines += _md_improvements(report, by_verdict.get(IMPROVEMENT, []))
     lines += _md_details(report)
     return "\n".join(lines)

@@ -77,6 +77,9 @@ class Report:
     against: Mapping[str, Any] | None = None
     """A relative check's base revision and schedule (`perfguard.measurement.relative`); None for a
     check against a stored baseline."""
+    settled: Mapping[str, Any] | None = None
+    """A stored check whose open cases a relative check settled (`check --settle`, `settle`):
+    that check's base revision and settings, and the stored verdicts it replaced."""
 
     @property
     def relative(self) -> bool:
@@ -117,6 +120,8 @@ class Report:
             out["merged_from"] = [dict(m) for m in self.merged_from]
         if self.against is not None:
             out["against"] = dict(self.against)
+        if self.settled is not None:
+            out["settled"] = dict(self.settled)
         return out
 
     @classmethod
@@ -139,6 +144,7 @@ class Report:
             created=str(data["created"]),
             merged_from=tuple(data.get("merged_from", ())),
             against=dict(data["against"]) if data.get("against") is not None else None,
+            settled=dict(data["settled"]) if data.get("settled") is not None else None,
         )
 
 
@@ -214,8 +220,43 @@ def merge(reports: Sequence[Report], sources: Sequence[str] | None = None) -> Re
             }
         )
     return dataclasses.replace(
-        first, judgement=judgement, created=utc_now(), merged_from=tuple(parts)
+        first,
+        judgement=judgement,
+        created=utc_now(),
+        merged_from=tuple(parts),
+        settled=_merged_settled(reports),
     )
+
+
+def _merged_settled(reports: Sequence[Report]) -> Mapping[str, Any] | None:
+    """The shards' settled cases together, under the first settling check's base."""
+    settled = [r.settled for r in reports if r.settled is not None]
+    if not settled:
+        return None
+    cases = {cid: case for s in settled for cid, case in s["cases"].items()}
+    return {**settled[0], "cases": cases}
+
+
+def settle(stored: Report, relative: Report) -> Report:
+    """`stored` with each case that `relative` checked judged by it instead.
+
+    A stored check's open cases (`perfguard.decision.gate.open_cases`) are measured
+    again side by side with the base revision; the relative verdict is the better
+    answer (the sessions' offsets cancel in its blocks), so it replaces the stored one
+    in the cases, the counts and the exit code. The stored verdicts it replaced are
+    kept under `settled.cases`, with the relative check's base and settings, so the
+    report shows both answers and which one counted.
+    """
+    by_id = {c.case_id: c for c in relative.cases}
+    cases = tuple(by_id.get(c.case_id, c) for c in stored.cases)
+    replaced = {c.case_id: c.to_json() for c in stored.cases if c.case_id in by_id}
+    settled = {
+        "against": dict(relative.against or {}),
+        "settings": dict(relative.settings),
+        "cases": replaced,
+    }
+    judgement = dataclasses.replace(stored.judgement, cases=cases)
+    return dataclasses.replace(stored, judgement=judgement, settled=settled)
 
 
 # ---- JSON ----------------------------------------------------------------------------------

@@ -1,0 +1,181 @@
+"""`check --settle`: the cases a stored check leaves open, judged again side by side.
+
+A stored baseline is one session of the runner and a check another; on the project's
+2-core runner the offset between two sessions is as large as the slowdowns the gate is
+asked to catch, so a stored check of a 10 % slowdown can end over its bound without
+credible evidence, and pass. Those cases, and only those, are measured again beside
+the base revision (`perfguard.decision.gate.open_cases`), and the relative verdict
+counts for them (`perfguard.storage.reports.settle`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfguard.decision.comparison import Rule
+from perfguard.decision.gate import open_cases
+from perfguard.decision.verdict import PASS, REGRESSION, Judgement, judge
+from perfguard.presentation.render import render_markdown, settled_lines
+from perfguard.results import CaseResult, Results
+from perfguard.storage.baseline import new_baseline, scenario_from_result
+from perfguard.storage.reports import Report, read_report, settle
+from tests.helpers import ENV, FACTORY, PG, QUICK, VIRTUAL_PIPES, worktrees
+
+
+def processes(slower: float, seed: int) -> CaseResult:
+    """Three processes of five runs of case `c`, the processes 2 % apart, the runs 0.5 %."""
+    rng = np.random.default_rng(seed)
+    runs = 60.0 * slower * np.repeat(1 + 0.02 * rng.standard_normal(3), 5)
+    runs *= 1 + 0.005 * rng.standard_normal(15)
+    samples = {
+        "e2e": [float(x) + 40.0 for x in runs],
+        "stage:DenoisingStage": list(map(float, runs)),
+    }
+    return CaseResult(case_id="c", samples=samples, repeats=15, groups=[5, 5, 5])
+
+
+def judged(slower: float, alpha: float) -> Judgement:
+    base = new_baseline(ENV).with_scenario("c", scenario_from_result(processes(1.0, seed=1)))
+    results = Results(ENV, {}, {"c": processes(slower, seed=2)})
+    return judge(results, base, rule=Rule(alpha=alpha))
+
+
+def test_open_cases_are_passes_over_a_bound_without_credible_evidence() -> None:
+    # Three processes a side, 10 % over the baseline: over its 3 % bound; at a level no
+    # interval
+    # can reach it passes, and stays open.
+    unsure = judged(1.10, alpha=1e-12)
+    assert unsure.cases[0].verdict == PASS and unsure.cases[0].over
+    assert open_cases(unsure) == ["c"]
+    # Within its bound: nothing to settle. Credibly slower: the answer is already given.
+    assert open_cases(judged(1.0, alpha=0.01)) == []
+    sure = judged(1.30, alpha=0.01)
+    assert sure.cases[0].verdict == REGRESSION and open_cases(sure) == []
+
+
+def report_of(judgement: Judgement, **extra) -> Report:
+    return Report(
+        judgement=judgement,
+        environment={"platform": "cpu", "hardware": "x"},
+        baseline={"path": "b.json", "sha256": "0" * 64},
+        profile={"rel": {}, "abs": {}},
+        settings={"source": "run"},
+        improvement_threshold=0.2,
+        **extra,
+    )
+
+
+def test_the_relative_verdict_counts_and_the_stored_one_is_kept_beside_it() -> None:
+    stored = report_of(judged(1.10, alpha=1e-12))
+    regression = judged(1.30, alpha=0.01)
+    against = {"dir": "/base", "commit": "a" * 40, "blocks": 6, "stopped": "clear"}
+    relative = report_of(
+        dataclasses.replace(regression, profile="relative"),
+        against=against,
+    )
+    assert stored.exit_code == 0
+    out = settle(stored, relative)
+    assert out.exit_code == 1 and out.cases[0].verdict == REGRESSION
+    assert out.settled is not None and out.settled["against"] == against
+    assert out.settled["cases"]["c"]["verdict"] == PASS
+    assert out.against is None  # still a check against a stored baseline
+    again = Report.from_json(json.loads(json.dumps(out.to_json())))
+    assert again.settled == out.settled and again.exit_code == 1
+    (line,) = settled_lines(out)
+    assert line.startswith("c: open against the baseline") and line.endswith(": regression")
+    assert "stage:DenoisingStage 1.080x" in line and f"commit {'a' * 12}" in line
+    assert "Settled side by side with the base" in render_markdown(out)
+    # A case the relative check did not judge keeps its stored verdict.
+    assert (
+        settle(stored, dataclasses.replace(relative, judgement=Judgement("relative", ())))
+        .cases[0]
+        .verdict
+        == PASS
+    )
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+
+def gen_baseline(pg: PG, path: str) -> None:
+    code, out, err = pg(
+        "gen-baselines", *QUICK, *FACTORY, "--timing", "raw", "--processes", "3",
+        "--baseline", path,
+    )  # fmt: skip
+    assert code == 0, out + err
+    # The check imports the pipeline module again: the working tree's, as changed since.
+    sys.modules.pop("pg_rel_pipes", None)
+
+
+SETTLE = ("--settle", "--against-ref", "HEAD", "--timing", "raw", "--min-blocks", "4")
+
+
+def test_an_open_case_is_settled_side_by_side_with_its_base(project: Path, pg: PG) -> None:
+    """The working tree is 10 % slower than HEAD. At a stored level no interval can reach
+    the stored check leaves the case open; the relative check against HEAD (a temporary
+    worktree, removed afterwards) calls it a regression, and that is the verdict."""
+    gen_baseline(pg, "b.json")
+    (project / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.10))
+    code, out, err = pg(
+        "check", *QUICK, *FACTORY, "--baseline", "b.json", "--alpha", "1e-12",
+        "--max-reruns", "0", *SETTLE, "--max-blocks", "4", "--report", "r.json",
+        "--markdown", "r.md",
+    )  # fmt: skip
+    assert code == 1, out + err
+    report = json.loads(Path("r.json").read_text())
+    case = report["cases"]["qwen_image_t2i_smoke"]
+    assert "settling them side by side with the base" in err
+    assert report["settled"]["cases"]["qwen_image_t2i_smoke"]["verdict"] == "pass"
+    assert report["settled"]["against"]["ref"] == "HEAD"
+    den = case["metrics"]["stage:DenoisingStage"]
+    assert den["verdict"] == "regression" and den["ratio_low"] > 1.0
+    assert read_report("r.json").exit_code == 1  # validates against the schema
+    assert "Settled side by side with the base" in Path("r.md").read_text()
+    assert "settled side by side with the base, relative to HEAD" in out
+    assert len(worktrees(project)) == 1
+
+
+def test_nothing_is_settled_when_no_case_is_open(project: Path, pg: PG) -> None:
+    gen_baseline(pg, "b.json")
+    code, out, err = pg(
+        "check", *QUICK, *FACTORY, "--baseline", "b.json", *SETTLE, "--report", "r.json",
+    )  # fmt: skip
+    report = json.loads(Path("r.json").read_text())
+    assert code == 0, out + err
+    assert "settled" not in report and "settling" not in err and "relative check" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--settle",), "--settle needs --against DIR or --against-ref REF"),
+        (("--settle", "--against", "nowhere"), "--against nowhere: no such directory"),
+        (("--settle", "--against-ref", "no-such-ref"), "--against-ref no-such-ref: no such commit"),
+        (
+            ("--settle", "--against-ref", "HEAD", "--counters-only"),
+            "--settle runs the open cases again",
+        ),
+        (
+            ("--settle", "--against-ref", "HEAD", "--write-baseline", "w.json"),
+            "--write-baseline does not apply to --settle",
+        ),
+    ],
+)
+def test_a_bad_settle_is_one_line_and_exit_2_before_anything_runs(
+    project: Path,
+    pg: PG,
+    args: tuple[str, ...],
+    message: str,
+) -> None:
+    code, _, err = pg(
+        "check", *QUICK, *FACTORY, "--baseline", "b.json", *args, "--report", "r.json"
+    )
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+    assert not Path("r.json").exists() and not Path("b.json").exists()
