@@ -1,11 +1,12 @@
-"""`check --settle`: the cases a stored check leaves open, judged again side by side.
+"""`check --settle`: the cases whose timings a stored check leaves open, judged side by side.
 
 A stored baseline is one session of the runner and a check another; on the project's
 2-core runner the offset between two sessions is as large as the slowdowns the gate is
 asked to catch, so a stored check of a 10 % slowdown can end over its bound without
-credible evidence, and pass. Those cases, and only those, are measured again beside
-the base revision (`perfguard.decision.gate.open_cases`), and the relative verdict
-counts for them (`perfguard.storage.reports.settle`).
+credible evidence and pass, and a baseline from a fast session can fail unchanged code.
+The cases with a timing over its bound, and nothing exact against them, are measured
+again beside the base revision (`perfguard.decision.gate.open_cases`), and the relative
+verdict counts for them (`perfguard.storage.reports.settle`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import pytest
 
 from perfguard.decision.comparison import Rule
 from perfguard.decision.gate import open_cases
-from perfguard.decision.verdict import PASS, REGRESSION, Judgement, judge
+from perfguard.decision.verdict import ERROR, PASS, REGRESSION, Judgement, judge
 from perfguard.presentation.render import render_markdown, settled_lines
 from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import new_baseline, scenario_from_result
-from perfguard.storage.reports import Report, read_report, settle
+from perfguard.storage.reports import Report, merge, read_report, settle
 from tests.helpers import ENV, FACTORY, PG, QUICK, VIRTUAL_PIPES, worktrees
 
 
@@ -46,17 +47,25 @@ def judged(slower: float, alpha: float) -> Judgement:
     return judge(results, base, rule=Rule(alpha=alpha))
 
 
-def test_open_cases_are_passes_over_a_bound_without_credible_evidence() -> None:
+def test_open_cases_are_those_over_a_bound_with_nothing_exact_against_them() -> None:
     # Three processes a side, 10 % over the baseline: over its 3 % bound; at a level no
-    # interval
-    # can reach it passes, and stays open.
+    # interval can reach it passes, and is open.
     unsure = judged(1.10, alpha=1e-12)
     assert unsure.cases[0].verdict == PASS and unsure.cases[0].over
     assert open_cases(unsure) == ["c"]
-    # Within its bound: nothing to settle. Credibly slower: the answer is already given.
+    # Within its bound: nothing to settle.
     assert open_cases(judged(1.0, alpha=0.01)) == []
+    # Credibly slower on its timings alone: still a timing, settled too (a baseline
+    # from a fast session fails unchanged code credibly).
     sure = judged(1.30, alpha=0.01)
-    assert sure.cases[0].verdict == REGRESSION and open_cases(sure) == []
+    assert sure.cases[0].verdict == REGRESSION and open_cases(sure) == ["c"]
+    # An exact counter that grew is a fact: that case keeps its regression.
+    case = sure.cases[0]
+    grown = dataclasses.replace(case.metrics[0], metric="ops:DenoisingStage", verdict=REGRESSION)
+    exact = dataclasses.replace(case, metrics=(*case.metrics, grown))
+    assert open_cases(dataclasses.replace(sure, cases=(exact,))) == []
+    errored = dataclasses.replace(case, verdict=ERROR)
+    assert open_cases(dataclasses.replace(sure, cases=(errored,))) == []
 
 
 def report_of(judgement: Judgement, **extra) -> Report:
@@ -88,9 +97,14 @@ def test_the_relative_verdict_counts_and_the_stored_one_is_kept_beside_it() -> N
     again = Report.from_json(json.loads(json.dumps(out.to_json())))
     assert again.settled == out.settled and again.exit_code == 1
     (line,) = settled_lines(out)
-    assert line.startswith("c: open against the baseline") and line.endswith(": regression")
-    assert "stage:DenoisingStage 1.080x" in line and f"commit {'a' * 12}" in line
+    assert line.startswith("c: pass against the baseline") and line.endswith(": regression")
+    assert "stage:DenoisingStage 1.080x not credibly" in line and f"commit {'a' * 12}" in line
     assert "Settled side by side with the base" in render_markdown(out)
+    # Shards merge: the settled cases of each, the exit code of all.
+    other = report_of(Judgement("pr_test", (dataclasses.replace(stored.cases[0], case_id="d"),)))
+    merged = merge([out, other], ["a.json", "b.json"])
+    assert merged.exit_code == 1 and [c.case_id for c in merged.cases] == ["c", "d"]
+    assert merged.settled is not None and list(merged.settled["cases"]) == ["c"]
     # A case the relative check did not judge keeps its stored verdict.
     assert (
         settle(stored, dataclasses.replace(relative, judgement=Judgement("relative", ())))
@@ -130,7 +144,7 @@ def test_an_open_case_is_settled_side_by_side_with_its_base(project: Path, pg: P
     assert code == 1, out + err
     report = json.loads(Path("r.json").read_text())
     case = report["cases"]["qwen_image_t2i_smoke"]
-    assert "settling them side by side with the base" in err
+    assert "(qwen_image_t2i_smoke): settling them side by side with the base" in err
     assert report["settled"]["cases"]["qwen_image_t2i_smoke"]["verdict"] == "pass"
     assert report["settled"]["against"]["ref"] == "HEAD"
     den = case["metrics"]["stage:DenoisingStage"]
@@ -139,6 +153,27 @@ def test_an_open_case_is_settled_side_by_side_with_its_base(project: Path, pg: P
     assert "Settled side by side with the base" in Path("r.md").read_text()
     assert "settled side by side with the base, relative to HEAD" in out
     assert len(worktrees(project)) == 1
+
+
+def test_a_baseline_from_a_fast_session_does_not_fail_unchanged_code(project: Path, pg: PG) -> None:
+    """The baseline was measured while the code ran 10 % faster than HEAD does (a fast
+    session, on a virtual clock): the stored check calls unchanged code a credible
+    regression; side by side with HEAD it is the same, and the check passes."""
+    (project / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=0.90))
+    gen_baseline(pg, "b.json")
+    (project / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.0))
+    code, out, err = pg(
+        "check", *QUICK, *FACTORY, "--baseline", "b.json", *SETTLE, "--max-blocks", "4",
+        "--report", "r.json",
+    )  # fmt: skip
+    assert code == 0, out + err
+    report = json.loads(Path("r.json").read_text())
+    stored = report["settled"]["cases"]["qwen_image_t2i_smoke"]
+    assert stored["verdict"] == "regression"
+    assert stored["metrics"]["stage:DenoisingStage"]["verdict"] == "regression"
+    den = report["cases"]["qwen_image_t2i_smoke"]["metrics"]["stage:DenoisingStage"]
+    assert den["verdict"] == "pass" and den["ratio_low"] < 1.03
+    assert "qwen_image_t2i_smoke: regression against the baseline" in out
 
 
 def test_nothing_is_settled_when_no_case_is_open(project: Path, pg: PG) -> None:

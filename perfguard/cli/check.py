@@ -9,7 +9,6 @@ the relative check (`--against`: `_relative`), and the file modes that run nothi
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,10 +92,11 @@ RELATIVE_OPTIONS = [
     click.option(
         "--settle",
         is_flag=True,
-        help="Check against the stored baseline first; then settle each case it leaves "
-        "open (a timed metric over its bound, not credibly) by the relative check "
-        "against --against / --against-ref (at the relative level; --alpha is the "
-        "stored check's), whose verdict counts for that case.",
+        help="Check against the stored baseline first; then settle each case whose "
+        "timings it leaves open (a timed metric over its bound, credibly or not, and no "
+        "exact counter or output against it) by the relative check against --against / "
+        "--against-ref (at the relative level; --alpha is the stored check's), whose "
+        "verdict counts for that case.",
     ),
     click.option(
         "--budget-s",
@@ -359,23 +359,32 @@ def _settled(
     judging: JudgeOptions,
     relative: RelativeOptions,
 ) -> Report:
-    """The stored check's open cases (`gate.open_cases`) measured again side by side
-    with the base, at the relative level; their relative verdicts replace the stored
-    ones (`reports.settle`). Nothing runs when no case is open."""
+    """The cases whose timings the stored check left open (`gate.open_cases`: over a
+    bound, credibly or not) measured again side by side with the base, at the relative
+    level; their relative verdicts replace the stored ones (`reports.settle`). Nothing
+    runs when no case is open. A relative check runs single-device cases only: an open
+    case on several devices keeps its stored verdict, and says so."""
     open_ = open_cases(report.judgement)
     if not open_:
         return report
+    platform = api.probe(platform_name)
+    narrowed = Selection(selection.cases_dir, tuple(open_))
+    cases = api.select_cases(platform.name, narrowed, preflight=False, echo=echo_err)
+    for case in (c for c in cases if c.num_devices > 1):
+        echo_err(f"perfguard: {case.id} is open but runs on several devices: not settled")
+    ids = tuple(c.id for c in cases if c.num_devices == 1)
+    if not ids:
+        return report
     echo_err(
-        f"perfguard: {len(open_)} case(s) over a bound without credible evidence "
-        f"({', '.join(open_)}): settling them side by side with the base"
+        f"perfguard: {len(ids)} case(s) with a timing over its bound ({', '.join(ids)}): "
+        "settling them side by side with the base"
     )
-    narrowed = dataclasses.replace(selection, case_ids=tuple(open_), match=None, tags=())
     settling = api.check_relative(
-        dataclasses.replace(narrowed, shard=None),
+        Selection(selection.cases_dir, ids),
         options,
         relative,
         judging=judging.replace(rule=RELATIVE_RULE),
-        platform=api.probe(platform_name),
+        platform=platform,
         echo=echo_err,
     )
     return settle(report, settling)

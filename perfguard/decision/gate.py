@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.comparison import RELATIVE_RULE
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
+from perfguard.decision.counters import is_counter
 from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -157,20 +158,26 @@ RELATIVE_JUDGING = JudgeOptions(rule=RELATIVE_RULE)
 
 
 def open_cases(judgement: Judgement) -> list[str]:
-    """The cases a stored check leaves open: they pass (or improve), yet a timed metric
-    is over its bound without the credible evidence a regression needs
-    (`CaseVerdict.over`). Chromium's Pinpoint calls this UNKNOWN: not different, not the
-    same, measure more. `check --settle` measures them again side by side with the base
-    revision (a relative check), where the sessions' offsets that a stored baseline
-    carries cancel in each block's ratio (docs/verdicts.md, "Settling open cases").
+    """The cases whose timings a stored check cannot settle on its own: a timed metric
+    over its bound, credibly (a regression) or not (a pass that Chromium's Pinpoint
+    would call UNKNOWN), with nothing exact against the case. `check --settle` measures
+    them again side by side with the base revision (a relative check), where the
+    offset between the baseline's session and the check's cancels in each block's
+    ratio, and that verdict counts (docs/verdicts.md, "Settling open cases").
 
-    A regression, an error or a contended case is not open: they have their answer, or
-    the runner could not give one."""
-    return [
-        c.case_id
-        for c in judgement.cases
-        if c.verdict in (PASS, IMPROVEMENT) and c.over and not c.output_failed
-    ]
+    On a shared runner that offset is as large as the slowdowns the gate looks for
+    (2.7-5.5 % sd between baselines of one morning): a baseline from a fast session
+    fails unchanged code credibly, one from a slow session hides a 10 % slowdown. An
+    exact counter that grew or an output that changed is a fact, not a timing: such a
+    case keeps its regression. An error or a contended case has no timing to settle."""
+    return [c.case_id for c in judgement.cases if _timing_open(c)]
+
+
+def _timing_open(case: CaseVerdict) -> bool:
+    if case.verdict not in (PASS, IMPROVEMENT, REGRESSION) or case.output_failed:
+        return False
+    exact = any(m.verdict == REGRESSION and is_counter(m.metric) for m in case.metrics)
+    return not exact and bool(case.over)
 
 
 @dataclass(frozen=True)

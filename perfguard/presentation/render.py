@@ -302,8 +302,8 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
 
 
 def settled_lines(report: Report) -> list[str]:
-    """What `check --settle` did: per settled case, the metrics the stored check left
-    open and the verdict of the relative check that counts instead."""
+    """What `check --settle` did: per settled case, the stored verdict and the metrics
+    over their bounds, and the verdict of the relative check that counts instead."""
     settled = report.settled or {}
     now = {c.case_id: c for c in report.cases}
     lines = []
@@ -311,11 +311,13 @@ def settled_lines(report: Report) -> list[str]:
         stored = CaseVerdict.from_json(cid, data)
         over = set(stored.over)
         figures = ", ".join(
-            f"{m.metric} {fmt_ratio(m.ratio)}" for m in stored.metrics if m.metric in over
+            f"{m.metric} {fmt_ratio(m.ratio)}{'' if m.verdict == REGRESSION else ' not credibly'}"
+            for m in stored.metrics
+            if m.metric in over
         )
         verdict = now[cid].verdict if cid in now else "?"
         lines.append(
-            f"{cid}: open against the baseline (over its bound, not credibly: {figures}); "
+            f"{cid}: {stored.verdict} against the baseline (over its bound: {figures}); "
             f"settled side by side with the base, {_against_words(settled['against'])}: {verdict}"
         )
     return lines
