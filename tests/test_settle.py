@@ -151,7 +151,7 @@ def test_an_open_case_is_settled_side_by_side_with_its_base(project: Path, pg: P
     assert den["verdict"] == "regression" and den["ratio_low"] > 1.0
     assert read_report("r.json").exit_code == 1  # validates against the schema
     assert "Settled side by side with the base" in Path("r.md").read_text()
-    assert "settled side by side with the base, relative to HEAD" in out
+    assert "settled side by side with the base, relative to HEAD" in " ".join(out.split())
     assert len(worktrees(project)) == 1
 
 
@@ -173,7 +173,7 @@ def test_a_baseline_from_a_fast_session_does_not_fail_unchanged_code(project: Pa
     assert stored["metrics"]["stage:DenoisingStage"]["verdict"] == "regression"
     den = report["cases"]["qwen_image_t2i_smoke"]["metrics"]["stage:DenoisingStage"]
     assert den["verdict"] == "pass" and den["ratio_low"] < 1.03
-    assert "qwen_image_t2i_smoke: regression against the baseline" in out
+    assert "qwen_image_t2i_smoke: regression against the baseline" in " ".join(out.split())
 
 
 def test_nothing_is_settled_when_no_case_is_open(project: Path, pg: PG) -> None:
