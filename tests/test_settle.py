@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from perfguard.decision.comparison import Rule
+from perfguard.decision.estimate import DIFFERENT, UNKNOWN, PairedEstimate
 from perfguard.decision.gate import open_cases
 from perfguard.decision.verdict import ERROR, PASS, REGRESSION, Judgement, judge
 from perfguard.presentation.render import render_markdown, settled_lines
@@ -80,14 +81,31 @@ def report_of(judgement: Judgement, **extra) -> Report:
     )
 
 
+def side_by_side(judgement: Judgement, decision: str = DIFFERENT) -> Judgement:
+    """`judgement` as a relative check would give it: each metric with a paired estimate
+    (`decision` for every one)."""
+    cases = tuple(
+        dataclasses.replace(
+            c,
+            metrics=tuple(
+                dataclasses.replace(
+                    m, paired=PairedEstimate(8, m.ratio or 1.0, 0.9, 1.5, 0.03, 0.01, decision)
+                )
+                for m in c.metrics
+            ),
+        )
+        for c in judgement.cases
+    )
+    return dataclasses.replace(judgement, profile="relative", cases=cases)
+
+
+AGAINST = {"dir": "/base", "commit": "a" * 40, "blocks": 6, "stopped": "clear"}
+
+
 def test_the_relative_verdict_counts_and_the_stored_one_is_kept_beside_it() -> None:
     stored = report_of(judged(1.10, alpha=1e-12))
-    regression = judged(1.30, alpha=0.01)
-    against = {"dir": "/base", "commit": "a" * 40, "blocks": 6, "stopped": "clear"}
-    relative = report_of(
-        dataclasses.replace(regression, profile="relative"),
-        against=against,
-    )
+    against = AGAINST
+    relative = report_of(side_by_side(judged(1.30, alpha=0.01)), against=against)
     assert stored.exit_code == 0
     out = settle(stored, relative)
     assert out.exit_code == 1 and out.cases[0].verdict == REGRESSION
@@ -112,6 +130,21 @@ def test_the_relative_verdict_counts_and_the_stored_one_is_kept_beside_it() -> N
         .verdict
         == PASS
     )
+
+
+def test_a_side_by_side_check_that_left_an_open_metric_unresolved_settles_nothing() -> None:
+    """Stopped at its budget with the stored check's open metric still UNKNOWN, a
+    relative check passes it with a note: no answer to set against a stored regression."""
+    stored = report_of(judged(1.30, alpha=0.01))
+    relative = report_of(side_by_side(judged(1.0, alpha=0.01), UNKNOWN), against=AGAINST)
+    out = settle(stored, relative)
+    assert out.exit_code == 1 and out.cases[0].verdict == REGRESSION
+    assert out.settled is not None and out.settled["cases"] == {}
+    assert list(out.settled["unresolved"]) == ["c"]
+    (line,) = settled_lines(out)
+    assert line.startswith("c: regression against the baseline")
+    assert line.endswith("unresolved when the check stopped: the stored verdict stands")
+    assert Report.from_json(json.loads(json.dumps(out.to_json()))).settled == out.settled
 
 
 # ---- the command ----------------------------------------------------------------------------

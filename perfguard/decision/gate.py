@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from perfguard.decision.comparison import RELATIVE_RULE
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
 from perfguard.decision.counters import is_counter
+from perfguard.decision.estimate import UNKNOWN
 from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -62,6 +63,7 @@ from perfguard.decision.verdict import (
     judge,
     judge_against,
 )
+from perfguard.metrics import metric_class
 from perfguard.results import CaseResult, Results, pool
 
 if TYPE_CHECKING:
@@ -178,6 +180,31 @@ def _timing_open(case: CaseVerdict) -> bool:
         return False
     exact = any(m.verdict == REGRESSION and is_counter(m.metric) for m in case.metrics)
     return not exact and bool(case.over)
+
+
+def settles(stored: CaseVerdict, relative: CaseVerdict) -> bool:
+    """Whether the side-by-side verdict of an open case counts instead of the stored one.
+
+    A regression side by side is an answer (a credible slowdown with the sessions'
+    offset cancelled). A pass is one only where the relative check resolved what the
+    stored check had over its bound (clearly the same or clearly different,
+    `paired.decision`): the stage and aggregate figures, or the steps where only steps
+    were over (they follow the stage, and their 10 % effect takes longest to resolve).
+    A relative check that stopped at its budget with one of those open passes it with a
+    note; that is no answer to set against the stored one, which then stands (on the
+    slower runner of 6 December, 50 s of blocks left +10 % cases open,
+    docs/verdicts.md)."""
+    if relative.verdict == REGRESSION:
+        return True
+    if relative.verdict not in (PASS, IMPROVEMENT):
+        return False
+    over = stored.over
+    relevant = [n for n in over if metric_class(n) != "denoise_step"] or over
+    judged = {m.metric: m for m in relative.metrics}
+    return all(
+        (m := judged.get(n)) is not None and m.paired is not None and m.paired.decision != UNKNOWN
+        for n in relevant
+    )
 
 
 @dataclass(frozen=True)

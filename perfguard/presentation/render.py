@@ -302,25 +302,36 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
 
 
 def settled_lines(report: Report) -> list[str]:
-    """What `check --settle` did: per settled case, the stored verdict and the metrics
-    over their bounds, and the verdict of the relative check that counts instead."""
+    """What `check --settle` did: per case measured side by side, the stored verdict and
+    the metrics over their bounds, then the relative verdict that counts instead, or,
+    where the side-by-side check left one of them unresolved, that the stored one stands."""
     settled = report.settled or {}
+    where = _against_words(settled.get("against") or {})
     now = {c.case_id: c for c in report.cases}
     lines = []
     for cid, data in sorted((settled.get("cases") or {}).items()):
         stored = CaseVerdict.from_json(cid, data)
-        over = set(stored.over)
-        figures = ", ".join(
-            f"{m.metric} {fmt_ratio(m.ratio)}{'' if m.verdict == REGRESSION else ' not credibly'}"
-            for m in stored.metrics
-            if m.metric in over
-        )
         verdict = now[cid].verdict if cid in now else "?"
         lines.append(
-            f"{cid}: {stored.verdict} against the baseline (over its bound: {figures}); "
-            f"settled side by side with the base, {_against_words(settled['against'])}: {verdict}"
+            f"{_stored_words(stored)}; settled side by side with the base, {where}: {verdict}"
         )
+    for cid in sorted(settled.get("unresolved") or {}):
+        if cid in now:
+            lines.append(
+                f"{_stored_words(now[cid])}; side by side with the base, {where}, unresolved "
+                "when the check stopped: the stored verdict stands"
+            )
     return lines
+
+
+def _stored_words(stored: CaseVerdict) -> str:
+    over = set(stored.over)
+    figures = ", ".join(
+        f"{m.metric} {fmt_ratio(m.ratio)}{'' if m.verdict == REGRESSION else ' not credibly'}"
+        for m in stored.metrics
+        if m.metric in over
+    )
+    return f"{stored.case_id}: {stored.verdict} against the baseline (over its bound: {figures})"
 
 
 def _confirmations(case: CaseVerdict) -> int:
