@@ -311,7 +311,8 @@ def check(
         report = _counters_only(platform_name, selection, baseline_path, options, judging, outputs)
     else:
         report = _stored(platform_name, selection, baseline_path, options, judging, outputs)
-        if relative is not None:
+        if settling:
+            assert relative is not None
             report = _settled(report, platform_name, selection, options, judging, relative)
     report, _ = api.write_report(report, outputs.report, outputs.markdown)
     render_table(report, console(), all_metrics=outputs.all_metrics)

@@ -192,8 +192,8 @@ def settles(stored: CaseVerdict, relative: CaseVerdict) -> bool:
     were over (they follow the stage, and their 10 % effect takes longest to resolve).
     A relative check that stopped at its budget with one of those open passes it with a
     note; that is no answer to set against the stored one, which then stands (on the
-    slower runner of 6 December, 50 s of blocks left +10 % cases open,
-    docs/verdicts.md)."""
+    slower runner of 6 December, settling within 50 s lost a +10 % catch and a +5 %
+    one that the stored check had made, docs/verdicts.md)."""
     if relative.verdict == REGRESSION:
         return True
     if relative.verdict not in (PASS, IMPROVEMENT):

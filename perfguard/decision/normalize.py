@@ -235,7 +235,4 @@ def metric_pair(
     if base is None or samples is None or not is_timed(metric) or not scenario.normalized:
         return samples, base, None
     fitted = adjusted(raw.samples[metric], raw.reference or [], base, scenario)
-    if fitted is None:
-        return samples, base, None
-    runs, summary, exponent = fitted
-    return runs, summary, exponent
+    return (samples, base, None) if fitted is None else fitted

@@ -479,9 +479,15 @@ def as_checked(
     to its reference median (`perfguard.decision.normalize`); what the screen found;
     whether the runs were normalized. `perfguard calibrate` measures noise on the same."""
     screened, scr = screened_runs(result, scenario, policy)
+    checked, scaled = _scaled(screened, scenario)
+    return checked, scr, scaled
+
+
+def _scaled(screened: CaseResult, scenario: Scenario) -> tuple[CaseResult, bool]:
+    """`screened`, each run scaled to its reference median if the scenario is normalized."""
     ref = scenario.reference.median if scenario.reference is not None else None
     scaled = normalized(screened, ref) if scenario.normalized and ref else None
-    return (screened if scaled is None else scaled), scr, scaled is not None
+    return (screened if scaled is None else scaled), scaled is not None
 
 
 def screened_runs(
@@ -531,8 +537,8 @@ def judge_case(
     )
     common["work"] = work.to_json() or None
     common["output"] = None if output is None else output.to_json()
-    raw, _ = screened_runs(result, scenario, policy)
-    result, scr, scaled = as_checked(result, scenario, policy)
+    raw, scr = screened_runs(result, scenario, policy)
+    result, scaled = _scaled(raw, scenario)
     runner = scr.to_json()
     speed = scr.speed
     if scaled:
