@@ -196,7 +196,7 @@ def test_a_baseline_from_a_fast_session_does_not_fail_unchanged_code(project: Pa
     gen_baseline(pg, "b.json")
     (project / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.0))
     code, out, err = pg(
-        "check", *QUICK, *FACTORY, "--baseline", "b.json", *SETTLE, "--max-blocks", "4",
+        "check", *QUICK, *FACTORY, "--baseline", "b.json", *SETTLE, "--max-blocks", "16",
         "--report", "r.json",
     )  # fmt: skip
     assert code == 0, out + err
