@@ -132,6 +132,36 @@ def test_the_relative_verdict_counts_and_the_stored_one_is_kept_beside_it() -> N
     )
 
 
+def test_an_open_case_on_several_devices_keeps_its_stored_verdict(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A relative check runs on one device: an open case of two devices is named and left
+    as the stored check judged it, and nothing is measured."""
+    from perfguard import api
+    from perfguard.cli import check as cli_check
+    from perfguard.decision.gate import JudgeOptions
+    from perfguard.storage.cases import Case
+
+    stored = report_of(judged(1.10, alpha=1e-12))
+    double = Case(id="c", workload="qwen_image", preset="tiny", num_devices=2)
+    cpu = api.probe("cpu")
+    monkeypatch.setattr(api, "probe", lambda name: cpu)
+    monkeypatch.setattr(api, "select_cases", lambda *a, **k: [double])
+
+    def measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("nothing may be measured")
+
+    monkeypatch.setattr(api, "check_relative", measured)
+    out = cli_check._settled(
+        stored, "cpu", api.Selection("cases", ("c",)), api.MeasureOptions(),
+        JudgeOptions(), None,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert out is stored and out.settled is None
+    assert capsys.readouterr().err.strip() == (
+        "perfguard: c is open but runs on several devices: not settled"
+    )
+
+
 def test_a_side_by_side_check_that_left_an_open_metric_unresolved_settles_nothing() -> None:
     """Stopped at its budget with the stored check's open metric still UNKNOWN, a
     relative check passes it with a note: no answer to set against a stored regression."""
