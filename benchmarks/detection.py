@@ -107,7 +107,8 @@ def one_check(
     cwd: Path = ROOT,
     keep: Path | None = None,
 ) -> dict:
-    """One `perfguard check` process; with `keep`, its results are written there."""
+    """One `perfguard check` process; with `keep`, its results are written there and its
+    report beside them (`report-NNNN.json`)."""
     cmd = [
         sys.executable,
         "-m",
@@ -157,7 +158,16 @@ def one_check(
         settled = (data.get("settled") or {}).get("cases") or {}
         if settled:
             out["settled"] = {cid: case["verdict"] for cid, case in settled.items()}
-        report.unlink()
+        # Open cases whose side-by-side answer did not resolve them: the stored verdict stood.
+        unresolved = (data.get("settled") or {}).get("unresolved") or {}
+        if unresolved:
+            out["unresolved"] = sorted(unresolved)
+        if keep is not None:
+            kept = keep.with_name(keep.name.replace("check-", "report-", 1))
+            shutil.move(report, kept)
+            out["report"] = str(kept)
+        else:
+            report.unlink()
     return out
 
 
@@ -214,8 +224,8 @@ def main() -> None:
         "--keep",
         default=None,
         metavar="DIR",
-        help="Keep every baseline and every check's results (--out) in DIR, named in the "
-        "--json trials, so that other settings can re-judge the same measurements "
+        help="Keep every baseline, every check's results (--out) and its report in DIR, "
+        "named in the --json trials, so that other settings can re-judge the same measurements "
         "(benchmarks/rejudge.py).",
     )
     args = ap.parse_args()
@@ -343,6 +353,12 @@ def main() -> None:
     for name, counts in sorted(false_alarms.items()):
         most = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         print(f"A/A regressions ({name}): " + ", ".join(f"{m} x{k}" for m, k in most))
+    stood = [t for t in trials if t.get("unresolved")]
+    if stood:
+        print(
+            f"settled side by side but unresolved (the stored verdict stood): {len(stood)} "
+            "check(s): " + ", ".join(f"+{t['pct']} % {'/'.join(t['unresolved'])}" for t in stood)
+        )
 
 
 if __name__ == "__main__":
