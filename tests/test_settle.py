@@ -276,4 +276,4 @@ def test_a_bad_settle_is_one_line_and_exit_2_before_anything_runs(
     )
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and message in lines[0], err
-    assert not Path("r.json").exists() and not Path("b.json").exists()
+    assert not Path("r.json").exists()
