@@ -81,15 +81,17 @@ def report_of(judgement: Judgement, **extra) -> Report:
     )
 
 
-def side_by_side(judgement: Judgement, decision: str = DIFFERENT) -> Judgement:
+def side_by_side(
+    judgement: Judgement, decision: str = DIFFERENT, low: float = 0.9, high: float = 1.5
+) -> Judgement:
     """`judgement` as a relative check would give it: each metric with a paired estimate
-    (`decision` for every one)."""
+    (`decision` and the bounds `low`-`high` for every one)."""
     cases = tuple(
         dataclasses.replace(
             c,
             metrics=tuple(
                 dataclasses.replace(
-                    m, paired=PairedEstimate(8, m.ratio or 1.0, 0.9, 1.5, 0.03, 0.01, decision)
+                    m, paired=PairedEstimate(8, m.ratio or 1.0, low, high, 0.03, 0.01, decision)
                 )
                 for m in c.metrics
             ),
@@ -175,6 +177,29 @@ def test_a_side_by_side_check_that_left_an_open_metric_unresolved_settles_nothin
     assert line.startswith("c: regression against the baseline")
     assert line.endswith("unresolved when the check stopped: the stored verdict stands")
     assert Report.from_json(json.loads(json.dumps(out.to_json()))).settled == out.settled
+
+
+def test_an_unresolved_interval_wholly_under_the_stored_reading_settles_it() -> None:
+    """A stored regression that side by side reads ~1.00x, unresolved at the block cap
+    but with every open figure's upper bound under its stored ratio, was the sessions'
+    offset: the side-by-side pass counts. One figure whose interval still reaches its
+    stored ratio leaves the stored verdict standing."""
+    stored = report_of(judged(1.30, alpha=0.01))
+    ratios = {m.metric: m.ratio for m in stored.cases[0].metrics}
+    assert (ratios["e2e"] or 0) < 1.25 < (ratios["stage:DenoisingStage"] or 0)
+    under = side_by_side(judged(1.0, alpha=0.01), UNKNOWN, low=0.96, high=1.04)
+    out = settle(stored, report_of(under, against=AGAINST))
+    assert out.exit_code == 0 and out.cases[0].verdict == PASS
+    assert out.settled is not None and list(out.settled["cases"]) == ["c"]
+    (line,) = settled_lines(out)
+    assert line.endswith(
+        ": pass (e2e 0.989x, at most 1.040x, stage:DenoisingStage 0.982x, at most 1.040x: "
+        "under the stored reading)"
+    ), line
+    reaching = side_by_side(judged(1.0, alpha=0.01), UNKNOWN, low=0.96, high=1.25)
+    out = settle(stored, report_of(reaching, against=AGAINST))
+    assert out.exit_code == 1 and out.cases[0].verdict == REGRESSION
+    assert out.settled is not None and list(out.settled["unresolved"]) == ["c"]
 
 
 # ---- the command ----------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from perfguard.decision.comparison import RELATIVE_RULE
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
 from perfguard.decision.counters import is_counter
-from perfguard.decision.estimate import UNKNOWN
+from perfguard.decision.estimate import UNKNOWN, PairedEstimate
 from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -58,6 +58,7 @@ from perfguard.decision.verdict import (
     REGRESSION,
     CaseVerdict,
     Judgement,
+    MetricVerdict,
     Rule,
     contended,
     judge,
@@ -186,25 +187,41 @@ def settles(stored: CaseVerdict, relative: CaseVerdict) -> bool:
     """Whether the side-by-side verdict of an open case counts instead of the stored one.
 
     A regression side by side is an answer (a credible slowdown with the sessions'
-    offset cancelled). A pass is one only where the relative check resolved what the
-    stored check had over its bound (clearly the same or clearly different,
-    `paired.decision`): the stage and aggregate figures, or the steps where only steps
-    were over (they follow the stage, and their 10 % effect takes longest to resolve).
-    A relative check that stopped at its budget with one of those open passes it with a
-    note; that is no answer to set against the stored one, which then stands (on the
-    slower runner of 6 December, settling within 50 s lost a +10 % catch and a +5 %
-    one that the stored check had made, docs/verdicts.md)."""
+    offset cancelled). A pass is one only where the relative check answered each figure
+    the stored check had over its bound: the stage and aggregate figures, or the steps
+    where only steps were over (they follow the stage, and their 10 % effect takes
+    longest to resolve). A figure is answered when it is resolved (clearly the same or
+    clearly different, `paired.decision`), or when its side-by-side interval lies wholly
+    below the stored reading (`refutes`): then the stored ratio was the offset between
+    the baseline's session and the check's, not the change (on 6 December two A/A
+    checks failed on a stored glm regression of 1.065-1.127x that side by side read
+    1.000x, 0.965-1.035, unresolved at the block cap). A relative check that stopped at
+    its budget with a figure neither resolved nor refuted passes it with a note; that
+    is no answer to set against the stored one, which then stands (on the slower runner
+    of 6 December, settling within 50 s lost a +10 % catch and a +5 % one that the
+    stored check had made, docs/verdicts.md)."""
     if relative.verdict == REGRESSION:
         return True
     if relative.verdict not in (PASS, IMPROVEMENT):
         return False
     over = stored.over
     relevant = [n for n in over if metric_class(n) != "denoise_step"] or over
+    read = {m.metric: m for m in stored.metrics}
     judged = {m.metric: m for m in relative.metrics}
     return all(
-        (m := judged.get(n)) is not None and m.paired is not None and m.paired.decision != UNKNOWN
+        (m := judged.get(n)) is not None
+        and m.paired is not None
+        and (m.paired.decision != UNKNOWN or refutes(m.paired, read[n]))
         for n in relevant
     )
+
+
+def refutes(side_by_side: PairedEstimate, stored: MetricVerdict) -> bool:
+    """Whether a side-by-side interval lies wholly below what the stored check read:
+    its upper bound (one-sided, at the relative check's level per look) under the
+    stored ratio. Head and base ran in the same blocks, so the sessions' offset, which
+    the stored ratio carries, is not in it."""
+    return stored.ratio is not None and side_by_side.high < stored.ratio
 
 
 @dataclass(frozen=True)

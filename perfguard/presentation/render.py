@@ -19,6 +19,7 @@ from rich.text import Text
 
 from perfguard.decision.changes import BaselineDiff, DiffRow
 from perfguard.decision.counters import is_counter
+from perfguard.decision.gate import refutes
 from perfguard.decision.paired import UNKNOWN
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -302,19 +303,18 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
 
 
 def settled_lines(report: Report) -> list[str]:
-    """What `check --settle` did: per case measured side by side, the stored verdict and
-    the metrics over their bounds, then the relative verdict that counts instead, or,
-    where the side-by-side check left one of them unresolved, that the stored one stands."""
+    """What `check --settle` did per case: the stored verdict and figures over their bounds,
+    then the side-by-side verdict that counts instead, or that the stored one stands."""
     settled = report.settled or {}
     where = _against_words(settled.get("against") or {})
     now = {c.case_id: c for c in report.cases}
     lines = []
     for cid, data in sorted((settled.get("cases") or {}).items()):
-        stored = CaseVerdict.from_json(cid, data)
-        verdict = now[cid].verdict if cid in now else "?"
-        lines.append(
-            f"{_stored_words(stored)}; settled side by side with the base, {where}: {verdict}"
-        )
+        stored, relative = CaseVerdict.from_json(cid, data), now.get(cid)
+        line = f"{_stored_words(stored)}; settled side by side with the base, {where}: "
+        line += relative.verdict if relative else "?"
+        below = _below_stored(stored, relative) if relative else ""
+        lines.append(f"{line} ({below}: under the stored reading)" if below else line)
     for cid in sorted(settled.get("unresolved") or {}):
         if cid in now:
             lines.append(
@@ -322,6 +322,17 @@ def settled_lines(report: Report) -> list[str]:
                 "when the check stopped: the stored verdict stands"
             )
     return lines
+
+
+def _below_stored(stored: CaseVerdict, relative: CaseVerdict) -> str:
+    """The open figures left unresolved side by side, wholly under the stored ratio."""
+    read = {m.metric: m for m in stored.metrics if m.metric in set(stored.over)}
+    return ", ".join(
+        f"{m.metric} {fmt_ratio(m.ratio)}, at most {fmt_ratio(m.paired.high)}"
+        for m in relative.metrics
+        if m.metric in read and m.paired and m.paired.decision == UNKNOWN
+        and refutes(m.paired, read[m.metric])
+    )  # fmt: skip
 
 
 def _stored_words(stored: CaseVerdict) -> str:
