@@ -158,6 +158,16 @@ def one_check(
         settled = (data.get("settled") or {}).get("cases") or {}
         if settled:
             out["settled"] = {cid: case["verdict"] for cid, case in settled.items()}
+            # Settled as passes with a figure unresolved side by side but wholly under
+            # its stored ratio (`gate.refutes`): the stored reading was the offset.
+            under = [
+                cid
+                for cid, case in settled.items()
+                if data["cases"][cid]["verdict"] in ("pass", "improvement")
+                and _under(case, data["cases"][cid])
+            ]
+            if under:
+                out["under"] = sorted(under)
         # Open cases whose side-by-side answer did not resolve them: the stored verdict stood.
         unresolved = (data.get("settled") or {}).get("unresolved") or {}
         if unresolved:
@@ -169,6 +179,22 @@ def one_check(
         else:
             report.unlink()
     return out
+
+
+def _under(stored: dict, relative: dict) -> bool:
+    """Whether a settled case had a stage or aggregate figure over its stored bound that
+    the side-by-side check left unknown, its interval wholly under the stored ratio."""
+
+    def under(name: str, m: dict) -> bool:
+        s = stored["metrics"].get(name) or {}
+        over = s.get("verdict") == "regression" or (
+            s.get("bound") is not None and (s.get("measured") or {}).get("median", 0) > s["bound"]
+        )
+        high, ratio = m.get("ratio_high"), s.get("ratio")
+        unknown = (m.get("paired") or {}).get("decision") == "unknown"
+        return unknown and over and high is not None and ratio is not None and high < ratio
+
+    return any(under(n, m) for n, m in relative["metrics"].items() if not n.startswith("step:"))
 
 
 def stored_alone(trial: dict) -> dict:
@@ -353,6 +379,12 @@ def main() -> None:
     for name, counts in sorted(false_alarms.items()):
         most = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         print(f"A/A regressions ({name}): " + ", ".join(f"{m} x{k}" for m, k in most))
+    under = [t for t in trials if t.get("under")]
+    if under:
+        print(
+            f"settled as passes under the stored reading: {len(under)} check(s): "
+            + ", ".join(f"+{t['pct']} % {'/'.join(t['under'])} (exit {t['exit']})" for t in under)
+        )
     stood = [t for t in trials if t.get("unresolved")]
     if stood:
         print(

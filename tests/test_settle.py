@@ -183,7 +183,7 @@ def test_an_unresolved_interval_wholly_under_the_stored_reading_settles_it() -> 
     """A stored regression that side by side reads ~1.00x, unresolved at the block cap
     but with every open figure's upper bound under its stored ratio, was the sessions'
     offset: the side-by-side pass counts. One figure whose interval still reaches its
-    stored ratio leaves the stored verdict standing."""
+    stored ratio, or that reads over the minimum effect, leaves the stored verdict."""
     stored = report_of(judged(1.30, alpha=0.01))
     ratios = {m.metric: m.ratio for m in stored.cases[0].metrics}
     assert (ratios["e2e"] or 0) < 1.25 < (ratios["stage:DenoisingStage"] or 0)
@@ -200,6 +200,12 @@ def test_an_unresolved_interval_wholly_under_the_stored_reading_settles_it() -> 
     out = settle(stored, report_of(reaching, against=AGAINST))
     assert out.exit_code == 1 and out.cases[0].verdict == REGRESSION
     assert out.settled is not None and list(out.settled["unresolved"]) == ["c"]
+    # Side by side slower by more than the minimum effect, if not credibly: under the
+    # stored ratio, but a slowdown of the size the gate looks for. The stored one stands.
+    slower = side_by_side(judged(1.10, alpha=1e-12), UNKNOWN, low=0.99, high=1.12)
+    assert slower.cases[0].verdict == PASS
+    assert all((m.ratio or 0) > 1.03 for m in slower.cases[0].metrics if m.metric in ratios)
+    assert settle(stored, report_of(slower, against=AGAINST)).exit_code == 1
 
 
 # ---- the command ----------------------------------------------------------------------------

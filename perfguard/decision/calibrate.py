@@ -394,6 +394,12 @@ def calibrate_case(
 
     if result.status != "ok":
         return CaseCalibration(result.case_id, setup, error=result.error or "case failed")
+    if not result.groups or len(result.groups) < 2:
+        return CaseCalibration(
+            result.case_id, setup,
+            error="calibration needs samples from 2+ processes, and fewer were left after "
+            "the contention screen: run it with more --runs, or on a quieter runner",
+        )  # fmt: skip
     if scenario is not None:
         stored = [len(s.processes) for s in scenario.metrics.values() if s.processes]
         if stored:

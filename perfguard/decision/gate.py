@@ -191,15 +191,15 @@ def settles(stored: CaseVerdict, relative: CaseVerdict) -> bool:
     the stored check had over its bound: the stage and aggregate figures, or the steps
     where only steps were over (they follow the stage, and their 10 % effect takes
     longest to resolve). A figure is answered when it is resolved (clearly the same or
-    clearly different, `paired.decision`), or when its side-by-side interval lies wholly
-    below the stored reading (`refutes`): then the stored ratio was the offset between
-    the baseline's session and the check's, not the change (on 6 December two A/A
-    checks failed on a stored glm regression of 1.065-1.127x that side by side read
-    1.000x, 0.965-1.035, unresolved at the block cap). A relative check that stopped at
-    its budget with a figure neither resolved nor refuted passes it with a note; that
-    is no answer to set against the stored one, which then stands (on the slower runner
-    of 6 December, settling within 50 s lost a +10 % catch and a +5 % one that the
-    stored check had made, docs/verdicts.md)."""
+    clearly different, `paired.decision`), or when side by side it reads within the
+    minimum effect with its interval wholly under the stored reading (`refutes`): then
+    the stored ratio was the offset between the baseline's session and the check's, not
+    the change (on 6 December an A/A check failed on a stored glm regression of 1.065x
+    that side by side read 1.000x, 0.965-1.035, unresolved at the block cap). A
+    relative check that stopped at its budget with a figure neither resolved nor refuted
+    passes it with a note; that is no answer to set against the stored one, which then
+    stands (on the slower runner of 6 December, settling within 50 s lost a +10 % catch
+    and a +5 % one that the stored check had made, docs/verdicts.md)."""
     if relative.verdict == REGRESSION:
         return True
     if relative.verdict not in (PASS, IMPROVEMENT):
@@ -217,11 +217,19 @@ def settles(stored: CaseVerdict, relative: CaseVerdict) -> bool:
 
 
 def refutes(side_by_side: PairedEstimate, stored: MetricVerdict) -> bool:
-    """Whether a side-by-side interval lies wholly below what the stored check read:
-    its upper bound (one-sided, at the relative check's level per look) under the
-    stored ratio. Head and base ran in the same blocks, so the sessions' offset, which
-    the stored ratio carries, is not in it."""
-    return stored.ratio is not None and side_by_side.high < stored.ratio
+    """Whether a side-by-side reading contradicts what the stored check read: the
+    side-by-side ratio within the minimum effect (no slowdown of the size the gate looks
+    for) and its interval wholly under the stored ratio (the upper bound, one-sided at
+    the relative check's level per look). Head and base ran in the same blocks, so the
+    sessions' offset, which the stored ratio carries, is not in it. A side-by-side
+    ratio above the minimum effect refutes nothing, however far under the stored one:
+    on 6 December a +5 % check read qwen's stage at 1.130x stored and 1.059x (0.997-1.125)
+    side by side, a slowdown that a fast baseline had only made look larger."""
+    return (
+        stored.ratio is not None
+        and side_by_side.ratio <= 1.0 + side_by_side.min_effect
+        and side_by_side.high < stored.ratio
+    )
 
 
 @dataclass(frozen=True)
