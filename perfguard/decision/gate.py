@@ -192,7 +192,8 @@ def settles(stored: CaseVerdict, relative: CaseVerdict) -> bool:
     where only steps were over (they follow the stage, and their 10 % effect takes
     longest to resolve). A figure is answered when it is resolved (clearly the same or
     clearly different, `paired.decision`), or when side by side it reads within the
-    minimum effect with its interval wholly under the stored reading (`refutes`): then
+    minimum effect with its interval wholly under the stored reading (`refutes`; for a
+    figure the stored check passed, within the minimum effect is enough): then
     the stored ratio was the offset between the baseline's session and the check's, not
     the change (on 6 December an A/A check failed on a stored glm regression of 1.065x
     that side by side read 1.000x, 0.965-1.035, unresolved at the block cap). A
@@ -211,9 +212,21 @@ def settles(stored: CaseVerdict, relative: CaseVerdict) -> bool:
     return all(
         (m := judged.get(n)) is not None
         and m.paired is not None
-        and (m.paired.decision != UNKNOWN or refutes(m.paired, read[n]))
+        and (m.paired.decision != UNKNOWN or _answered(m.paired, read[n]))
         for n in relevant
     )
+
+
+def _answered(side_by_side: PairedEstimate, stored: MetricVerdict) -> bool:
+    """An unresolved side-by-side figure answers the stored one at the strength of its
+    claim: a regression only where `refutes`; a figure over its bound that the stored
+    check passed (not credibly over) where side by side it reads within the minimum
+    effect too, so that neither check shows a slowdown the gate looks for (on 6 December
+    an A/A check failed on qwen's stage, 1.102x stored and refuted side by side, 1.005x
+    with 0.945-1.069, because its `e2e`, passed at 1.071x, read 1.009x but 0.946-1.077)."""
+    if stored.verdict == REGRESSION:
+        return refutes(side_by_side, stored)
+    return side_by_side.ratio <= 1.0 + side_by_side.min_effect
 
 
 def refutes(side_by_side: PairedEstimate, stored: MetricVerdict) -> bool:
