@@ -44,6 +44,11 @@ from pathlib import Path
 
 from scipy.stats import beta
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from perfguard.decision.gate import under_stored
+from perfguard.decision.verdict import CaseVerdict
+
 ROOT = Path(__file__).resolve().parent.parent
 SLOW_BLOCKS = ROOT / "benchmarks" / "slow_blocks"
 CASES = ("qwen_image_t2i_smoke", "glm_image_t2i_smoke")
@@ -158,13 +163,15 @@ def one_check(
         settled = (data.get("settled") or {}).get("cases") or {}
         if settled:
             out["settled"] = {cid: case["verdict"] for cid, case in settled.items()}
-            # Settled as passes with a figure unresolved side by side but wholly under
-            # its stored ratio (`gate.refutes`): the stored reading was the offset.
+            # Settled as passes with a figure unresolved side by side but under its
+            # stored reading (`gate.under_stored`): the stored reading was the offset.
             under = [
                 cid
                 for cid, case in settled.items()
                 if data["cases"][cid]["verdict"] in ("pass", "improvement")
-                and _under(case, data["cases"][cid])
+                and under_stored(
+                    CaseVerdict.from_json(cid, case), CaseVerdict.from_json(cid, data["cases"][cid])
+                )
             ]
             if under:
                 out["under"] = sorted(under)
@@ -179,22 +186,6 @@ def one_check(
         else:
             report.unlink()
     return out
-
-
-def _under(stored: dict, relative: dict) -> bool:
-    """Whether a settled case had a stage or aggregate figure over its stored bound that
-    the side-by-side check left unknown, its interval wholly under the stored ratio."""
-
-    def under(name: str, m: dict) -> bool:
-        s = stored["metrics"].get(name) or {}
-        over = s.get("verdict") == "regression" or (
-            s.get("bound") is not None and (s.get("measured") or {}).get("median", 0) > s["bound"]
-        )
-        high, ratio = m.get("ratio_high"), s.get("ratio")
-        unknown = (m.get("paired") or {}).get("decision") == "unknown"
-        return unknown and over and high is not None and ratio is not None and high < ratio
-
-    return any(under(n, m) for n, m in relative["metrics"].items() if not n.startswith("step:"))
 
 
 def stored_alone(trial: dict) -> dict:

@@ -480,7 +480,8 @@ def test_both_sides_fork_from_one_server_and_import_their_own_code(
 def test_a_head_slowed_by_a_few_percent_fails_against_its_merge_base(project: Path, pg: PG) -> None:
     """--against-ref: a temporary worktree of HEAD is the base; the working tree (8 %
     slower in its denoising steps) is the head. The worktree is gone afterwards. (At
-    5 %, four blocks of the virtual pipelines' noise miss it ~0.3 % of the time.)"""
+    5 %, a noncentral t, computed by hand, put a miss by four blocks of the virtual
+    pipelines' noise near 0.3 %.)"""
     (project / "pg_rel_pipes.py").write_text(VIRTUAL_PIPES.format(slow=1.08))
     sha = git_in(project, "rev-parse", "HEAD")
     # --timing raw: the figures judged are the stages' own, and the report says so.

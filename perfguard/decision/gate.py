@@ -245,6 +245,20 @@ def refutes(side_by_side: PairedEstimate, stored: MetricVerdict) -> bool:
     )
 
 
+def under_stored(stored: CaseVerdict, relative: CaseVerdict) -> list[MetricVerdict]:
+    """The side-by-side figures of an open case that were left unresolved but refute
+    their stored reading (`refutes`): the figures settled under the stored reading."""
+    read, over = {m.metric: m for m in stored.metrics}, set(stored.over)
+    return [
+        m
+        for m in relative.metrics
+        if m.metric in over
+        and m.paired is not None
+        and m.paired.decision == UNKNOWN
+        and refutes(m.paired, read[m.metric])
+    ]
+
+
 @dataclass(frozen=True)
 class GateOutcome:
     """The pooled results (every sample of every attempt) and the judgement on them."""

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from perfguard.decision.changes import BaselineDiff, DiffRow
 from perfguard.decision.counters import is_counter
-from perfguard.decision.gate import refutes
+from perfguard.decision.gate import under_stored
 from perfguard.decision.paired import UNKNOWN
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -313,7 +313,11 @@ def settled_lines(report: Report) -> list[str]:
         stored, relative = CaseVerdict.from_json(cid, data), now.get(cid)
         line = f"{_stored_words(stored)}; settled side by side with the base, {where}: "
         line += relative.verdict if relative else "?"
-        below = _below_stored(stored, relative) if relative else ""
+        below = ", ".join(
+            f"{m.metric} {fmt_ratio(m.ratio)}, at most {fmt_ratio(m.paired.high)}"
+            for m in (under_stored(stored, relative) if relative else [])
+            if m.paired is not None
+        )
         lines.append(f"{line} ({below}: under the stored reading)" if below else line)
     for cid in sorted(settled.get("unresolved") or {}):
         if cid in now:
@@ -322,17 +326,6 @@ def settled_lines(report: Report) -> list[str]:
                 "when the check stopped: the stored verdict stands"
             )
     return lines
-
-
-def _below_stored(stored: CaseVerdict, relative: CaseVerdict) -> str:
-    """The open figures left unresolved side by side, wholly under the stored ratio."""
-    read = {m.metric: m for m in stored.metrics if m.metric in set(stored.over)}
-    return ", ".join(
-        f"{m.metric} {fmt_ratio(m.ratio)}, at most {fmt_ratio(m.paired.high)}"
-        for m in relative.metrics
-        if m.metric in read and m.paired and m.paired.decision == UNKNOWN
-        and refutes(m.paired, read[m.metric])
-    )  # fmt: skip
 
 
 def _stored_words(stored: CaseVerdict) -> str:
