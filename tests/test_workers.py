@@ -734,3 +734,28 @@ def test_a_shared_servers_libraries_are_all_a_worker_imports_besides_perfguard()
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
     )
     assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+def test_a_server_wakes_when_a_child_exits_not_at_its_next_poll() -> None:
+    """The servers watch a SIGCHLD self-pipe beside their sockets, so a worker's exit is
+    reported when it happens (a client waits for it before it forks the next worker).
+    In a separate interpreter: the wake-up installs a SIGCHLD handler."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, select, sys\n"
+        "from perfguard.measurement import forkserver\n"
+        "wake = forkserver._exit_wakeup()\n"
+        "ready, _, _ = select.select([wake], [], [], 0.5)\n"
+        "assert not ready, 'readable before any child exited'\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(0)\n"
+        "ready, _, _ = select.select([wake], [], [], 30)\n"
+        "forkserver._drain(wake)\n"
+        "print(bool(ready), os.waitpid(pid, os.WNOHANG)[0] == pid)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
