@@ -86,7 +86,7 @@ def main() -> None:
                     stop_servers(servers)
                 print(f"round {r + 1}/{args.rounds}: {name} done", file=sys.stderr, flush=True)
     steps = list(next(iter(figures.values())))
-    print(f"{args.rounds} round(s), revisions interleaved; medians in seconds (exit codes)")
+    print(f"{args.rounds} round(s), revisions interleaved; medians in seconds (range; exit codes)")
     print("| revision | " + " | ".join(steps) + " | gen-baselines + check |")
     print("|---|" + "---|" * (len(steps) + 1))
     for name, per in figures.items():
@@ -94,7 +94,8 @@ def main() -> None:
         for step in steps:
             xs = per[step]
             codes = ",".join(str(c) for _, c in xs)
-            cells.append(f"{statistics.median(t for t, _ in xs):.1f} ({codes})")
+            lo, hi = min(t for t, _ in xs), max(t for t, _ in xs)
+            cells.append(f"{statistics.median(t for t, _ in xs):.1f} ({lo:.1f}-{hi:.1f}; {codes})")
         both = [a[0] + b[0] for a, b in zip(per["gen-baselines"], per["check"], strict=True)]
         print(f"| {name} | " + " | ".join(cells) + f" | {statistics.median(both):.1f} |")
 
