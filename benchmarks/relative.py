@@ -123,12 +123,14 @@ def blocks_of(
     the runs of each block as a group), the base side's from the baseline it wrote
     (`--write-baseline`: each metric's per-process medians); the report is not enough,
     since a metric decided at an early look is summarized over that look's blocks only.
-    With `timing` normalized, a timed metric's block median is that of its runs divided
-    by the reference time beside each, on both sides (as `check --against --timing
-    normalized` compares them); the base's runs come from the baseline's samples (stored
-    `x * level / reference` when the baseline is normalized).
+    With `timing` normalized, a timed metric's block median is that of its runs scaled
+    by the reference time beside each, on both sides, by the share of the reference
+    fitted on the check's runs (as `check --against` compares them:
+    `perfguard.decision.paired.reference_exponent`); `whole` divides by the reference
+    whole (the check's rule before it fitted the share). The base's runs come from the
+    baseline's samples (stored `x * level / reference` when the baseline is normalized).
     """
-    from perfguard.decision.normalize import NORMALIZED, divided, is_timed
+    from perfguard.decision.normalize import fitted_exponent, is_timed, powered
     from perfguard.decision.stats import split_groups
     from perfguard.storage.baseline import load
     from perfguard.storage.reports import read_results
@@ -138,21 +140,27 @@ def blocks_of(
     out = [(s, {"B": {}, "H": {}}) for s in seconds]
     for cid, res in head.cases.items():
         scenario = base.scenarios[cid]
-        runs = sum(res.groups or ())
+        groups = res.groups or ()
+        runs = sum(groups)
         for metric, values in res.samples.items():
-            scaled = timing == NORMALIZED and is_timed(metric) and len(values) == runs
-            if len(values) == len(res.groups or ()):  # one figure a block (peak memory)
+            if len(values) == len(groups):  # one figure a block (peak memory)
                 per_block = list(values)
+                base_blocks = list(scenario.metrics[metric].processes or ())
             elif len(values) == runs:
-                xs = values
-                if scaled:
-                    xs = divided(values, res.reference or []) or []
-                per_block = [_median(g) for g in split_groups(xs, res.groups)]
+                xs, refs = list(values), list(res.reference or [])
+                bx, brefs = _base_runs(scenario, metric, groups)
+                if timing != "raw" and is_timed(metric) and len(refs) == runs and bx:
+                    exponent = 1.0
+                    if timing == "normalized":
+                        fitted = fitted_exponent([(xs, refs), (bx, brefs)])
+                        exponent = 1.0 if fitted is None else fitted
+                    xs, bx = powered(xs, refs, 1.0, exponent), powered(bx, brefs, 1.0, exponent)
+                per_block = [_median(g) for g in split_groups(xs, groups)]
+                base_blocks = [_median(g) for g in split_groups(bx, groups)] if bx else []
+                if timing == "raw" or not is_timed(metric):
+                    base_blocks = list(scenario.metrics[metric].processes or ())
             else:
                 continue
-            base_blocks = scenario.metrics[metric].processes or ()
-            if scaled:
-                base_blocks = _base_per_reference(scenario, metric, res.groups or ())
             if len(per_block) != len(out) or len(base_blocks) != len(out):
                 continue
             for i in range(len(out)):
@@ -161,20 +169,18 @@ def blocks_of(
     return out
 
 
-def _base_per_reference(scenario: Any, metric: str, groups: Sequence[int]) -> list[float]:
-    """The base side's block medians of run / reference, from the baseline it wrote."""
-    from perfguard.decision.normalize import divided
-    from perfguard.decision.stats import split_groups
-
+def _base_runs(
+    scenario: Any, metric: str, groups: Sequence[int]
+) -> tuple[list[float], list[float]]:
+    """The base side's raw runs of `metric` and the reference readings beside them, from
+    the baseline it wrote (empty when they do not align with the head's blocks)."""
     xs = list(scenario.metrics[metric].samples or ())
     refs = list(scenario.reference.samples or ()) if scenario.reference else []
-    if len(xs) != sum(groups) or len(refs) != len(xs):
-        return []
-    if scenario.normalized:  # stored as x * level / reference: x / reference = stored / level
-        per_run = [x / scenario.reference.median for x in xs]
-    else:
-        per_run = divided(xs, refs) or []
-    return [_median(g) for g in split_groups(per_run, groups)]
+    if len(xs) != sum(groups) or len(refs) != len(xs) or min(refs, default=0) <= 0:
+        return [], []
+    if scenario.normalized:  # stored as x * level / reference: undo it
+        xs = [x * r / scenario.reference.median for x, r in zip(xs, refs, strict=True)]
+    return xs, refs
 
 
 def _median(values: Sequence[float]) -> float:
@@ -254,7 +260,29 @@ def resample(
     return failures, used
 
 
-def check_offsets(rows: Sequence[dict[str, Any]]) -> list[str]:
+def own_blocks(rows: Sequence[dict[str, Any]], timing: str) -> str:
+    """Each live check judged again on its own blocks, compared the `timing` way, through
+    the real schedule and rule: the exit 1s per condition, beside the live ones."""
+    from perfguard.measurement.relative import run_relative
+    from perfguard.storage.cases import Case
+
+    counts: dict[str, list[int]] = {}
+    for n, row in enumerate(r for r in rows if "error" not in r):
+        pool = blocks_of(row, timing)
+        if not pool:
+            continue
+        cases = [Case(id=c, workload="qwen_image", preset="tiny") for c in sorted(pool[0][1]["H"])]
+        replay = Replay(pool, random.Random(n))
+        outcome = run_relative(cases, replay, clock=replay.clock, seed=n, max_blocks=len(pool))
+        got = counts.setdefault(row["condition"], [0, 0, 0])
+        got[0] += 1
+        got[1] += outcome.judgement.exit_code == 1
+        got[2] += row["code"] == 1
+    parts = [f"{c}: {k}/{n} (live {live}/{n})" for c, (n, k, live) in counts.items()]
+    return f"own blocks, {timing}: exit 1 in " + ", ".join(parts)
+
+
+def check_offsets(rows: Sequence[dict[str, Any]], timing: str = "normalized") -> list[str]:
     """Whether the blocks of one live A/A check are independent: per check, the mean of
     its normalized per-block log ratios (head over base) and its standard error; across
     checks, the sd of those means against the rms standard error. With independent
@@ -263,7 +291,7 @@ def check_offsets(rows: Sequence[dict[str, Any]]) -> list[str]:
     hides)."""
     per: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for row in rows:
-        blocks = [b for _, b in blocks_of(row, "normalized")]
+        blocks = [b for _, b in blocks_of(row, timing)]
         for case in sorted(blocks[0]["H"]) if blocks else ():
             for metric in ("e2e", "stage:DenoisingStage"):
                 logs = [
@@ -276,7 +304,7 @@ def check_offsets(rows: Sequence[dict[str, Any]]) -> list[str]:
                     row_ = (statistics.fmean(logs), sd / math.sqrt(len(logs)), sd)
                     per.setdefault((case, metric), []).append(row_)
     lines = [
-        f"\nA/A checks' offsets between their sides ({len(rows)} checks, normalized):",
+        f"\nA/A checks' offsets between their sides ({len(rows)} checks, {timing}):",
         f"{'case':<24}{'metric':<22}{'sd of means':>12}{'rms se':>9}{'sd(mean/se)':>13}"
         f"{'median block sd':>17}",
     ]
@@ -317,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         "--timing",
         nargs="+",
         default=["raw", "normalized"],
-        choices=["raw", "normalized"],
+        choices=["raw", "whole", "normalized"],
         help="How the resampled checks compare a block's sides (each is resampled).",
     )
     parser.add_argument(
@@ -373,7 +401,10 @@ def main(argv: list[str] | None = None) -> int:
             pools[f"{name} {timing}"] = [b for r in got for b in blocks_of(r, timing)]
     aa = [r for r in rows if r["condition"] == "A/A" and "error" not in r]
     if len(aa) > 2:
-        print("\n".join(check_offsets(aa)))
+        for timing in args.timing:
+            print("\n".join(check_offsets(aa, timing)))
+    for timing in args.timing:
+        print(own_blocks(rows, timing))
     if args.resample:
         print(
             f"\nresampled checks ({args.resample} per condition, blocks dealt from the live ones;"

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,52 @@ def test_normalized_log_ratios_scale_only_timings_and_only_runs_with_reference_t
     assert paired.log_ratios(blocks, CASE.id, "e2e", "normalized") == paired.log_ratios(
         blocks, CASE.id, "e2e"
     )
+
+
+class OwnReferenceBlocks(VirtualBlocks):
+    """VirtualBlocks whose reference readings move from process to process on their own
+    (sd `own`), the runs untouched: a quiet runner, where the reference moved by ~8 %
+    between processes and the stages did not follow it."""
+
+    def __init__(self, slow: Mapping[str, float] | None = None, *, own: float, **kw: Any) -> None:
+        super().__init__(slow, drift=0.0, process=0.005, **kw)
+        self.own = own
+
+    def __call__(
+        self, index: int, order: str, cases: Sequence[Case]
+    ) -> dict[str, dict[str, CaseResult]]:
+        out = super().__call__(index, order, cases)
+        for side in order:
+            for res in out[side].values():
+                offset = math.exp(self.rng.gauss(0, self.own))
+                res.reference = [
+                    4.0 * offset * math.exp(self.rng.gauss(0, 0.005)) for _ in range(res.repeats)
+                ]
+        return out
+
+
+def test_normalized_timing_scales_by_the_share_of_the_reference_fitted_on_the_check() -> None:
+    """Divided whole, a process whose reference reads fast on its own moves the stage's
+    ratio by as much; the share fitted on the check's runs is ~0 here, and a 5 %
+    slowdown that the whole division buries in the reference's scatter is caught."""
+    metric = "stage:DenoisingStage"
+    blocks = [
+        paired.Block("BH", 1.0, OwnReferenceBlocks(own=0.08, seed=s)(0, "BH", [CASE]))
+        for s in range(12)
+    ]
+    assert paired.reference_exponent(paired._block_pairs(blocks, CASE.id, metric), metric) < 0.2
+    whole = []
+    for block in blocks:
+        h = paired.per_reference(block.results["H"][CASE.id], metric)
+        b = paired.per_reference(block.results["B"][CASE.id], metric)
+        assert h is not None and b is not None
+        whole.append(math.log(statistics.median(h) / statistics.median(b)))
+    fitted = paired.log_ratios(blocks, CASE.id, metric, NORMALIZED)
+    raw = paired.log_ratios(blocks, CASE.id, metric)
+    assert statistics.stdev(fitted) < 0.3 * statistics.stdev(whole)
+    assert statistics.stdev(fitted) < 1.2 * statistics.stdev(raw)
+    slowed = OwnReferenceBlocks({"DenoisingStage": 1.05}, own=0.08)
+    assert verdicts(run_virtual(slowed, budget_s=1000, compare=NORMALIZED))[metric] == REGRESSION
 
 
 def test_false_alarms_of_unchanged_code_stay_under_alpha_over_repeated_looks() -> None:

@@ -18,7 +18,13 @@ from typing import Any
 
 from perfguard.decision import counters
 from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate
-from perfguard.decision.normalize import NORMALIZED, RAW, divided, is_timed
+from perfguard.decision.normalize import (
+    NORMALIZED,
+    RAW,
+    fitted_exponent,
+    is_timed,
+    powered,
+)
 from perfguard.decision.stats import MAX_LOG_SPREAD, summarize, t_quantile
 from perfguard.decision.tolerances import Band, min_effect, relative_pad
 from perfguard.decision.verdict import (
@@ -306,24 +312,24 @@ def log_ratios(
 ) -> list[float]:
     """`log(median head / median base)` of each block that has the metric on both sides.
 
-    With `timing` normalized, a timed metric's runs are first divided by the reference
-    time beside each (`per_reference`), on both sides of the block: the block's two
-    processes run seconds apart, but on a shared runner its spells still move one of
-    them and not the other (docs/relative.md). A block where either side's runs cannot
-    be aligned with reference times compares the raw medians.
+    With `timing` normalized, a timed metric's runs are first scaled by the reference
+    time beside each, on both sides of the block: the block's two processes run seconds
+    apart, but on a shared runner its spells still move one of them and not the other
+    (docs/relative.md). Scaled by the share of the reference fitted on the check's own
+    runs (`reference_exponent`), as the stored check scales them
+    (`perfguard.decision.normalize.adjusted`): divided whole, a process whose reference
+    read fast for reasons of its own, not the machine's, moved the stage's ratio by as
+    much (docs/verdicts.md, det18). A block where either side's runs cannot be aligned
+    with reference times compares the raw medians.
     """
+    pairs = _block_pairs(blocks, case_id, metric)
+    exponent = None
+    if timing == NORMALIZED and is_timed(metric):
+        exponent = reference_exponent(pairs, metric)
     out = []
-    scaled = timing == NORMALIZED and is_timed(metric)
-    for block in blocks:
-        head = block.results[HEAD].get(case_id)
-        base = block.results[BASE].get(case_id)
-        if head is None or base is None or head.status != "ok" or base.status != "ok":
-            continue
-        h, b = head.samples.get(metric), base.samples.get(metric)
-        if not h or not b:
-            continue
-        if scaled:
-            hn, bn = per_reference(head, metric), per_reference(base, metric)
+    for head, base, h, b in pairs:
+        if exponent is not None:
+            hn, bn = per_reference(head, metric, exponent), per_reference(base, metric, exponent)
             if hn is not None and bn is not None:
                 h, b = hn, bn
         mh, mb = statistics.median(h), statistics.median(b)
@@ -332,10 +338,48 @@ def log_ratios(
     return out
 
 
-def per_reference(result: CaseResult, metric: str) -> list[float] | None:
-    """Each run of `metric` divided by the reference time beside it (None: they do not
-    align; `perfguard.decision.normalize.divided`)."""
-    return divided(result.samples.get(metric) or [], result.reference or [])
+def _block_pairs(
+    blocks: Sequence[Block], case_id: str, metric: str
+) -> list[tuple[CaseResult, CaseResult, list[float], list[float]]]:
+    """(head result, base result, head runs, base runs) of `metric` in each block that
+    measured it on both sides."""
+    out = []
+    for block in blocks:
+        head = block.results[HEAD].get(case_id)
+        base = block.results[BASE].get(case_id)
+        if head is None or base is None or head.status != "ok" or base.status != "ok":
+            continue
+        h, b = head.samples.get(metric), base.samples.get(metric)
+        if h and b:
+            out.append((head, base, list(h), list(b)))
+    return out
+
+
+def reference_exponent(
+    pairs: Sequence[tuple[CaseResult, CaseResult, list[float], list[float]]], metric: str
+) -> float:
+    """The share of the reference `metric` follows, fitted on the runs of every block:
+    `normalize.fitted_exponent` with an intercept per side (the code under test shifts
+    one side), pooled over the blocks' processes; 1 (divided whole) when it cannot be
+    fitted (too few runs aligned with reference readings, readings that do not vary)."""
+    sides: dict[str, tuple[list[float], list[float]]] = {HEAD: ([], []), BASE: ([], [])}
+    for head, base, _, _ in pairs:
+        for side, res in ((HEAD, head), (BASE, base)):
+            xs, refs = res.samples.get(metric) or [], res.reference or []
+            if len(xs) == len(refs) and min(refs, default=0) > 0:
+                sides[side][0].extend(xs)
+                sides[side][1].extend(refs)
+    fitted = fitted_exponent(list(sides.values()))
+    return 1.0 if fitted is None else fitted
+
+
+def per_reference(result: CaseResult, metric: str, exponent: float = 1.0) -> list[float] | None:
+    """Each run of `metric` scaled by the reference time beside it, `x / reference **
+    exponent` (None: they do not align, or a reading is not positive)."""
+    xs, refs = result.samples.get(metric) or [], result.reference or []
+    if not xs or len(xs) != len(refs) or min(refs) <= 0:
+        return None
+    return powered(xs, refs, 1.0, exponent)
 
 
 @dataclass(frozen=True)
