@@ -33,7 +33,7 @@ from perfguard.decision.paired import (
     paired_estimate,
 )
 from perfguard.decision.tolerances import relative_pad
-from perfguard.decision.verdict import IMPROVEMENT, PASS, REGRESSION
+from perfguard.decision.verdict import IMPROVEMENT, PASS, REGRESSION, MetricVerdict
 from perfguard.errors import PerfguardError
 from perfguard.measurement import checkout, relative
 from perfguard.measurement.options import MeasureOptions
@@ -399,7 +399,16 @@ def test_normalized_timing_scales_by_the_share_of_the_reference_fitted_on_the_ch
     assert statistics.stdev(fitted) < 0.3 * statistics.stdev(whole)
     assert statistics.stdev(fitted) < 1.2 * statistics.stdev(raw)
     slowed = OwnReferenceBlocks({"DenoisingStage": 1.05}, own=0.08)
-    assert verdicts(run_virtual(slowed, budget_s=1000, compare=NORMALIZED))[metric] == REGRESSION
+    outcome = run_virtual(slowed, budget_s=1000, compare=NORMALIZED)
+    (case,) = outcome.judgement.cases  # type: ignore[attr-defined]
+    stage = next(m for m in case.metrics if m.metric == metric)
+    assert stage.verdict == REGRESSION
+    # The report names the share each figure was scaled by, and reads it back.
+    assert stage.paired is not None and stage.paired.reference_exponent < 0.2
+    data = stage.to_json()
+    assert data["paired"]["reference_exponent"] == round(stage.paired.reference_exponent, 3)
+    again = MetricVerdict.from_json(metric, data).paired
+    assert again is not None and again.reference_exponent == data["paired"]["reference_exponent"]
 
 
 def test_false_alarms_of_unchanged_code_stay_under_alpha_over_repeated_looks() -> None:

@@ -35,15 +35,36 @@ class PairedEstimate:
     min_effect: float
     alpha: float
     decision: str
+    reference_exponent: float | None = None
+    """The share of the reference workload the blocks' runs were scaled by (normalized
+    timing; `perfguard.decision.paired.reference_exponent`), None when compared raw."""
 
     @property
     def slower(self) -> bool:
         return self.decision == DIFFERENT and self.ratio > 1.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "blocks": self.blocks,
             "decision": self.decision,
             "min_effect": self.min_effect,
             "alpha": round(self.alpha, 6),
         }
+        if self.reference_exponent is not None:
+            out["reference_exponent"] = round(self.reference_exponent, 3)
+        return out
+
+    @classmethod
+    def from_json(cls, paired: dict[str, Any], metric: dict[str, Any]) -> PairedEstimate:
+        """From a report: `paired`, and the ratio and its bounds from `metric`."""
+        exponent = paired.get("reference_exponent")
+        return cls(
+            blocks=int(paired["blocks"]),
+            ratio=float(metric["ratio"]),
+            low=float(metric["ratio_low"]),
+            high=float(metric["ratio_high"]),
+            min_effect=float(paired["min_effect"]),
+            alpha=float(paired["alpha"]),
+            decision=str(paired["decision"]),
+            reference_exponent=None if exponent is None else float(exponent),
+        )

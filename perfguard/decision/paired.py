@@ -109,6 +109,7 @@ def judge_relative_metric(
     base_groups: Sequence[int] | None = None,
     final: bool = True,
     pad: float = 0.0,
+    exponent: float | None = None,
 ) -> MetricVerdict:
     """The verdict on one metric of a relative check (`perfguard.measurement.relative`).
 
@@ -121,7 +122,8 @@ def judge_relative_metric(
     metric still `unknown` when the check stops (`final`) passes, with the reason
     saying it was not resolved.
     `head` / `base` are every sample of each side (for the summaries); a metric only
-    one side produced is `new-stage` or `missing-stage`.
+    one side produced is `new-stage` or `missing-stage`. `exponent`: the share of the
+    reference the `log_ratios` were scaled by, kept in the estimate for the report.
     """
     if not head:
         if not base:
@@ -149,6 +151,7 @@ def judge_relative_metric(
             clear=False,
         )  # fmt: skip
     est = floored(paired_estimate(log_ratios, effect, alpha), baseline.median, pad)
+    est = dataclasses.replace(est, reference_exponent=exponent)
     verdict, reason = _verdict_of(est, pad, final)
     return MetricVerdict(
         metric,
@@ -308,7 +311,11 @@ class RelativeOutcome:
 
 
 def log_ratios(
-    blocks: Sequence[Block], case_id: str, metric: str, timing: str = RAW
+    blocks: Sequence[Block],
+    case_id: str,
+    metric: str,
+    timing: str = RAW,
+    exponent: float | None = None,
 ) -> list[float]:
     """`log(median head / median base)` of each block that has the metric on both sides.
 
@@ -319,12 +326,14 @@ def log_ratios(
     runs (`reference_exponent`), as the stored check scales them
     (`perfguard.decision.normalize.adjusted`): divided whole, a process whose reference
     read fast for reasons of its own, not the machine's, moved the stage's ratio by as
-    much (docs/verdicts.md, det18). A block where either side's runs cannot be aligned
-    with reference times compares the raw medians.
+    much (docs/verdicts.md, det18); `exponent` gives the share where the caller fitted it
+    already. A block where either side's runs cannot be aligned with reference times
+    compares the raw medians.
     """
     pairs = _block_pairs(blocks, case_id, metric)
-    exponent = None
-    if timing == NORMALIZED and is_timed(metric):
+    if timing != NORMALIZED or not is_timed(metric):
+        exponent = None
+    elif exponent is None:
         exponent = reference_exponent(pairs, metric)
     out = []
     for head, base, h, b in pairs:
@@ -499,22 +508,28 @@ def _relative_metrics(
     names = sorted(set(head.samples) | set(base.samples), key=metric_sort_key)
     steps = sum(1 for m in names if metric_class(m) == "denoise_step")
     compare = levels.compare
-    return [
-        latched[(cid, metric)]
-        if (cid, metric) in latched
-        else judge_relative_metric(
+    out = []
+    for metric in names:
+        if (cid, metric) in latched:
+            out.append(latched[(cid, metric)])
+            continue
+        exponent = None
+        if compare.timing == NORMALIZED and is_timed(metric):
+            exponent = reference_exponent(_block_pairs(blocks, cid, metric), metric)
+        verdict = judge_relative_metric(
             metric,
             head.samples.get(metric),
             base.samples.get(metric),
-            log_ratios(blocks, cid, metric, compare.timing),
+            log_ratios(blocks, cid, metric, compare.timing, exponent),
             alpha=levels.of(metric, steps),
             head_groups=head.groups,
             base_groups=base.groups,
             final=final,
             pad=relative_pad(metric, compare.platform),
+            exponent=exponent,
         )
-        for metric in names
-    ]
+        out.append(verdict)
+    return out
 
 
 def _relative_case(

@@ -207,15 +207,7 @@ class MetricVerdict(counters.CounterVerdict):
             noise=None if noise is None else Noise.from_json(noise),
             paired=None
             if paired is None or data.get("ratio_low") is None
-            else PairedEstimate(
-                blocks=int(paired["blocks"]),
-                ratio=float(data["ratio"]),
-                low=float(data["ratio_low"]),
-                high=float(data["ratio_high"]),
-                min_effect=float(paired["min_effect"]),
-                alpha=float(paired["alpha"]),
-                decision=str(paired["decision"]),
-            ),
+            else PairedEstimate.from_json(paired, data),
         )
 
 
