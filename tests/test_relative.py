@@ -297,11 +297,21 @@ def test_a_case_that_fails_on_one_side_is_an_error_and_the_others_go_on() -> Non
 class SpellBlocks(VirtualBlocks):
     """VirtualBlocks whose every process also lands in its own spell of the runner (sd
     `spell`, not shared with the other side of its block) that slows its runs and the
-    reference workload timed beside each alike, as a shared CPU runner does."""
+    reference workload timed beside each alike, as a shared CPU runner does; with `own`,
+    each process's reference readings also move on their own (sd `own`), its runs not:
+    a quiet runner, where the reference moved by ~8 % between processes and the stages
+    did not follow it."""
 
-    def __init__(self, slow: Mapping[str, float] | None = None, *, spell: float, **kw: Any) -> None:
+    def __init__(
+        self,
+        slow: Mapping[str, float] | None = None,
+        *,
+        spell: float,
+        own: float = 0.0,
+        **kw: Any,
+    ) -> None:
         super().__init__(slow, drift=0.0, **kw)
-        self.spell = spell
+        self.spell, self.own = spell, own
 
     def __call__(
         self, index: int, order: str, cases: Sequence[Case]
@@ -315,8 +325,9 @@ class SpellBlocks(VirtualBlocks):
                 for metric, xs in res.samples.items():
                     res.samples[metric] = [x * speed for x in xs]
                 res.samples["peak_memory"] = [1e6] * res.repeats  # not the runner's speed
+                reads = speed * (math.exp(self.rng.gauss(0, self.own)) if self.own else 1.0)
                 res.reference = [
-                    4.0 * speed * math.exp(self.rng.gauss(0, 0.005)) for _ in range(res.repeats)
+                    4.0 * reads * math.exp(self.rng.gauss(0, 0.005)) for _ in range(res.repeats)
                 ]
         return out
 
@@ -356,35 +367,15 @@ def test_normalized_log_ratios_scale_only_timings_and_only_runs_with_reference_t
     )
 
 
-class OwnReferenceBlocks(VirtualBlocks):
-    """VirtualBlocks whose reference readings move from process to process on their own
-    (sd `own`), the runs untouched: a quiet runner, where the reference moved by ~8 %
-    between processes and the stages did not follow it."""
-
-    def __init__(self, slow: Mapping[str, float] | None = None, *, own: float, **kw: Any) -> None:
-        super().__init__(slow, drift=0.0, process=0.005, **kw)
-        self.own = own
-
-    def __call__(
-        self, index: int, order: str, cases: Sequence[Case]
-    ) -> dict[str, dict[str, CaseResult]]:
-        out = super().__call__(index, order, cases)
-        for side in order:
-            for res in out[side].values():
-                offset = math.exp(self.rng.gauss(0, self.own))
-                res.reference = [
-                    4.0 * offset * math.exp(self.rng.gauss(0, 0.005)) for _ in range(res.repeats)
-                ]
-        return out
-
-
 def test_normalized_timing_scales_by_the_share_of_the_reference_fitted_on_the_check() -> None:
     """Divided whole, a process whose reference reads fast on its own moves the stage's
     ratio by as much; the share fitted on the check's runs is ~0 here, and a 5 %
     slowdown that the whole division buries in the reference's scatter is caught."""
     metric = "stage:DenoisingStage"
     blocks = [
-        paired.Block("BH", 1.0, OwnReferenceBlocks(own=0.08, seed=s)(0, "BH", [CASE]))
+        paired.Block(
+            "BH", 1.0, SpellBlocks(spell=0.0, own=0.08, process=0.005, seed=s)(0, "BH", [CASE])
+        )
         for s in range(12)
     ]
     assert paired.reference_exponent(paired._block_pairs(blocks, CASE.id, metric), metric) < 0.2
@@ -398,7 +389,7 @@ def test_normalized_timing_scales_by_the_share_of_the_reference_fitted_on_the_ch
     raw = paired.log_ratios(blocks, CASE.id, metric)
     assert statistics.stdev(fitted) < 0.3 * statistics.stdev(whole)
     assert statistics.stdev(fitted) < 1.2 * statistics.stdev(raw)
-    slowed = OwnReferenceBlocks({"DenoisingStage": 1.05}, own=0.08)
+    slowed = SpellBlocks({"DenoisingStage": 1.05}, spell=0.0, own=0.08, process=0.005)
     outcome = run_virtual(slowed, budget_s=1000, compare=NORMALIZED)
     (case,) = outcome.judgement.cases  # type: ignore[attr-defined]
     stage = next(m for m in case.metrics if m.metric == metric)

@@ -311,13 +311,18 @@ class RelativeOutcome:
 
 
 def log_ratios(
-    blocks: Sequence[Block],
-    case_id: str,
-    metric: str,
-    timing: str = RAW,
-    exponent: float | None = None,
+    blocks: Sequence[Block], case_id: str, metric: str, timing: str = RAW
 ) -> list[float]:
-    """`log(median head / median base)` of each block that has the metric on both sides.
+    """`log(median head / median base)` of each block that has the metric on both sides
+    (`compared`, without the share it scaled by)."""
+    return compared(blocks, case_id, metric, timing)[0]
+
+
+def compared(
+    blocks: Sequence[Block], case_id: str, metric: str, timing: str = RAW
+) -> tuple[list[float], float | None]:
+    """The blocks' log ratios of `metric` (`log_ratios`) and the share of the reference
+    their runs were scaled by (None: compared raw).
 
     With `timing` normalized, a timed metric's runs are first scaled by the reference
     time beside each, on both sides of the block: the block's two processes run seconds
@@ -326,14 +331,12 @@ def log_ratios(
     runs (`reference_exponent`), as the stored check scales them
     (`perfguard.decision.normalize.adjusted`): divided whole, a process whose reference
     read fast for reasons of its own, not the machine's, moved the stage's ratio by as
-    much (docs/verdicts.md, det18); `exponent` gives the share where the caller fitted it
-    already. A block where either side's runs cannot be aligned with reference times
-    compares the raw medians.
+    much (docs/verdicts.md, det18). A block where either side's runs cannot be aligned
+    with reference times compares the raw medians.
     """
     pairs = _block_pairs(blocks, case_id, metric)
-    if timing != NORMALIZED or not is_timed(metric):
-        exponent = None
-    elif exponent is None:
+    exponent = None
+    if timing == NORMALIZED and is_timed(metric):
         exponent = reference_exponent(pairs, metric)
     out = []
     for head, base, h, b in pairs:
@@ -344,7 +347,7 @@ def log_ratios(
         mh, mb = statistics.median(h), statistics.median(b)
         if mh > 0 and mb > 0:
             out.append(math.log(mh / mb))
-    return out
+    return out, exponent
 
 
 def _block_pairs(
@@ -513,14 +516,12 @@ def _relative_metrics(
         if (cid, metric) in latched:
             out.append(latched[(cid, metric)])
             continue
-        exponent = None
-        if compare.timing == NORMALIZED and is_timed(metric):
-            exponent = reference_exponent(_block_pairs(blocks, cid, metric), metric)
+        ratios, exponent = compared(blocks, cid, metric, compare.timing)
         verdict = judge_relative_metric(
             metric,
             head.samples.get(metric),
             base.samples.get(metric),
-            log_ratios(blocks, cid, metric, compare.timing, exponent),
+            ratios,
             alpha=levels.of(metric, steps),
             head_groups=head.groups,
             base_groups=base.groups,
