@@ -148,17 +148,17 @@ def blocks_of(
                 base_blocks = list(scenario.metrics[metric].processes or ())
             elif len(values) == runs:
                 xs, refs = list(values), list(res.reference or [])
-                bx, brefs = _base_runs(scenario, metric, groups)
-                if timing != "raw" and is_timed(metric) and len(refs) == runs and bx:
-                    exponent = 1.0
-                    if timing == "normalized":
-                        fitted = fitted_exponent([(xs, refs), (bx, brefs)])
-                        exponent = 1.0 if fitted is None else fitted
-                    xs, bx = powered(xs, refs, 1.0, exponent), powered(bx, brefs, 1.0, exponent)
+                base_blocks = list(scenario.metrics[metric].processes or ())
+                if timing != "raw" and is_timed(metric):
+                    bx, brefs = _base_runs(scenario, metric, groups)
+                    if len(refs) == runs and bx:
+                        exponent = 1.0
+                        if timing == "normalized":
+                            fitted = fitted_exponent([(xs, refs), (bx, brefs)])
+                            exponent = 1.0 if fitted is None else fitted
+                        xs, bx = powered(xs, refs, 1.0, exponent), powered(bx, brefs, 1.0, exponent)
+                    base_blocks = [_median(g) for g in split_groups(bx, groups)] if bx else []
                 per_block = [_median(g) for g in split_groups(xs, groups)]
-                base_blocks = [_median(g) for g in split_groups(bx, groups)] if bx else []
-                if timing == "raw" or not is_timed(metric):
-                    base_blocks = list(scenario.metrics[metric].processes or ())
             else:
                 continue
             if len(per_block) != len(out) or len(base_blocks) != len(out):
@@ -174,9 +174,11 @@ def _base_runs(
 ) -> tuple[list[float], list[float]]:
     """The base side's raw runs of `metric` and the reference readings beside them, from
     the baseline it wrote (empty when they do not align with the head's blocks)."""
+    from perfguard.decision.normalize import aligned
+
     xs = list(scenario.metrics[metric].samples or ())
     refs = list(scenario.reference.samples or ()) if scenario.reference else []
-    if len(xs) != sum(groups) or len(refs) != len(xs) or min(refs, default=0) <= 0:
+    if len(xs) != sum(groups) or not aligned(xs, refs):
         return [], []
     if scenario.normalized:  # stored as x * level / reference: undo it
         xs = [x * r / scenario.reference.median for x, r in zip(xs, refs, strict=True)]

@@ -96,12 +96,18 @@ def normalized(result: Any, level: float) -> Any | None:
     return dataclasses.replace(result, samples=samples)
 
 
+def aligned(xs: Sequence[float], reference: Sequence[float]) -> bool:
+    """Whether runs `xs` can be scaled by the `reference` readings: one positive reading
+    beside each run."""
+    return bool(xs) and len(xs) == len(reference) and min(reference) > 0
+
+
 def divided(
     xs: Sequence[float], reference: Sequence[float], level: float = 1.0
 ) -> list[float] | None:
     """Run `i` as `xs[i] * level / reference[i]`, or None when the runs and the reference
-    readings do not align or a reading is not positive."""
-    if not xs or len(xs) != len(reference) or min(reference) <= 0:
+    readings do not align or a reading is not positive (`aligned`)."""
+    if not aligned(xs, reference):
         return None
     return [x * level / r for x, r in zip(xs, reference, strict=True)]
 

@@ -21,6 +21,7 @@ from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate
 from perfguard.decision.normalize import (
     NORMALIZED,
     RAW,
+    aligned,
     fitted_exponent,
     is_timed,
     powered,
@@ -378,7 +379,7 @@ def reference_exponent(
     for head, base, _, _ in pairs:
         for side, res in ((HEAD, head), (BASE, base)):
             xs, refs = res.samples.get(metric) or [], res.reference or []
-            if len(xs) == len(refs) and min(refs, default=0) > 0:
+            if aligned(xs, refs):
                 sides[side][0].extend(xs)
                 sides[side][1].extend(refs)
     fitted = fitted_exponent(list(sides.values()))
@@ -389,7 +390,7 @@ def per_reference(result: CaseResult, metric: str, exponent: float = 1.0) -> lis
     """Each run of `metric` scaled by the reference time beside it, `x / reference **
     exponent` (None: they do not align, or a reading is not positive)."""
     xs, refs = result.samples.get(metric) or [], result.reference or []
-    if not xs or len(xs) != len(refs) or min(refs) <= 0:
+    if not aligned(xs, refs):
         return None
     return powered(xs, refs, 1.0, exponent)
 
