@@ -12,15 +12,15 @@ absolute times on a log scale (the PNG `report plot` draws) make a 17 % step a s
 
 Why plotly: its JavaScript ships in the `plotly` wheel (`package_data/plotly.min.js`), so
 the pages draw offline, from `file://` or GitHub Pages, with hover and zoom, and nothing is
-fetched from a CDN. Every string from a report reaches the page escaped: HTML text through
-`html.escape`, data through a JSON block no browser executes (`script_json`), and plotly
-labels through the page script's `esc()`.
+fetched from a CDN. Every string from a report reaches the page escaped
+(`perfguard.presentation.escape`): element text through `html_text`, attribute values
+through `html_attr` (both show control and bidi characters as `\\u202e`), data through a
+JSON block no browser executes (`script_json`), and plotly labels through the page
+script's `esc()`, which shows them too.
 """
 
 from __future__ import annotations
 
-import html
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -28,6 +28,7 @@ from typing import Any
 
 from perfguard.errors import PerfguardError
 from perfguard.metrics import is_metric_name, metric_sort_key, unit
+from perfguard.presentation.escape import html_attr, html_text, script_json
 
 ASSETS = ("common.js", "forest.js", "series.js", "style.css")
 
@@ -49,18 +50,14 @@ def plotly_js_path() -> Path:
     return path
 
 
-def script_json(data: Any) -> str:
-    """`data` as JSON that is safe inside `<script type="application/json">`: no `<`, `>`
-    or `&` survives (a `</script>` in a case id cannot close the block), nor the two line
-    separators JavaScript reads as line ends."""
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    for char, code in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(char, code)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-
-
 def esc(value: object) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """A report's string as HTML element text (`escape.html_text`: controls shown)."""
+    return html_text(value)
+
+
+def attr(value: object) -> str:
+    """A string as a double-quoted attribute value (`escape.html_attr`: controls shown)."""
+    return html_attr(value)
 
 
 def _inline_script(code: str) -> str:
@@ -86,10 +83,10 @@ def page(
         code = [_inline_script(plotly_js_path().read_text("utf-8"))] if plotly else []
         code += [_inline_script(asset_text(s)) for s in ("common.js", *scripts)]
     else:
-        style = f'<link rel="stylesheet" href="{esc(asset_prefix)}style.css">'
+        style = f'<link rel="stylesheet" href="{attr(asset_prefix)}style.css">'
         names = ["plotly.min.js"] if plotly else []
         code = [
-            f'<script src="{esc(asset_prefix)}{name}"></script>'
+            f'<script src="{attr(asset_prefix)}{name}"></script>'
             for name in (*names, "common.js", *scripts)
         ]
     return "\n".join(
@@ -104,7 +101,7 @@ def page(
             "</head>",
             "<body>",
             body,
-            f'<script type="application/json" id="{esc(data_id)}">{script_json(data)}</script>',
+            f'<script type="application/json" id="{attr(data_id)}">{script_json(data)}</script>',
             *code,
             "</body>",
             "</html>",
@@ -209,10 +206,10 @@ def forest_body(
     )
     for case in cases:
         parts.append(
-            f'<h2 class="case" data-case="{esc(case["id"])}">{esc(case["id"])} '
-            f'<span class="{esc(case["verdict"])}">{esc(case["verdict"])}</span></h2>'
+            f'<h2 class="case" data-case="{attr(case["id"])}">{esc(case["id"])} '
+            f'<span class="{attr(case["verdict"])}">{esc(case["verdict"])}</span></h2>'
         )
-        parts.append(f'<div class="plot forest" id="{esc(case["div"])}"></div>')
+        parts.append(f'<div class="plot forest" id="{attr(case["div"])}"></div>')
         parts.append(
             "<table><thead><tr><th>metric</th><th>median</th><th>baseline</th><th>ratio</th>"
             "<th>interval</th><th>band</th><th>verdict</th><th>reason</th></tr></thead><tbody>"
@@ -226,12 +223,12 @@ def forest_body(
             if r["low"] is not None and r["high"] is not None:
                 interval = f"{r['low']:.3f} to {r['high']:.3f}"
             parts.append(
-                f'<tr data-metric="{esc(r["metric"])}"><td>{esc(r["metric"])}</td>'
+                f'<tr data-metric="{attr(r["metric"])}"><td>{esc(r["metric"])}</td>'
                 f'<td class="num">{_num(r["median"])} {esc(r["unit"])}</td>'
                 f'<td class="num">{_num(r["baseline"])}</td>'
                 f'<td class="num">{_num(r["ratio"])}</td><td class="num">{interval}</td>'
                 f'<td class="num">{band}</td>'
-                f'<td class="{esc(r["verdict"])}">{esc(r["verdict"])}</td>'
+                f'<td class="{attr(r["verdict"])}">{esc(r["verdict"])}</td>'
                 f"<td>{esc(r['reason'])}</td></tr>"
             )
         parts.append("</tbody></table>")

@@ -1,7 +1,8 @@
 """Render reports for people: the terminal table (rich), PR Markdown, one-line summaries.
 
 Every value that came from a file or a case id is escaped before it reaches Markdown or
-rich markup (`escape_md`, `rich.markup.escape`): a hostile id renders inert.
+the terminal (`perfguard.presentation.escape`: `md_text`, `md_code`, `console_text`): a
+hostile id renders inert, its control and bidi characters shown, not obeyed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from perfguard.decision.verdict import (
 )
 from perfguard.errors import PerfguardError
 from perfguard.metrics import metric_sort_key, unit
+from perfguard.presentation.escape import console_text, md_text
+from perfguard.presentation.observed import observed_facts
 from perfguard.presentation.work_report import output_summary, work_console_lines, work_markdown
 from perfguard.storage.jsonio import (
     write_text_atomic,
@@ -52,7 +55,7 @@ def _timed(m: MetricVerdict) -> bool:
 
 
 def _work_section(report: Report) -> list[str]:
-    return work_markdown(report, escape_md)
+    return work_markdown(report)
 
 
 def _work_console(report: Report) -> list[str]:
@@ -247,7 +250,7 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
     is not where a reader looks. Every cell is a `Text`, so a case id
     holding rich markup (`[bold]`) prints as written.
     """
-    table = Table(title=Text(summary_line(report)), title_justify="left")
+    table = Table(title=Text(console_text(summary_line(report))), title_justify="left")
     for col, justify in (
         ("case", "left"),
         ("metric", "left"),
@@ -267,18 +270,18 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
     for case, m in rows:
         if m is None:
             table.add_row(
-                Text(case.case_id),
+                Text(console_text(case.case_id)),
                 Text("-"),
                 Text(ERROR, style=_STYLE[ERROR]),
-                Text(case.error or ""),
+                Text(console_text(case.error or "")),
                 Text(""),
                 Text(""),
                 Text(""),
             )
             continue
         table.add_row(
-            Text(case.case_id),
-            Text(m.metric),
+            Text(console_text(case.case_id)),
+            Text(console_text(m.metric)),
             Text(
                 m.verdict + (f" ({numbered[id(m)]})" if id(m) in numbered else ""),
                 style=_STYLE.get(m.verdict, "yellow"),
@@ -296,10 +299,11 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
     if hidden:
         console.print(Text(f"{hidden} passing step metric(s) not shown (see the JSON report)"))
     for i, (case, m) in enumerate(reasons, 1):
-        console.print(Text(f"({i}) {case.case_id} {m.metric} {m.verdict}: {m.reason}"))
+        line = f"({i}) {case.case_id} {m.metric} {m.verdict}: {m.reason}"
+        console.print(Text(console_text(line)))
     for line in (runner_text(report), evidence_note(report), *settled_lines(report)):
         if line:
-            console.print(Text(line))
+            console.print(Text(console_text(line)))
 
 
 def settled_lines(report: Report) -> list[str]:
@@ -458,28 +462,13 @@ def evidence_note(report: Report) -> str:
     return ". ".join(parts)
 
 
-_MD_PUNCT = re.compile(r"([\\`*_\[\]|~])")
-
-
-_MD_ENTITIES = str.maketrans(
-    {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "@": "&#64;", "#": "&#35;"}
-)
-
-
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_.:/+=-]+$")
 
 
 def escape_md(text: object) -> str:
-    """`text` safe in a Markdown table cell or line: no markup, no HTML, no mentions.
-
-    Newlines collapse to spaces (no new block can start); `& < > "` become entities (no
-    HTML, so no `</details>` or `<script>`); `@` and `#` become entities (no mentions or
-    issue links); the inline-markup characters `` \\ ` * _ [ ] | ~ `` get a backslash (no
-    code spans, emphasis, links or images, and no extra table cells). Characters that
-    only matter at the start of a line (`-`, `+`, `=`) never start one here.
-    """
-    s = " ".join(str(text).split())
-    return _MD_PUNCT.sub(r"\\\1", s.translate(_MD_ENTITIES))
+    """`text` safe in a Markdown table cell or line (`perfguard.presentation.escape.md_text`:
+    no markup, no HTML, no mentions; newlines and other controls shown, not obeyed)."""
+    return md_text(text)
 
 
 def tighten_command(report: Report) -> str | None:
@@ -706,6 +695,7 @@ def _md_case_facts(case: CaseVerdict) -> list[str]:
         extra.append(f"call arguments: {escape_md(arguments_line(case.arguments))}")
     if case.counters:
         extra.append(f"counters per run: {escape_md(counters_line(case.counters))}")
+    extra += [escape_md(fact) for fact in observed_facts(case)]
     return extra
 
 

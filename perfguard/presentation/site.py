@@ -40,10 +40,12 @@ import numpy as np
 import pandas as pd
 
 from perfguard.errors import PerfguardError
+from perfguard.presentation.escape import shorten, show_controls
 from perfguard.presentation.history import changes, load
 from perfguard.presentation.html import (
     ASSETS,
     asset_text,
+    attr,
     esc,
     forest_body,
     forest_row,
@@ -89,6 +91,20 @@ def slug(text: str) -> str:
     and a hash of the whole so that two ids never share a name."""
     base = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._")[:60] or "x"
     return f"{base}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+NAV_ID = 48
+"""How many characters of a case id the navigation, the index and its tables show (a
+100 kB id would be printed in full on every page); the case's own page shows it whole."""
+
+
+def short_id(case: str) -> str:
+    """A case id as one of many: controls shown, at most `NAV_ID` characters, and when cut,
+    the hash its page's name ends with, so that two long ids never read the same."""
+    shown = shorten(case, NAV_ID)
+    if shown == show_controls(case):
+        return shown
+    return f"{shown} ({hashlib.sha256(case.encode()).hexdigest()[:8]})"
 
 
 def _g(value: Any) -> float | None:
@@ -174,7 +190,9 @@ class _Site:
 
     def nav(self, prefix: str = "") -> str:
         links = [f'<a href="{prefix}index.html">index</a>']
-        links += [f'<a href="{prefix}{self.case_file[c]}">{esc(c)}</a>' for c in self.cases]
+        links += [
+            f'<a href="{prefix}{self.case_file[c]}">{esc(short_id(c))}</a>' for c in self.cases
+        ]
         return "<nav>" + "".join(links) + "</nav>"
 
     def case_page(self, case: str) -> None:
@@ -192,7 +210,7 @@ class _Site:
         body = [self.nav(), f"<h1>{esc(case)}</h1>", self._case_meta(rows, len(report_ids))]
         grouped = {name: g for name, g in rows.groupby("metric", sort=False)}
         for group in sorted(by_group, key=_group_order):
-            body.append(f'<h2 id="g-{esc(slug(group))}">{esc(group)}</h2>')
+            body.append(f'<h2 id="g-{attr(slug(group))}">{esc(group)}</h2>')
             for metric in by_group[group]:
                 changes = [c for c in case_changes if c["metric"] == metric]
                 entry, html = self._metric_plot(metric, grouped[metric], changes, rindex, xindex)
@@ -206,7 +224,7 @@ class _Site:
             "metrics": data_metrics,
         }
         self.files[self.case_file[case]] = page(
-            f"{self.title}: {case}",
+            f"{self.title}: {short_id(case)}",
             "\n".join(body),
             data=data,
             data_id="perfguard-series",
@@ -274,14 +292,14 @@ class _Site:
         hws = " ".join(sorted({s["key"] for s in series}))
         html = [
             f'<h3>{esc(metric)}</h3><div class="plot series" id="{div}" '
-            f'data-metric="{esc(metric)}" data-hardware="{esc(hws)}" '
+            f'data-metric="{attr(metric)}" data-hardware="{attr(hws)}" '
             f'data-changes="{len(mch)}"></div>'
         ]
         if mch:
             html.append('<ul class="changes">')
             html += [
-                f'<li class="change {esc(c["dir"])}" data-metric="{esc(metric)}" '
-                f'data-commit="{esc(c["c"] or "")}">{esc(self.hw[c["hw"]])}: '
+                f'<li class="change {attr(c["dir"])}" data-metric="{attr(metric)}" '
+                f'data-commit="{attr(c["c"] or "")}">{esc(self.hw[c["hw"]])}: '
                 f"{_pct(c['ratio'])} {esc(c['dir'])} at {esc(c['c'] or '?')} "
                 f"({esc(c['d'])})</li>"
                 for c in mch
@@ -398,13 +416,13 @@ class _Site:
                 hw = _hw_key(c["platform"], c["hardware"])
                 link = f"{self.case_file[c['case']]}#m-{slug(c['metric'])}"
                 body.append(
-                    f'<tr class="change" data-metric="{esc(c["metric"])}">'
+                    f'<tr class="change" data-metric="{attr(c["metric"])}">'
                     f"<td>{esc(str(c['date'])[:19])}</td>"
-                    f'<td><a href="{esc(self.href[c["report_id"]])}">'
+                    f'<td><a href="{attr(self.href[c["report_id"]])}">'
                     f"{esc(_s(c['commit']) or '?')}</a></td><td>{esc(hw)}</td>"
-                    f"<td>{esc(c['case'])}</td>"
-                    f'<td><a href="{esc(link)}">{esc(c["metric"])}</a></td>'
-                    f'<td class="{esc(c["direction"])}">{_pct(c["ratio"])} '
+                    f"<td>{esc(short_id(c['case']))}</td>"
+                    f'<td><a href="{attr(link)}">{esc(c["metric"])}</a></td>'
+                    f'<td class="{attr(c["direction"])}">{_pct(c["ratio"])} '
                     f"{esc(c['direction'])}</td></tr>"
                 )
             body.append("</tbody></table>")
@@ -425,13 +443,14 @@ class _Site:
             body.append(
                 f"<tr><td>{esc(h)}</td><td>{esc(str(last['date'])[:19])}</td>"
                 f"<td>{esc(_s(last['commit_sha']) or '-')}</td>"
-                f'<td class="{esc(verdict)}"><a href="{esc(self.href[rid])}">{esc(verdict)}</a>'
+                f'<td class="{attr(verdict)}"><a href="{attr(self.href[rid])}">{esc(verdict)}</a>'
                 f'</td><td class="num">{n_reg}</td></tr>'
             )
         body.append("</tbody></table><h2>Cases</h2><ul>")
         for c in self.cases:
             n = self.frame[self.frame["case"] == c]["metric"].nunique()
-            body.append(f'<li><a href="{self.case_file[c]}">{esc(c)}</a> ({n} metrics)</li>')
+            link = f'<a href="{self.case_file[c]}">{esc(short_id(c))}</a>'
+            body.append(f"<li>{link} ({n} metrics)</li>")
         body.append("</ul>")
         self.files["index.html"] = page(
             self.title,

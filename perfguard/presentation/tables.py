@@ -1,6 +1,8 @@
 """Terminal tables (rich) of what the commands return: results, calibrations, A/B runs.
 
-Every value that came from a file or a case id is escaped before it reaches rich markup.
+Every value that came from a file or a case id is escaped before it reaches rich markup,
+its control characters shown (`perfguard.presentation.escape.rich_markup`: an ESC from a
+file cannot start a terminal sequence).
 Reports have their own renderings, table and Markdown, in `perfguard.presentation.render`.
 """
 
@@ -10,10 +12,10 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
 from rich.table import Table
 
 from perfguard.metrics import unit
+from perfguard.presentation.escape import rich_markup as escape
 from perfguard.storage.cases import Case
 
 if TYPE_CHECKING:

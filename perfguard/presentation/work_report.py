@@ -22,9 +22,12 @@ from perfguard.decision.counters import (
 )
 from perfguard.decision.verdict import IMPROVEMENT, REGRESSION, CaseVerdict, MetricVerdict
 from perfguard.metrics import DENOISING_STAGE, WORK_KINDS, work_kind, work_stage
+from perfguard.presentation.escape import Code, md_parts, md_text, plain_parts
 from perfguard.storage.reports import Report
 
-Escape = Callable[[object], str]
+Parts = list[str]
+"""A sentence as parts: `Code` parts (op names) are shown as code, the others as text; each
+renderer escapes every part for its format (`escape.md_parts`, `escape.plain_parts`)."""
 
 
 def fmt_bytes(n: float) -> str:
@@ -73,42 +76,43 @@ def stage_sentence(
     stage: str,
     moved: Mapping[str, tuple[MetricVerdict, float]],
     work: Mapping[str, Any],
-    code: Escape,
-) -> str:
-    """`DenoisingStage: +24 `aten::addmm` per step (+0.4 GFLOP); +1 host sync per step ...`."""
+) -> Parts:
+    """`DenoisingStage: +24 `aten::addmm` per step (+0.4 GFLOP); +1 host sync per step ...`,
+    as parts: the op names are `Code` parts, never text with marks around them."""
     steps = int(work.get("steps") or 0)
-    parts: list[str] = []
+    parts: list[Parts] = []
     ops = _biggest_first((work.get("op_changes") or {}).get(stage, {}))
     if "ops" in moved or "flops" in moved:
         delta_ops = moved["ops"][1] if "ops" in moved else 0
         shown = list(ops.items())[:TOP_OPS]
-        names = []
+        text: Parts = []
         for op, (before, after) in shown:
             d, _ = _per_step(stage, after - before, steps)
-            names.append(f"{_signed(d)} {code(op)}")
+            text += [", " if text else "", f"{_signed(d)} ", Code(op)]
         d, where = _per_step(stage, delta_ops, steps)
-        text = ", ".join(names) if names else f"{_signed(d)} ops"
-        if names and len(ops) > len(shown):
-            text += f" (+{len(ops) - len(shown)} more ops)"
+        if not text:
+            text.append(f"{_signed(d)} ops")
+        if shown and len(ops) > len(shown):
+            text.append(f" (+{len(ops) - len(shown)} more ops)")
         if delta_ops and len(ops) > 1:
-            text += f", {_signed(d)} ops in all"
-        text += where
+            text.append(f", {_signed(d)} ops in all")
+        text.append(where)
         if "flops" in moved:
             f, fwhere = _per_step(stage, moved["flops"][1], steps)
-            text += f" ({_signed(f, fmt_flops)}{fwhere if fwhere != where else ''})"
+            text.append(f" ({_signed(f, fmt_flops)}{fwhere if fwhere != where else ''})")
         parts.append(text)
     if "alloc" in moved:
         a, where = _per_step(stage, moved["alloc"][1], steps)
-        parts.append(f"{_signed(a, fmt_bytes)} allocated{where}")
+        parts.append([f"{_signed(a, fmt_bytes)} allocated{where}"])
     if "syncs" in moved:
         s, where = _per_step(stage, moved["syncs"][1], steps)
         syncs = _biggest_first((work.get("sync_changes") or {}).get(stage, {}))
-        which = ", ".join(
-            f"{code(op)} {_signed(_per_step(stage, b - a, steps)[0])}"
-            for op, (a, b) in list(syncs.items())[:TOP_OPS]
-        )
+        which: Parts = []
+        for op, (a, b) in list(syncs.items())[:TOP_OPS]:
+            step = _signed(_per_step(stage, b - a, steps)[0])
+            which += [", " if which else "", Code(op), f" {step}"]
         noun = "host sync" if abs(s) == 1 else "host syncs"
-        parts.append(f"{_signed(s)} {noun}{where}" + (f" ({which})" if which else ""))
+        parts.append([f"{_signed(s)} {noun}{where}", *([" (", *which, ")"] if which else [])])
     grew = [k for k in WORK_KINDS if k in moved and moved[k][0].verdict == REGRESSION]
     shrank = [k for k in WORK_KINDS if k in moved and moved[k][0].verdict == IMPROVEMENT]
     mark = "; ".join(
@@ -119,7 +123,10 @@ def stage_sentence(
         )
         if part
     )
-    return f"{stage}: " + "; ".join(parts) + (f" ({mark})" if mark else "")
+    out: Parts = [f"{stage}: "]
+    for i, part in enumerate(parts):
+        out += ["; ", *part] if i else part
+    return [*out, f" ({mark})" if mark else ""]
 
 
 def _biggest_first(changes: Mapping[str, Sequence[int]]) -> dict[str, Sequence[int]]:
@@ -128,45 +135,40 @@ def _biggest_first(changes: Mapping[str, Sequence[int]]) -> dict[str, Sequence[i
     return dict(items)
 
 
-def case_lines(case: CaseVerdict, text: Escape) -> list[str]:
-    """The sentences of one case: each stage that moved, the output, the notes.
-
-    `text` renders a sentence whose op names are marked `\0name\1` (Markdown escapes
-    outside them); the marks become backticks.
-    """
+def case_lines(case: CaseVerdict) -> list[Parts]:
+    """The sentences of one case, as parts: each stage that moved, the output, the notes."""
     work = case.work or {}
-    lines: list[str] = []
+    lines: list[Parts] = []
     deltas = _deltas(case)
     for stage in sorted(s for s in deltas if s is not None):
-        lines.append(text(stage_sentence(stage, deltas[stage], work, lambda s: "\0" + s + "\1")))
+        lines.append(stage_sentence(stage, deltas[stage], work))
     outside = deltas.get(None, {})
     if outside and not any(s is not None for s in deltas):
         parts = [f"{_signed(d)} {kind}" for kind, (_m, d) in sorted(outside.items())]
-        lines.append(text("the run, outside any stage: " + ", ".join(parts)))
+        lines.append(["the run, outside any stage: " + ", ".join(parts)])
     if work.get("note"):
-        lines.append(text(work["note"]))
+        lines.append([str(work["note"])])
     if work.get("varies"):
-        varies = ", ".join(work["varies"][:6])
-        lines.append(text(f"counters that vary between runs (judged on their range): {varies}"))
+        varies = ", ".join(str(v) for v in work["varies"][:6])
+        lines.append([f"counters that vary between runs (judged on their range): {varies}"])
     if case.output is not None:
         out = OutputVerdict.from_json(case.output)
         if out.verdict != BIT_IDENTICAL:
             head = "output CHANGED" if out.failed else f"output {out.verdict}"
-            lines.append(text(f"{head}: {out.reason}"))
-    # Code spans are marked with \0 ... \1 before escaping, then turned into backticks.
-    return [ln.replace("\0", "`").replace("\1", "`") for ln in lines]
+            lines.append([f"{head}: {out.reason}"])
+    return lines
 
 
-def work_markdown(report: Report, escape: Escape) -> list[str]:
+def work_markdown(report: Report) -> list[str]:
     """The report's opening section: what the code does, per case, before any time."""
     cases = [c for c in report.cases if c.work or c.output]
     if not cases:
         return []
     body: list[str] = []
     for case in cases:
-        lines = case_lines(case, lambda s: _escape_outside_code(escape, s))
+        lines = [md_parts(parts) for parts in case_lines(case)]
         if lines:
-            body.append(f"- **{escape(case.case_id)}**: " + "; ".join(lines[:1]))
+            body.append(f"- **{md_text(case.case_id)}**: " + "; ".join(lines[:1]))
             body += [f"  - {ln}" for ln in lines[1:]]
     counted = sum(1 for c in cases if c.work and not c.work.get("note"))
     same = [c for c in cases if c.output and c.output.get("verdict") == BIT_IDENTICAL]
@@ -178,36 +180,16 @@ def work_markdown(report: Report, escape: Escape) -> list[str]:
     elif same:
         quiet.append(f"{len(same)} output(s) bit-identical")
     head = ["#### What the code does (work counters, exact)", ""]
-    tail = [escape("; ".join(quiet).capitalize() + "."), ""] if quiet else []
+    tail = [md_text("; ".join(quiet).capitalize() + "."), ""] if quiet else []
     return head + body + ([""] if body else []) + tail
-
-
-def _escape_outside_code(escape: Escape, line: str) -> str:
-    """Escape `line` for Markdown except the \\0...\\1 code spans, which stay verbatim."""
-
-    def keep_spaces(part: str) -> str:
-        if not part.strip():
-            return " " if part else ""
-        lead = " " if part[0].isspace() else ""
-        trail = " " if part[-1].isspace() else ""
-        return lead + escape(part) + trail
-
-    out, rest = [], line
-    while "\0" in rest:
-        before, _, after = rest.partition("\0")
-        span, _, rest = after.partition("\1")
-        out.append(keep_spaces(before))
-        out.append("\0" + span.replace("`", "") + "\1")
-    out.append(keep_spaces(rest))
-    return "".join(out)
 
 
 def work_console_lines(report: Report) -> list[str]:
     """The same sentences for the terminal, one per line, prefixed by the case id."""
     out = []
     for case in report.cases:
-        for line in case_lines(case, lambda s: s):
-            out.append(f"{case.case_id}: {line}")
+        for parts in case_lines(case):
+            out.append(plain_parts([case.case_id, ": ", *parts]))
     return out
 
 
