@@ -37,7 +37,6 @@ from perfguard.decision.verdict import (
 from perfguard.errors import PerfguardError
 from perfguard.metrics import metric_sort_key, unit
 from perfguard.presentation.escape import console_text, md_text
-from perfguard.presentation.observed import observed_facts
 from perfguard.presentation.work_report import output_summary, work_console_lines, work_markdown
 from perfguard.storage.jsonio import (
     write_text_atomic,
