@@ -694,7 +694,6 @@ def _md_case_facts(case: CaseVerdict) -> list[str]:
         extra.append(f"call arguments: {escape_md(arguments_line(case.arguments))}")
     if case.counters:
         extra.append(f"counters per run: {escape_md(counters_line(case.counters))}")
-    extra += [escape_md(fact) for fact in observed_facts(case)]
     return extra
 
 
