@@ -18,8 +18,11 @@ EXIT_CASE_FAILED = 3
 infrastructure failed, not the data."""
 
 EXIT_CONTENDED = 4
-"""The runner stayed much slower than at baseline time (its reference workload said so)
-after bounded waits: the measurement says nothing about the code, so no verdict."""
+"""No verdict on the code: a timed figure the check could not tell from its baseline
+(*can't tell*: neither the same within its minimum effect nor credibly slower), or the
+runner stayed much slower than at baseline time (its reference workload said so) after
+bounded waits. The report says what would resolve it."""
+EXIT_NO_VERDICT = EXIT_CONTENDED
 EXIT_INTERNAL = 70
 """An internal error (a bug, or a library raising something unexpected): never a verdict.
 70 is `EX_SOFTWARE` of BSD's sysexits.h."""
@@ -32,7 +35,8 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 no regression; 1 at least one regression; "
     "2 usage, configuration or data error; 3 a case failed to run (and no regression) "
     "or the history server is unreachable; "
-    "4 the runner was contended (no verdict); 70 internal error (never a verdict); "
+    "4 no verdict: can't tell (a timed figure neither the same nor credibly slower) or the "
+    "runner was contended; 70 internal error (never a verdict); "
     "130 interrupted; 143 terminated."
 )
 

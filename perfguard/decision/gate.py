@@ -382,7 +382,8 @@ class _Gate:
                     results.cases[cid] = again
 
     def over_bounds(self, results: Results, attempt: int) -> list[Case]:
-        """The cases with a metric over its bound, to confirm in a fresh process."""
+        """The cases to measure in a fresh process: a metric over its bound (to confirm),
+        or one the check can't tell from its baseline (to resolve)."""
         todo: list[Case] = []
         max_reruns, gap = self.judging.max_reruns, self.judging.confirm_gap_s
         for cid, res in sorted(results.cases.items()):
@@ -393,12 +394,22 @@ class _Gate:
             # verdict by the runner's speed is over its bound and is confirmed, since a
             # fresh process at another moment may see a faster runner.
             screened = verdict.verdict == CONTENDED and verdict.error is not None
+            after = f" in {gap:g} s" if gap > 0 else ""
             if not screened and verdict.over:
-                after = f" in {gap:g} s" if gap > 0 else ""
                 self.tell(
                     cid,
                     f"over its bound ({', '.join(verdict.over[:3])}): confirming in a fresh "
                     f"process{after} ({attempt} of at most {max_reruns})",
+                )
+                todo.append(self.by_id[cid])
+            elif not screened and verdict.cant_tell:
+                # Neither the same nor slower: only another process can narrow the
+                # between-process part of the interval, so measure while budget remains.
+                names = ", ".join(m.metric for m in verdict.cant_tell[:3])
+                self.tell(
+                    cid,
+                    f"can't tell yet ({names}): measuring in a fresh process{after} "
+                    f"({attempt} of at most {max_reruns})",
                 )
                 todo.append(self.by_id[cid])
         return todo

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfguard.decision import answer as answers
 from perfguard.decision import counters
 from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate
 from perfguard.decision.normalize import (
@@ -154,6 +155,17 @@ def judge_relative_metric(
     est = floored(paired_estimate(log_ratios, effect, alpha), baseline.median, pad)
     est = dataclasses.replace(est, reference_exponent=exponent)
     verdict, reason = _verdict_of(est, pad, final)
+    floor = pad / baseline.median if baseline.median > 0 else 0.0
+    answer = answers.assess(
+        est.ratio,
+        answers.log_se(est.ratio, est.low, est.alpha, est.blocks - 1),
+        est.blocks - 1,
+        alpha=est.alpha,
+        threshold=1.0 + max(effect, floor),
+        margin=max(effect, floor),
+        slower=verdict == REGRESSION,
+        faster=verdict == IMPROVEMENT,
+    )
     return MetricVerdict(
         metric,
         verdict,
@@ -168,6 +180,7 @@ def judge_relative_metric(
         significant=est.low > 1.0,
         clear=est.decision != UNKNOWN,
         paired=est,
+        answer=answer,
     )
 
 

@@ -45,11 +45,14 @@ verdicts are clear and within their bounds.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from perfguard.decision import answer as answers
 from perfguard.decision import counters
+from perfguard.decision.answer import Answer
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, Screen, screen
 from perfguard.decision.estimate import PairedEstimate
@@ -109,6 +112,8 @@ OVERALL_PASS = "pass"
 OVERALL_FAIL = "fail"
 OVERALL_ERROR = "error"
 OVERALL_CONTENDED = "contended"
+OVERALL_CANT_TELL = "cant_tell"
+"""No figure slower, but one the check could not tell from its baseline (exit 4)."""
 
 # ---- one metric ----------------------------------------------------------------------------
 
@@ -134,6 +139,9 @@ class MetricVerdict(counters.CounterVerdict):
     clear: bool = True
     noise: Noise | None = None
     paired: PairedEstimate | None = None
+    answer: Answer | None = None
+    """same / slower / can't tell, with the smallest slowdown the check could have caught
+    (`perfguard.decision.answer`); None for coverage verdicts (missing, new)."""
 
     @property
     def metric_class(self) -> str:
@@ -180,6 +188,8 @@ class MetricVerdict(counters.CounterVerdict):
             out["noise"] = self.noise.to_json()
         if self.paired is not None:
             out["paired"] = self.paired.to_json()
+        if self.answer is not None:
+            out["answer"] = self.answer.to_json()
         return out
 
     @classmethod
@@ -187,6 +197,7 @@ class MetricVerdict(counters.CounterVerdict):
         band = data.get("band")
         noise = data.get("noise")
         paired = data.get("paired")
+        answer = data.get("answer")
 
         def opt(key: str) -> float | None:
             return None if data.get(key) is None else float(data[key])
@@ -208,6 +219,7 @@ class MetricVerdict(counters.CounterVerdict):
             paired=None
             if paired is None or data.get("ratio_low") is None
             else PairedEstimate.from_json(paired, data),
+            answer=None if answer is None else Answer.from_json(answer),
         )
 
 
@@ -226,6 +238,7 @@ def judge_metric(
     groups: Sequence[int] | None = None,
     speed: float | None = None,
     session: float = 0.0,
+    same_band: Band | None = None,
 ) -> MetricVerdict:
     """Compare the median of `samples` with `baseline.median` under `band` and `rule`.
 
@@ -252,6 +265,10 @@ def judge_metric(
     runner adjusts nothing: it must not hide a real slowdown. `session` widens the
     interval by the offset one session of the runner leaves on the metric
     (`Profile.session`), once for the baseline's session and once for this one's.
+
+    `same_band` is the band *same* is stated within (`perfguard.decision.answer`): the
+    profile's own, without the noise pad that widens `band` for a noisy baseline (a
+    noisier baseline must not make sameness easier); `band` when not given.
     """
     if not samples:
         if baseline is None:
@@ -271,6 +288,18 @@ def judge_metric(
         return _judge_on_the_band_alone(metric, measured, baseline, band)
     c = Comparison.of(metric, measured, baseline, band, rule, session)
     verdict, reason = _outcome(c, improvement_threshold, speed)
+    margin = (same_band or band).bound(c.b) / c.b - 1.0
+    answer = answers.assess(
+        c.ratio,
+        c.noise.se,
+        c.noise.dof,
+        alpha=rule.alpha,
+        threshold=c.bound / c.b,
+        margin=margin,
+        slower=verdict == REGRESSION,
+        faster=verdict == IMPROVEMENT,
+        known=math.sqrt(2.0) * session,
+    )
     return MetricVerdict(
         metric,
         verdict,
@@ -286,6 +315,7 @@ def judge_metric(
         borderline=c.borderline(),
         clear=c.clear(),
         noise=c.noise,
+        answer=answer,
     )
 
 
@@ -298,7 +328,10 @@ def _judge_on_the_band_alone(
     verdict = REGRESSION if m > bound else PASS
     reason = f"median {_fmt(m, metric)} > bound {_fmt(bound, metric)}" if m > bound else ""
     ratio = m / b if b > 0 else None
-    return MetricVerdict(metric, verdict, measured, baseline, band, bound, ratio, reason)
+    answer = answers.exact(verdict == REGRESSION)  # a figure of 0: the band is all there is
+    return MetricVerdict(
+        metric, verdict, measured, baseline, band, bound, ratio, reason, answer=answer
+    )
 
 
 def _outcome(c: Comparison, improvement_threshold: float, speed: float | None) -> tuple[str, str]:
@@ -373,6 +406,7 @@ class CaseVerdict:
     components: Mapping[str, Any] | None = None
     counters: Mapping[str, Any] | None = None
     arguments: Mapping[str, Any] | None = None
+    observed: Mapping[str, Any] | None = None  # diffusers cases: step seam, frames
     baseline_components: Mapping[str, Any] | None = None
 
     @property
@@ -390,6 +424,22 @@ class CaseVerdict:
         return self.output is not None and counters.OutputVerdict.from_json(self.output).failed
 
     @property
+    def answer(self) -> str | None:
+        """The case's answer (`perfguard.decision.answer`): slower when anything failed
+        (a figure, a counter, the output), else can't tell when a figure can't, else
+        same; None for a case that did not run or ran on a contended runner."""
+        if self.verdict == REGRESSION or self.output_failed:
+            return answers.SLOWER
+        if self.verdict in (ERROR, CONTENDED):
+            return None
+        return answers.worst([m.answer.answer for m in self.metrics if m.answer is not None])
+
+    @property
+    def cant_tell(self) -> list[MetricVerdict]:
+        """The timed figures the check could not tell apart from the baseline."""
+        return [m for m in self.metrics if m.answer and m.answer.answer == answers.CANT_TELL]
+
+    @property
     def clear(self) -> bool:
         """Every verdict is clear: more samples would not change any of them."""
         return self.verdict != ERROR and all(m.clear for m in self.metrics)
@@ -397,6 +447,7 @@ class CaseVerdict:
     def to_json(self) -> dict[str, Any]:
         out = {
             "verdict": self.verdict,
+            "answer": self.answer,
             "error": self.error,
             "output_hash": self.output_hash,
             "baseline_output_hash": self.baseline_output_hash,
@@ -414,6 +465,8 @@ class CaseVerdict:
             out["counters"] = {k: list(v) for k, v in self.counters.items()}
         if self.arguments is not None:
             out["arguments"] = dict(self.arguments)
+        if self.observed is not None:
+            out["observed"] = dict(self.observed)
         if self.baseline_components is not None:
             out["baseline_components"] = {k: dict(v) for k, v in self.baseline_components.items()}
         if self.work is not None:
@@ -439,6 +492,7 @@ class CaseVerdict:
             components=data.get("components"),
             counters=data.get("counters"),
             arguments=data.get("arguments"),
+            observed=data.get("observed"),
             baseline_components=data.get("baseline_components"),
             work=data.get("work"),
             output=data.get("output"),
@@ -548,7 +602,8 @@ def judge_case(
         )
         if exponent is not None:
             exponents[metric] = round(exponent, 3)
-        band = profile.noise_band(profile.band(metric, overrides), summary)
+        own = profile.band(metric, overrides)
+        band = profile.noise_band(own, summary)
         out.append(
             judge_metric(
                 metric,
@@ -560,11 +615,15 @@ def judge_case(
                 groups=result.groups,
                 speed=speed,
                 session=profile.session(metric),
+                same_band=own,
             )
         )
     if exponents:
         runner["reference_exponents"] = exponents
-    out.extend(MetricVerdict(**vars(c)) for c in work.metrics)
+    out.extend(
+        MetricVerdict(**vars(c), answer=answers.exact(c.verdict == REGRESSION))
+        for c in work.metrics
+    )
     kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
     verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=runner, **common)
     return contended(verdict, scr.reason) if scr.contended else verdict
@@ -597,6 +656,7 @@ def _case_fields(result: CaseResult, scenario: Scenario | None) -> dict[str, Any
         "components": result.components,
         "counters": result.counters,
         "arguments": result.arguments,
+        "observed": result.observed,
         "baseline_components": scenario.components if scenario else None,
     }
 
@@ -658,6 +718,11 @@ class Judgement:
         return out
 
     @property
+    def answer(self) -> str | None:
+        """The check's answer: its worst case's (None when no case has one)."""
+        return answers.worst([c.answer for c in self.cases if c.answer is not None])
+
+    @property
     def verdict(self) -> str:
         return overall(self.cases, self.fail_on_missing, self.advisory)[0]
 
@@ -669,13 +734,16 @@ class Judgement:
 def overall(
     cases: Iterable[CaseVerdict], fail_on_missing: bool = False, advisory: bool = False
 ) -> tuple[str, int]:
-    """The run's verdict and exit code: fail (1) > error (3) > contended (4) > pass (0).
+    """The run's verdict and exit code: fail (1) > error (3) > contended, can't tell
+    (4) > pass (0).
 
-    A regression fails the run (exit 1) unless advisory; with `fail_on_missing` so do
-    metrics or cases missing from the baseline and stages missing from the run. Else a
-    case that failed to run makes it exit 3; else a case measured on a runner that
-    stayed contended makes it exit 4 (no verdict on the code: re-run on a quiet
-    runner); else 0. Improvements never fail.
+    A regression (a *slower* answer) fails the run (exit 1) unless advisory; with
+    `fail_on_missing` so do metrics or cases missing from the baseline and stages
+    missing from the run. Else a case that failed to run makes it exit 3; else a case
+    measured on a runner that stayed contended, or a timed figure the check could not
+    tell from its baseline (*can't tell*), makes it exit 4: no verdict on the code (the
+    report says what would resolve it); advisory checks report it with exit 0. Else 0:
+    every figure *same* (or faster). Improvements never fail.
     """
     cases = list(cases)
     bad = {REGRESSION, *MISSING} if fail_on_missing else {REGRESSION}
@@ -689,6 +757,8 @@ def overall(
         return OVERALL_ERROR, EXIT_CASE_FAILED
     if any(c.verdict == CONTENDED for c in cases):
         return OVERALL_CONTENDED, EXIT_CONTENDED
+    if not advisory and any(c.answer == answers.CANT_TELL for c in cases):
+        return OVERALL_CANT_TELL, EXIT_CONTENDED
     return OVERALL_PASS, EXIT_OK
 
 

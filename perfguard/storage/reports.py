@@ -81,6 +81,9 @@ class Report:
     settled: Mapping[str, Any] | None = None
     """A stored check whose open cases a relative check settled (`check --settle`, `settle`):
     that check's base revision and settings, and the stored verdicts it replaced."""
+    attribution: Mapping[str, Any] | None = None
+    """Per-op time attribution of the cases whose timings regressed, or asked for
+    (`perfguard.decision.attribution.Attribution.to_json()`); None when none was made."""
 
     @property
     def relative(self) -> bool:
@@ -114,6 +117,7 @@ class Report:
             },
             "cases": {c.case_id: c.to_json() for c in self.judgement.cases},
             "counts": self.judgement.counts,
+            "answer": self.judgement.answer,
             "verdict": self.verdict,
             "exit_code": self.exit_code,
         }
@@ -123,6 +127,8 @@ class Report:
             out["against"] = dict(self.against)
         if self.settled is not None:
             out["settled"] = dict(self.settled)
+        if self.attribution is not None:
+            out["attribution"] = dict(self.attribution)
         return out
 
     @classmethod
@@ -146,6 +152,7 @@ class Report:
             merged_from=tuple(data.get("merged_from", ())),
             against=dict(data["against"]) if data.get("against") is not None else None,
             settled=dict(data["settled"]) if data.get("settled") is not None else None,
+            attribution=dict(data["attribution"]) if data.get("attribution") else None,
         )
 
 

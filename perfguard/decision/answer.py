@@ -1,0 +1,163 @@
+"""The answer a check gives on a timed figure: *same*, *slower* or *can't tell*.
+
+A regression test alone says "slower" or "not shown slower", and "not shown" is what a
+noisy runner says about every change. So each timed figure also gets an equivalence
+statement (Schuirmann's one-sided test, the non-inferiority half of TOST: only a
+slowdown can fail a check) and the size of the slowdown the check could have caught:
+
+- **slower**: the regression rule rejected (`perfguard.decision.verdict`: the median over
+  its band and the one-sided lower bound on median/baseline above 1, at the gate's level).
+- **same**: the one-sided upper bound on median/baseline, at `SAME_ALPHA`, lies inside
+  the minimum effect (`margin`): a slowdown of that size would have been seen. A figure
+  credibly faster than its baseline is **faster** (the same answer for the gate: not
+  slower).
+- **can't tell**: neither. The figure carries the smallest slowdown the check could have
+  caught (`detectable`) and the margin it would take to call it the same (`needs`).
+
+Work counters and the output are exact: they are *same* or *slower*, never can't tell.
+
+The answer is computed from the figure's ratio and its interval alone, so a report
+read back from disk gives the same answer: the log-scale standard error is the
+interval's half-width over the t quantile of its level.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from perfguard.decision.stats import t_quantile, z_quantile
+
+SAME = "same"
+FASTER = "faster"
+SLOWER = "slower"
+CANT_TELL = "cant_tell"
+ANSWERS = (SLOWER, CANT_TELL, SAME, FASTER)
+"""Worst first. A case's answer is its worst figure's, with faster counted as same."""
+
+LABELS = {SAME: "same", FASTER: "faster", SLOWER: "slower", CANT_TELL: "can't tell"}
+
+SAME_ALPHA = 0.05
+"""The level of the equivalence statement: the chance of calling a figure *same* when it
+is in truth slower by exactly the margin, at one look. 5 % one-sided is Schuirmann's
+(a 90 % two-sided interval). The gate looks after each process, so for code slower by
+exactly the margin the rate over a check is higher; for code slower by twice the margin
+or more it is negligible (docs/verdicts.md, held-out figures)."""
+
+POWER = 0.8
+"""`detectable` is the smallest slowdown the regression rule catches with this
+probability at the check's noise: the textbook 80 % of a power analysis."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One timed figure's answer, with the two sizes that explain it.
+
+    `margin`: the minimum effect *same* is stated within (a ratio minus 1).
+    `high`: the one-sided (1 - SAME_ALPHA) upper bound on the ratio.
+    `detectable`: the smallest slowdown (ratio - 1) the regression rule catches with
+    `POWER` at this noise; None when the noise is unknown.
+    `needs`: the margin that would have made the figure *same* (high - 1), for can't tell.
+    """
+
+    answer: str
+    margin: float
+    high: float | None
+    detectable: float | None
+
+    @property
+    def needs(self) -> float | None:
+        return None if self.high is None else max(self.high - 1.0, 0.0)
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.answer]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"answer": self.answer, "margin": round(self.margin, 4)}
+        if self.high is not None:
+            out["high"] = round(self.high, 4)
+        if self.detectable is not None:
+            out["detectable"] = round(self.detectable, 4)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Answer:
+        def opt(key: str) -> float | None:
+            return None if data.get(key) is None else float(data[key])
+
+        return cls(str(data["answer"]), float(data["margin"]), opt("high"), opt("detectable"))
+
+
+def log_se(ratio: float, low: float, alpha: float, dof: int) -> float:
+    """The log-scale standard error behind a one-sided (1 - alpha) lower bound `low`."""
+    t = t_quantile(alpha, dof)
+    return math.log(ratio / low) / t if t > 0 and low > 0 else 0.0
+
+
+def assess(
+    ratio: float,
+    se: float,
+    dof: int,
+    *,
+    alpha: float,
+    threshold: float,
+    margin: float,
+    slower: bool,
+    faster: bool = False,
+    known: float = 0.0,
+) -> Answer:
+    """The answer on a figure read at `ratio` (median over baseline) with log-scale
+    standard error `se` on `dof` degrees of freedom.
+
+    `alpha` and `threshold` are the regression rule's: its one-sided level and the ratio
+    the point estimate must exceed (the band's bound over the baseline, or 1 + the
+    minimum effect side by side). `slower` / `faster` are what the rule decided.
+
+    `detectable`: the rule rejects when log(m) > max(log threshold, t_alpha se), so with
+    probability `POWER` when the true log ratio is that plus z_power se.
+
+    `known` is the part of `se` that was not estimated from the data (the sessions'
+    offset, a constant of the profile): the equivalence bound's t quantile takes the
+    Welch-Satterthwaite degrees of freedom of the estimated part alone, so that a
+    known term does not pay for the few processes of the estimated one.
+    """
+    if se <= 0:
+        # No spread known: the band alone decides, and sameness is the point's.
+        high = ratio
+        detectable = None
+    else:
+        high = ratio * math.exp(t_quantile(SAME_ALPHA, _effective_dof(se, known, dof)) * se)
+        reach = max(math.log(threshold), t_quantile(alpha, dof) * se)
+        detectable = math.exp(reach + z_quantile(1.0 - POWER) * se) - 1.0
+    if slower:
+        answer = SLOWER
+    elif high <= 1.0 + margin:
+        answer = FASTER if faster else SAME
+    else:
+        answer = CANT_TELL
+    return Answer(answer, margin, high, detectable)
+
+
+def _effective_dof(se: float, known: float, dof: int) -> int:
+    """Welch-Satterthwaite: the degrees of freedom of se^2 = estimated + known^2."""
+    estimated = se * se - known * known
+    if known <= 0 or dof <= 0:
+        return dof
+    if estimated <= 0:
+        return 0  # all of it known: the normal quantile
+    return min(int(dof * (se * se / estimated) ** 2), 10_001)
+
+
+def exact(grew: bool) -> Answer:
+    """A work counter's or the output's answer: a fact, never can't tell."""
+    return Answer(SLOWER if grew else SAME, 0.0, None, None)
+
+
+def worst(answers: list[str]) -> str | None:
+    """The case's answer from its figures' (faster counts as same); None for none."""
+    if not answers:
+        return None
+    found = min(ANSWERS.index(a) for a in answers)
+    return SAME if ANSWERS[found] == FASTER else ANSWERS[found]
