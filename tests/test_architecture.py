@@ -1,5 +1,5 @@
 """The layout's rules (docs/architecture.md): layers, no import cycles, no torch below
-measurement, small modules, and a README CLI reference that is the click definitions'."""
+measurement, small modules, and a CLI reference (docs/cli.md) that is the click definitions'."""
 
 from __future__ import annotations
 
@@ -306,17 +306,17 @@ def test_check_of_an_sglang_performance_log_runs_without_torch(tmp_path: Path) -
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# ---- the README's CLI reference ------------------------------------------------------------------
+# ---- the CLI reference (docs/cli.md) -------------------------------------------------------------
 
 
-def test_the_readme_cli_reference_is_the_click_definitions() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start, end = readme.find(reference.BEGIN), readme.find(reference.END)
-    assert 0 <= start < end, "README.md has no generated CLI reference block"
-    block = readme[start : end + len(reference.END) + 1]
+def test_the_cli_reference_is_the_click_definitions() -> None:
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    start, end = page.find(reference.BEGIN), page.find(reference.END)
+    assert 0 <= start < end, "docs/cli.md has no generated CLI reference block"
+    block = page[start : end + len(reference.END) + 1]
     assert block == reference.markdown(cli), (
-        "README.md's CLI reference is out of date: run "
-        "`python -m perfguard.cli.reference --write README.md`"
+        "docs/cli.md's CLI reference is out of date: run "
+        "`python -m perfguard.cli.reference --write docs/cli.md`"
     )
 
 
