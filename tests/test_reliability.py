@@ -734,7 +734,7 @@ def _hostile_report(tmp_path: Path) -> Path:
     case = data["cases"].pop("qwen_image_t2i_smoke")
     case["notes"] = HOSTILE
     data["cases"][HOSTILE] = case
-    data["environment"]["git_commit"] = HOSTILE
+    data["environment"]["hardware"] = HOSTILE  # a commit is hex digits (the schema)
     out = tmp_path / "hostile.json"
     out.write_text(json.dumps(data))
     return out

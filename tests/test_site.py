@@ -146,7 +146,7 @@ def _hostile_report(path: Path) -> Path:
         data["cases"][HOSTILE] = case
     else:
         data["cases"][0]["case_id"] = HOSTILE
-    data["environment"]["git_commit"] = HOSTILE
+    data["environment"]["hardware"] = HOSTILE  # a commit is hex digits (the schema)
     path.write_text(json.dumps(data))
     return path
 

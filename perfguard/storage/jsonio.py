@@ -218,17 +218,27 @@ def json_path(parts: Any) -> str:
     """`["scenarios", "x", "stages_ms"]` -> `$.scenarios.x.stages_ms`.
 
     A key with characters beyond those of ids and metric names is written quoted
-    (`$.cases["a b"]`), so that a hostile key cannot make the path say something else.
+    (`$.cases["a b"]`), so that a hostile key cannot make the path say something else;
+    a key longer than `KEY_SHOWN` characters is cut, with `...` after its quotes (a
+    100 kB key makes a one-line message, not a 100 kB one).
     """
     out = "$"
     for part in parts:
+        key = str(part)
         if isinstance(part, int):
             out += f"[{part}]"
-        elif _BARE_KEY.match(str(part)):
-            out += f".{part}"
+        elif _BARE_KEY.match(key) and len(key) <= KEY_SHOWN:
+            out += f".{key}"
         else:
-            out += f"[{json.dumps(str(part), ensure_ascii=True)}]"
+            cut = "..." if len(key) > KEY_SHOWN else ""
+            out += f"[{json.dumps(key[:KEY_SHOWN], ensure_ascii=True)}{cut}]"
     return out
+
+
+KEY_SHOWN = 80
+"""How many characters of a key an error's JSON path shows."""
+MESSAGE_SHOWN = 300
+"""How many characters of a schema error's message are shown (its value quoted in it)."""
 
 
 def validate(data: Any, schema_name: str, source: str) -> None:
@@ -237,7 +247,10 @@ def validate(data: Any, schema_name: str, source: str) -> None:
     errors = list(validator.iter_errors(data))
     if errors:
         err = max(errors, key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
-        raise PerfguardError(f"{source}: {json_path(err.absolute_path)}: {err.message}")
+        message = err.message
+        if len(message) > MESSAGE_SHOWN:
+            message = message[:MESSAGE_SHOWN] + f"... ({len(message)} characters)"
+        raise PerfguardError(f"{source}: {json_path(err.absolute_path)}: {message}")
 
 
 def dumps(data: Any) -> str:
