@@ -18,11 +18,12 @@ figures, and recorded like on the CPU. A case may set `threads` to measure anoth
 Why the tokenizers' pool goes too, at one thread: the Rust `tokenizers` library keeps a
 pool of one thread per core and wakes it for every prompt it encodes. In a measured
 qwen smoke process those two threads used 0-1 clock ticks over 20 runs but were
-preempted 1,426 and 1,435 times (`python benchmarks/host_threads.py`): wake-ups that cost
+preempted 1,426 and 1,435 times (`python benchmarks/host_threads.py`, since retired:
+docs/measurements/retired-benchmarks.md): wake-ups that cost
 the measured thread its core on a 2-vCPU runner, at a price that moves with the host.
 With one intra-op thread `TOKENIZERS_PARALLELISM` is set to `false` (unless the caller
 set it), which the library reads at every call. The detection benchmark with and
-without it is in docs/verdicts.md.
+without it is in docs/measurements/2026-12-02-normalized.md.
 """
 
 from __future__ import annotations

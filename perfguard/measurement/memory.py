@@ -21,7 +21,8 @@ accounting. It does not see memory a kernel allocates and frees inside itself
 (workspaces) nor allocations outside torch.
 
 Why a run of its own: the dispatch mode puts a Python call on every op, ~8 us per op
-or ~3x the run's time on the smoke cases (`benchmarks/memory_overhead.py` prints it),
+or ~3x the run's time on the smoke cases (`benchmarks/memory_overhead.py` printed it;
+retired, figures in docs/measurements/retired-benchmarks.md),
 so timed runs cannot carry it. The runner makes one tracked run per pipeline build, after the
 warm-up, and takes the peak memory from it; on a deterministic pipeline the figure is
 the same every run, so one run is the measurement, not a sample of it.

@@ -53,7 +53,8 @@ RUNNER_LIBRARIES = ("jsonschema", "torch.utils.flop_counter", "torch.utils.modul
 (`tests/test_workers.py` checks that the list is whole): a server shared by two
 revisions imports them, so that a fork pays only for perfguard's own modules: a smoke
 case's worker is ready 0.031 s after the fork against 0.020 s from a server that
-imported perfguard too (`benchmarks/fork_start.py`)."""
+imported perfguard too (`benchmarks/fork_start.py`, since retired: its figures are in
+docs/measurements/retired-benchmarks.md)."""
 
 COMMANDS = (
     "perfguard.cli.app",
