@@ -46,6 +46,9 @@ class CaseResult:
     counters: dict[str, list[int]] | None = None
     arguments: dict[str, Any] | None = None
     """What the pipeline's `__call__` was given (diffusers cases), by argument name."""
+    observed: dict[str, Any] | None = None
+    """What the adapter saw of the pipeline (diffusers cases): the seam that timed the
+    steps (`step_seam`) or why there are none (`no_steps`), a video output's `frames`."""
     work: list[dict[str, Any]] | None = None
     """One entry per counted run (`perfguard.measurement.work.WorkRun` JSON): a build's work."""
     work_error: str | None = None
@@ -123,6 +126,7 @@ class CaseResult:
             **({"components": self.components} if self.components is not None else {}),
             **({"counters": self.counters} if self.counters is not None else {}),
             **({"arguments": self.arguments} if self.arguments is not None else {}),
+            **({"observed": dict(self.observed)} if self.observed else {}),
             **({"work": [dict(w) for w in self.work]} if self.work else {}),
             **({"work_error": self.work_error} if self.work_error else {}),
             **({"output_sketch": dict(self.output_sketch)} if self.output_sketch else {}),
@@ -158,6 +162,7 @@ class CaseResult:
                 else None
             ),
             arguments=dict(data["arguments"]) if data.get("arguments") is not None else None,
+            observed=dict(data["observed"]) if data.get("observed") else None,
             work=[dict(w) for w in data["work"]] if data.get("work") else None,
             work_error=data.get("work_error"),
             output_sketch=dict(data["output_sketch"]) if data.get("output_sketch") else None,
@@ -227,6 +232,7 @@ def pool(parts: Sequence[CaseResult], new_groups: bool = True) -> CaseResult:
         components=first.components,
         counters=counters,
         arguments=first.arguments,
+        observed=first.observed,
         work=work or None,
         work_error=next((p.work_error for p in parts if p.work_error), None),
         output_sketch=first.output_sketch,

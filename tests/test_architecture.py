@@ -174,10 +174,17 @@ def test_no_function_is_over_the_house_limits() -> None:
 
 
 def test_each_test_module_stands_alone() -> None:
-    """Tests share builders through tests/helpers.py, tests/fake_pipeline.py and conftest,
+    """Tests share builders through tests/helpers.py, tests/fake_pipeline.py,
+    tests/diffusers_zoo.py and conftest,
     never by importing another test module (whose collection would then run twice) or by
     editing sys.path."""
-    shared = {"tests.helpers", "tests.fake_pipeline", "tests.pg_server", "tests.conftest"}
+    shared = {
+        "tests.helpers",
+        "tests.fake_pipeline",
+        "tests.pg_server",
+        "tests.conftest",
+        "tests.diffusers_zoo",
+    }
     bad = []
     for path in sorted((ROOT / "tests").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))

@@ -47,6 +47,9 @@ class _NullSpan:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         return None
 
+    def abandon(self) -> None:
+        return None
+
 
 _NULL_SPAN = _NullSpan()
 
@@ -88,6 +91,15 @@ class _Span:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         timer = self._timer
+    def abandon(self) -> None:
+        """Leave an entered step without recording it (its end was never seen): the
+        steps recorded stay the ones whose both ends were marked."""
+        if not self._step:
+            raise ValueError("only a step can be abandoned; a stage is always closed")
+        entered = getattr(self, "_range", None)  # its profiler range, when ranges are on
+        if entered is not None:
+            entered.__exit__(None, None, None)
+
         if timer._inject:
             timer._slow_down(self)
         if timer._sync:

@@ -8,18 +8,45 @@ and times its stages from outside, without editing diffusers:
 * `PriorTokenGenerationStage`: a wrapper around `vision_language_encoder.generate`
   (GLM-Image's autoregressive prior; forward hooks when it has no `generate`);
 * `DenoisingStage`: opened by the denoiser's (`transformer` / `unet`) first forward
-  pre-hook, closed by the callback of the last step (the pipeline's `num_timesteps`), else
+  pre-hook, closed at the end of the last step (the pipeline's `num_timesteps`), else
   when the next stage starts or the call ends;
-* `step:<i>`: from the denoiser's first call in step `i` to `callback_on_step_end` of
-  step `i`;
+* `step:<i>`: from the denoiser's first call in step `i` to the end of that step, as the
+  step seam below sees it;
 * `DecodingStage`: a wrapper around `vae.decode`.
 
-Why hooks and a callback: they are the pipeline's public seams, so the pipeline measured is
+Why hooks and wrappers: they are the pipeline's public seams, so the pipeline measured is
 the user's own, line for line; a copy of its loop would drift from it. Why the ambient
 `StageTimer`: each boundary records a device event and the run syncs once, as the
 built-in pipelines do, so the figures are device time on CUDA/ROCm/NPU and comparable.
 What no seam shows (input checks, latent and timestep preparation, post-processing) is
 in `e2e` only.
+
+**The step seam, in this order** (`STEP_SEAMS`; the first one not yet shown not to work):
+
+1. `scheduler.step`: the scheduler instance's `step`, wrapped for the duration of the call
+   (an instance attribute, removed afterwards; the class and other instances are
+   untouched). Every diffusers denoising loop calls it once per iteration whatever its
+   `__call__` takes (Stable Diffusion, PixArt, Sana, Wan, Flux, Qwen-Image, ...), so it
+   needs nothing of the signature; it ends a step where the update of the latents ends,
+   before callbacks and the progress bar; and nothing is passed to the pipeline, which
+   runs with the case's arguments only. The wrapper is a method bound to the scheduler,
+   so a pipeline that copies its scheduler (`copy.deepcopy`) times the copy's steps.
+2. `callback_on_step_end`: for a loop that updates its latents without the scheduler's
+   `step`; it is passed only to a `__call__` that takes it.
+3. `callback` with `callback_steps=1`: the legacy callback, for an older or community
+   pipeline that takes only that (called once per scheduler order).
+4. The denoiser's forward calls open steps but cannot close them: with serial CFG a step
+   is two calls, and nothing in the calls says which. So with no seam above, the run has
+   no `step:<i>`, keeps its stage times, and the results say why in one line
+   (`observed["no_steps"]`).
+
+A seam "does not work" when a call ran the denoiser and the seam closed no step; the
+next call then uses the next seam (a warm-up call finds out before anything is timed),
+and that call's unfinished step is dropped, never recorded. Which seam timed the steps is
+recorded per case (`DiffusersCase.observed`, the results' and report's `observed`:
+`step_seam`, or `no_steps`), with, for a video pipeline (an output with `frames`), the
+number of frames of the output (`frames`), from which the Markdown gives the time per
+frame beside `e2e`.
 
 The case's fields go to the `__call__` arguments of the same name, and only those:
 `prompt`, `negative_prompt`, `height`, `width`, `guidance_scale`, and `steps` as
@@ -40,8 +67,10 @@ toggles apply to it.
 
 Errors: a `model` that is not a complete local diffusers pipeline, or an `options` name
 its `__call__` does not take (or one that a field or perfguard sets), is a data error
-naming the file, the case and the field (`preflight`, exit 2, before anything runs); a
-pipeline whose `__call__` does not take the case's fields fails that case only (exit 3).
+naming the file, the case and the field (`preflight`, exit 2, before anything runs), and so
+is a `model_index.json` naming a pipeline class that this diffusers cannot load (a custom
+or newer pipeline whose code would have to be downloaded); a pipeline whose `__call__`
+does not take the case's fields fails that case only (exit 3).
 """
 
 from __future__ import annotations
@@ -51,6 +80,7 @@ import functools
 import inspect
 import json
 import os
+import types
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -84,7 +114,6 @@ REQUIRED_ARGUMENTS = (
     "num_inference_steps",
     "generator",
     "output_type",
-    "callback_on_step_end",
 )
 FIELD_ARGUMENTS = {
     "prompt": "prompt",
@@ -95,8 +124,20 @@ FIELD_ARGUMENTS = {
     "guidance_scale": "guidance_scale",
 }
 """Case field -> the `__call__` argument it is passed as (the same name but for steps)."""
-SET_BY_PERFGUARD = ("generator", "output_type", "callback_on_step_end", "return_dict")
+SET_BY_PERFGUARD = (
+    "generator",
+    "output_type",
+    "callback_on_step_end",
+    "callback",
+    "callback_steps",
+    "return_dict",
+)
 """Arguments perfguard passes itself to time the call: `options` may not name them."""
+SCHEDULER_STEP = "scheduler.step"
+STEP_END_CALLBACK = "callback_on_step_end"
+LEGACY_CALLBACK = "callback"
+STEP_SEAMS = (SCHEDULER_STEP, STEP_END_CALLBACK, LEGACY_CALLBACK)
+"""The seams that end a denoising step, in the order they are tried (module docstring)."""
 
 
 def model_path(case: Case) -> Path:
@@ -161,7 +202,7 @@ def preflight(case: Case) -> None:
             f.name.endswith(WEIGHT_SUFFIXES) for f in folder.iterdir()
         ):
             raise _bad(case, path, f"component {role!r}: no weights in {role}/ (needs a download)")
-    check_options(case, pipeline_class(index))
+    check_options(case, loadable_class(case, index))
     if case.dit == "perfguard":
         cls = index["_class_name"]
         workload = PERFGUARD_DITS.get(cls)
@@ -181,16 +222,43 @@ def preflight(case: Case) -> None:
 
 
 def pipeline_class(index: dict[str, Any]) -> type | None:
-    """The diffusers class `model_index.json` names, or None (a custom pipeline: its
-    arguments are checked when it is loaded)."""
+    """The diffusers class `model_index.json` names, or None where diffusers has none."""
     import diffusers
 
     name = index.get("_class_name")
     try:
         cls = getattr(diffusers, str(name), None)
-    except Exception:  # a lazy import that fails: the load will say why
+    except Exception:  # a lazy import that fails: `loadable_class` says why
         return None
     return cls if isinstance(cls, type) else None
+
+
+def loadable_class(case: Case, index: dict[str, Any]) -> type:
+    """The pipeline class of `model_index.json`, or a `PerfguardError` (exit 2).
+
+    A class this diffusers does not have (a custom pipeline, or one of a newer release)
+    would need its code from the Hub, which an offline load never fetches: it fails here,
+    in one line, before anything runs, not as a case error in the middle of a gate.
+    """
+    import diffusers
+
+    name = str(index.get("_class_name"))
+    path = model_path(case)
+    try:
+        cls = getattr(diffusers, name, None)
+    except Exception as exc:  # diffusers has it, but its imports fail here
+        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:200]
+        raise _bad(
+            case, path, f"model_index.json: _class_name: {name} cannot be imported ({first})"
+        ) from exc
+    if not isinstance(cls, type):
+        raise _bad(
+            case,
+            path,
+            f"model_index.json: _class_name: diffusers {diffusers.__version__} has no {name} "
+            "(a custom or newer pipeline's code cannot be loaded offline)",
+        )
+    return cls
 
 
 def _call_parameters(pipe_or_cls: Any) -> Mapping[str, inspect.Parameter]:
@@ -305,7 +373,8 @@ def swap_dit(pipe: Any, case: Case) -> torch.nn.Module:
 class _Observer:
     """Opens and closes the ambient timer's spans from hooks; reset at every call."""
 
-    def __init__(self) -> None:
+    def __init__(self, timesteps: Callable[[], int | None] = lambda: None) -> None:
+        self.timesteps_of = timesteps
         self.reset()
 
     def reset(self) -> None:
@@ -315,6 +384,8 @@ class _Observer:
         self.step: Any = None
         self.steps = 0
         self.calls: dict[str, int] = {}
+        self.closed_by: dict[str, int] = {}  # seam -> steps it closed in this call
+        self.timesteps: int | None = None  # the loop's length, where the pipeline says it
 
     def enter(self, name: str) -> None:
         depth = self.depth.get(name, 0)
@@ -330,26 +401,41 @@ class _Observer:
         if self.depth[name] == 0 and self.open:
             self.open.pop().__exit__(None, None, None)
 
-    def denoiser_call(self) -> None:
+    def denoiser_call(self, steps: bool) -> None:
+        """The denoiser's forward pre-hook; `steps`: a seam may close the step it opens."""
         self.calls["denoiser_calls"] = self.calls.get("denoiser_calls", 0) + 1
         if self.denoising is None:
             self.denoising = stage(DENOISING)
             self.denoising.__enter__()
-        if self.step is None:
+        if steps and self.step is None:
             self.step = step(self.steps)
             self.step.__enter__()
 
-    def step_end(self) -> None:
-        if self.step is not None:
-            self.step.__exit__(None, None, None)
-            self.step = None
-            self.steps += 1
+    def step_end(self, seam: str) -> None:
+        """`seam` saw a step end: close the open step, and the stage after the last one."""
+        if self.step is None:
+            return
+        self.step.__exit__(None, None, None)
+        self.step = None
+        self.steps += 1
+        self.closed_by[seam] = self.closed_by.get(seam, 0) + 1
+        if self.timesteps is None:
+            self.timesteps = self.timesteps_of()
+        if self.timesteps is not None and self.steps == self.timesteps:
+            self.end_denoising()  # the loop is over: what follows is not denoising
 
     def end_denoising(self) -> None:
-        self.step_end()
+        self.drop_step()
         if self.denoising is not None:
             self.denoising.__exit__(None, None, None)
             self.denoising = None
+
+    def drop_step(self) -> None:
+        """A step no seam closed (the next stage began, or the call ended) is dropped:
+        it would be the rest of the loop, not a step."""
+        if self.step is not None:
+            self.step.abandon()
+            self.step = None
 
     def close(self) -> None:
         self.end_denoising()
@@ -376,26 +462,61 @@ def _hook_stage(module: torch.nn.Module, observer: _Observer, stage_name: str) -
     module.register_forward_hook(lambda mod, args, out: observer.leave(stage_name))
 
 
+@contextlib.contextmanager
+def _scheduler_step_seam(scheduler: Any, observer: _Observer) -> Any:
+    """`scheduler.step` wrapped on this instance for the duration of the block.
+
+    The wrapper is bound to the scheduler (`types.MethodType`) and calls the step of the
+    instance it is bound to, so a copy of the scheduler made inside the call
+    (`copy.deepcopy` binds the copy) steps itself, not the original. Afterwards the
+    instance is as it was: its own `step` attribute back, or none.
+    """
+    own = scheduler.__dict__.get("step")
+
+    def timed_step(sched: Any, *args: Any, **kwargs: Any) -> Any:
+        inner = own if own is not None else type(sched).step.__get__(sched)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            observer.step_end(SCHEDULER_STEP)
+
+    scheduler.step = types.MethodType(timed_step, scheduler)
+    try:
+        yield
+    finally:
+        if own is not None:
+            scheduler.step = own
+        else:
+            del scheduler.step
+
+
 class DiffusersCase:
     """A loaded pipeline driven with the case's arguments, its stages observed.
 
-    Calling it runs the pipeline once and returns the image tensor (`output_type="pt"`);
+    Calling it runs the pipeline once and returns the image tensor (`output_type="pt"`;
+    a video pipeline's `frames`, batch x frames x channels x height x width);
     `components` maps each role to its class and parameter count, `arguments` is what
-    `__call__` gets, and `counters()` gives what the last call did (denoiser calls,
-    steps, component calls).
+    `__call__` gets, `counters()` gives what the last call did (denoiser calls, steps,
+    component calls) and `observed` which step seam timed it (module docstring).
     """
 
     def __init__(self, case: Case, pipe: Any) -> None:
         self.case = case
         self.pipe = pipe
         self.kwargs = call_arguments(case, pipe)
-        self.arguments: dict[str, Any] = {
-            **self.kwargs,
-            "generator": f"torch.Generator('cpu').manual_seed({case.seed})",
-            "callback_on_step_end": "perfguard's step timer",
+        params = _call_parameters(pipe)
+        scheduler = getattr(pipe, "scheduler", None)
+        available = {
+            SCHEDULER_STEP: callable(getattr(scheduler, "step", None)),
+            STEP_END_CALLBACK: STEP_END_CALLBACK in params,
+            LEGACY_CALLBACK: LEGACY_CALLBACK in params,
         }
-        """What `__call__` is given, by argument name: recorded in results and reports."""
-        self.observer = _Observer()
+        self.seams = [seam for seam in STEP_SEAMS if available[seam]]
+        """The step seams still to try, first the one the next call uses."""
+        self.tried: list[str] = []
+        self.last_seam: str | None = None
+        self.frames: int | None = None
+        self.observer = _Observer(self._timesteps)
         modules = {
             role: comp
             for role, comp in sorted(pipe.components.items())
@@ -418,29 +539,110 @@ class DiffusersCase:
                 else:
                     _hook_stage(module, self.observer, PRIOR)
             elif role in DENOISER_ROLES:
-                module.register_forward_pre_hook(lambda mod, args: self.observer.denoiser_call())
+                module.register_forward_pre_hook(
+                    lambda mod, args: self.observer.denoiser_call(bool(self.seams))
+                )
             elif role == "vae" and callable(getattr(module, "decode", None)):
                 _wrap_method(module, "decode", self.observer, DECODING)
 
-    def _on_step_end(self, pipe: Any, i: int, t: Any, callback_kwargs: dict[str, Any]) -> dict:
-        self.observer.step_end()
-        if i + 1 == getattr(pipe, "num_timesteps", None):
-            self.observer.end_denoising()  # the loop is over: what follows is not denoising
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """What `__call__` is given, by argument name: recorded in results and reports."""
+        out: dict[str, Any] = {
+            **self.kwargs,
+            "generator": f"torch.Generator('cpu').manual_seed({self.case.seed})",
+        }
+        return {**out, **self._seam_arguments(describe=True)}
+
+    @property
+    def observed(self) -> dict[str, Any]:
+        """Which seam timed the last call's steps (`step_seam`), or why it has none
+        (`no_steps`), and the frames of a video output (`frames`)."""
+        out: dict[str, Any] = {}
+        if self.last_seam is not None:
+            out["step_seam"] = self.last_seam
+        else:
+            out["no_steps"] = self._no_steps_reason()
+        if self.frames is not None:
+            out["frames"] = self.frames
+        return out
+
+    def _no_steps_reason(self) -> str:
+        name = type(self.pipe).__name__
+        if self.tried:
+            return (
+                f"{name}: no step seam closed a step ({', '.join(self.tried)} tried; "
+                "the denoiser's calls alone do not say where a step ends)"
+            )
+        if not self.seams:
+            return (
+                f"{name}: no step seam (no scheduler with a step, no callback_on_step_end "
+                "or callback argument; the denoiser's calls alone do not say where a step ends)"
+            )
+        return f"{name}: not run yet"
+
+    def _seam_arguments(self, describe: bool = False) -> dict[str, Any]:
+        """The callback the current seam passes to `__call__` (none for the scheduler's)."""
+        seam = self.seams[0] if self.seams else None
+        if seam == STEP_END_CALLBACK:
+            return {STEP_END_CALLBACK: "perfguard's step timer" if describe else self._on_step_end}
+        if seam == LEGACY_CALLBACK:
+            out: dict[str, Any] = {
+                LEGACY_CALLBACK: "perfguard's step timer" if describe else self._on_callback
+            }
+            if "callback_steps" in _call_parameters(self.pipe):
+                out["callback_steps"] = 1
+            return out
         return {}
+
+    def _on_step_end(self, pipe: Any, i: int, t: Any, callback_kwargs: dict[str, Any]) -> dict:
+        self.observer.step_end(STEP_END_CALLBACK)
+        return {}
+
+    def _on_callback(self, i: int, t: Any, latents: Any) -> None:
+        self.observer.step_end(LEGACY_CALLBACK)
+
+    def _timesteps(self) -> int | None:
+        """The loop's length as the pipeline says it (`num_timesteps`), once it is set."""
+        try:
+            n = getattr(self.pipe, "num_timesteps", None)
+        except Exception:  # a property read before the loop set it
+            return None
+        return n if isinstance(n, int) and n > 0 else None
 
     def __call__(self) -> torch.Tensor:
         self.observer.reset()
         generator = torch.Generator("cpu").manual_seed(self.case.seed)
+        seam = self.seams[0] if self.seams else None
+        scheduler = getattr(self.pipe, "scheduler", None)
+        seam_block = (
+            _scheduler_step_seam(scheduler, self.observer)
+            if seam == SCHEDULER_STEP
+            else contextlib.nullcontext()
+        )
         try:
-            out = self.pipe(
-                **self.kwargs, generator=generator, callback_on_step_end=self._on_step_end
-            )
+            with seam_block:
+                out = self.pipe(**self.kwargs, generator=generator, **self._seam_arguments())
         finally:
             self.observer.close()
-        images = out.images if hasattr(out, "images") else out[0]
+        self._learn(seam)
+        video = getattr(out, "frames", None)
+        images = video if video is not None else getattr(out, "images", None)
+        if images is None:
+            images = out[0]
         if not isinstance(images, torch.Tensor):
             images = torch.as_tensor(images)
+        self.frames = int(images.shape[1]) if video is not None and images.dim() == 5 else None
         return images
+
+    def _learn(self, seam: str | None) -> None:
+        """After a call: the seam that closed its steps, or the next seam to try."""
+        closed = self.observer.closed_by
+        if seam is not None and closed.get(seam):
+            self.last_seam = seam
+        elif seam is not None and self.observer.calls.get("denoiser_calls"):
+            self.tried.append(self.seams.pop(0))  # it saw no step end: try the next one
+            self.last_seam = None
 
     def counters(self) -> dict[str, int]:
         return {**self.observer.calls, "denoise_steps": self.observer.steps}

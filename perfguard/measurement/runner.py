@@ -264,8 +264,7 @@ def run_case(
             counters = getattr(pipeline, "counters", None)
             if _warm_up(pipeline, options, result, hashes):
                 limit = 0  # no timed runs: the last warm-up's output is the one compared
-            if options.count_work or options.counters_only:
-                _count_work(pipeline, platform, case, result)
+            _count_work(pipeline, platform, case, result, options)
             separate = platform.separate_memory_run
             before = yardstick.time_ms()
             while result.repeats < limit:
@@ -290,6 +289,7 @@ def run_case(
                 result.repeats += 1
                 if on_run is not None:
                     on_run(result)
+            _observed(pipeline, result)
     except InjectionUnmatched:
         raise  # a mistake in the command line, not this case's failure: exit 2
     except Exception as exc:
@@ -330,6 +330,16 @@ def _describe(pipeline: Any, result: CaseResult) -> None:
     result.arguments = dict(arguments) if isinstance(arguments, dict) else None
 
 
+def _observed(pipeline: Any, result: CaseResult) -> None:
+    """What the pipeline saw of itself over its runs (a diffusers case: the step seam that
+    timed them, the frames of a video), and its call arguments as the seam left them."""
+    observed = getattr(pipeline, "observed", None)
+    result.observed = dict(observed) if isinstance(observed, dict) and observed else None
+    arguments = getattr(pipeline, "arguments", None)
+    if isinstance(arguments, dict):
+        result.arguments = dict(arguments)
+
+
 def _warm_up(
     pipeline: Callable[[], torch.Tensor],
     options: MeasureOptions,
@@ -348,9 +358,13 @@ def _warm_up(
     return False
 
 
-def _count_work(pipeline: Any, platform: Platform, case: Case, result: CaseResult) -> None:
-    """The untimed counted run: the build's work and, where the platform has no
-    allocator statistics, its tensor memory (see `run_case`)."""
+def _count_work(
+    pipeline: Any, platform: Platform, case: Case, result: CaseResult, options: MeasureOptions
+) -> None:
+    """The untimed counted run, unless `options` skip it: the build's work and, where the
+    platform has no allocator statistics, its tensor memory (see `run_case`)."""
+    if not (options.count_work or options.counters_only):
+        return
     try:
         work, memory = counted_run(pipeline, platform, case.dtype)
     except (CaseTimeout, InjectionUnmatched):

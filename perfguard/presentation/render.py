@@ -39,6 +39,7 @@ from perfguard.metrics import metric_sort_key, unit
 from perfguard.presentation.escape import console_text, md_text
 from perfguard.presentation.work_report import output_summary, work_console_lines, work_markdown
 from perfguard.storage.jsonio import (
+from perfguard.presentation.observed import observed_facts
     write_text_atomic,
 )
 from perfguard.storage.reports import Report
@@ -723,6 +724,7 @@ def render_baseline_diff_markdown(d: BaselineDiff, old_label: str, new_label: st
     really got slower), then credible speed-ups (they tighten it), then a collapsed table
     of every changed figure with its interval and verdict, so that figures that moved
     within noise are visible without drowning the ones that matter.
+    extra += [escape_md(fact) for fact in observed_facts(case)]
     """
     from perfguard.decision.changes import ADDED, FASTER, REMOVED, SLOWER
 
