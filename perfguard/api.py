@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.gate import RELATIVE_JUDGING, JudgeOptions
 from perfguard.errors import PerfguardError
+from perfguard.measurement.explain import attribute_regressions, explain  # noqa: F401
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.warm import in_warm_pool
 from perfguard.results import CaseResult, Results
@@ -534,15 +535,14 @@ def check_relative(
     settings = {
         "source": "relative",
         **options.settings("relative"),
-        "shard": selection.shard,
-        "budget_s": against.budget_s,
-        "min_blocks": against.min_blocks,
-        "max_blocks": against.max_blocks,
+        **{"shard": selection.shard, "budget_s": against.budget_s},
+        **{"min_blocks": against.min_blocks, "max_blocks": against.max_blocks},
         "timing": against.timing_on(platform.name),
     }
     report = build_relative(
         outcome.judgement, environment=environment, against=against_info, settings=settings
-    )
+    )  # then the regressed timings' per-op attribution (measurement/explain.py)
+    report = attribute_regressions(report, cases, options, against, platform=platform.name)
     if out:
         head = Results(environment=environment, settings=settings)
         head.cases = dict(outcome.pooled[HEAD])

@@ -81,3 +81,24 @@ if os.environ.get("PERFGUARD_BENCH_LOW_PRECISION") == "1":
         return None
 
     torch.nn.modules.module.register_module_forward_hook(_low_precision)
+
+# PERFGUARD_BENCH_EXTRA_MATMUL=N adds one extra N x N matrix product (float32, result
+# discarded) after each forward of a DiT transformer block: the "one extra matmul per
+# block" a per-op attribution must name first (docs/bisect.md). N = 256 costs ~0.3 ms
+# a call on one core, a few percent of the tiny smoke DiT's denoising stage.
+_EXTRA = int(os.environ.get("PERFGUARD_BENCH_EXTRA_MATMUL", "0") or 0)
+
+if _EXTRA > 0:
+    import torch
+
+    _square = {}
+
+    def _extra_matmul(module, args, output):
+        if type(module).__name__.endswith("TransformerBlock"):
+            if "m" not in _square:
+                seeded = torch.Generator().manual_seed(0)
+                _square["m"] = torch.randn(_EXTRA, _EXTRA, generator=seeded)
+            torch.mm(_square["m"], _square["m"])
+        return None
+
+    torch.nn.modules.module.register_module_forward_hook(_extra_matmul)

@@ -15,6 +15,7 @@ import click
 from perfguard import __version__
 from perfguard.cli import baselines, calibrate, cases, check, history, report, run, server
 from perfguard.cli.common import CONTEXT_SETTINGS
+from perfguard.cli.explain import explain_command
 from perfguard.errors import (
     EXIT_CODES_HELP,
     EXIT_INTERNAL,
@@ -53,6 +54,7 @@ for _command in (
     report.merge_command,
     history.history_group,
     server.server_group,
+    explain_command,
 ):
     cli.add_command(_command)
 

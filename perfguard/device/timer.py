@@ -63,7 +63,7 @@ class _Span:
     per boundary unless memory tracking, a per-stage sync or an injection asks for it.
     """
 
-    __slots__ = ("_step", "_timer", "injected_s", "name", "peak", "start")
+    __slots__ = ("_range", "_step", "_timer", "injected_s", "name", "peak", "start")
 
     def __init__(self, timer: StageTimer, name: str, step: bool) -> None:
         self._timer = timer
@@ -86,11 +86,11 @@ class _Span:
             stack.append(self)
         if timer._sync:
             timer.platform.synchronize()
+        if timer._ranges:
+            self._range = timer._open_range(self)
         self.start = timer.platform.mark()
         return self
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        timer = self._timer
     def abandon(self) -> None:
         """Leave an entered step without recording it (its end was never seen): the
         steps recorded stay the ones whose both ends were marked."""
@@ -100,6 +100,8 @@ class _Span:
         if entered is not None:
             entered.__exit__(None, None, None)
 
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        timer = self._timer
         if timer._inject:
             timer._slow_down(self)
         if timer._sync:
@@ -107,6 +109,8 @@ class _Span:
         end = timer.platform.mark()
         if timer._memory and not self._step:
             timer._fold_peak()  # while this span is still open, so it gets its own peak
+        if timer._ranges:
+            self._range.__exit__(None, None, None)
         if self._step:
             timer._steps.append((self.start, end))
         else:
@@ -139,6 +143,12 @@ class StageTimer:
     `enabled=False` makes every call a no-op (the timer still activates, so code that
     asks for `current_timer()` gets it). `track_memory` reads the device allocator's peak
     per stage where the platform supports it cheaply.
+
+    `ranges=True` also opens a `torch.profiler.record_function` range per stage
+    (`stage:<name>`, nested names joined by `/`) and step (`step:<i>`), so that a
+    profiled run (`perfguard.measurement.profile`) can say which stage each op ran in and
+    a Chrome trace shows the pipeline's structure. Only profiled runs ask for it: a range
+    costs microseconds per boundary, which timed runs do not pay (one falsy check).
     """
 
     def __init__(
@@ -149,6 +159,7 @@ class StageTimer:
         sync: SyncPolicy = "none",
         track_memory: bool = True,
         inject: Mapping[str, float] | None = None,
+        ranges: bool = False,
     ) -> None:
         if sync not in ("none", "stage"):
             raise ValueError(f"sync must be 'none' or 'stage', not {sync!r}")
@@ -166,6 +177,16 @@ class StageTimer:
         self._end: Any = None
         self._token: contextvars.Token[StageTimer] | None = None
         self._inject = dict(inject or {})
+        self._ranges = ranges and enabled
+
+    def _open_range(self, span: _Span) -> Any:
+        """The profiler range of `span`, entered (see `ranges`)."""
+        from torch.profiler import record_function
+
+        label = f"step:{len(self._steps)}" if span._step else f"stage:{span.name}"
+        entered = record_function(label)
+        entered.__enter__()
+        return entered
 
     # ---- spans ---------------------------------------------------------------------------
     def stage(self, name: str) -> _Span | _NullSpan:

@@ -28,6 +28,7 @@ from typing import Any
 
 from perfguard.errors import PerfguardError
 from perfguard.metrics import is_metric_name, metric_sort_key, unit
+from perfguard.presentation.attribution import html_section
 from perfguard.presentation.escape import html_attr, html_text, script_json
 
 ASSETS = ("common.js", "forest.js", "series.js", "style.css")
@@ -257,6 +258,7 @@ def render_report_html(report: Any, *, source: str = "report") -> str:
             f'<p class="warn">Measured with a fault injection ({esc(inject)}): its slowdown '
             "was made on purpose.</p>"
         )
+    extra += html_section(getattr(report, "attribution", None))
     cases = report_cases(report)
     body = forest_body(f"perfguard report: {source}", facts, cases, extra=extra)
     return page(

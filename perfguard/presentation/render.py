@@ -36,6 +36,7 @@ from perfguard.decision.verdict import (
 )
 from perfguard.errors import PerfguardError
 from perfguard.metrics import metric_sort_key, unit
+from perfguard.presentation.attribution import console_lines, markdown_lines
 from perfguard.presentation.escape import console_text, md_text
 from perfguard.presentation.work_report import output_summary, work_console_lines, work_markdown
 from perfguard.storage.jsonio import (
@@ -294,6 +295,8 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
     for line in _work_console(report):
         console.print(Text(line))
     console.print(table)
+    for line in console_lines(report.attribution):
+        console.print(Text(console_text(line)))
     timed = sum(1 for c in report.cases for m in c.metrics if _timed(m))
     hidden = timed - sum(1 for _, m in rows if m is not None)
     if hidden:
@@ -541,6 +544,7 @@ def render_markdown(report: Report) -> str:
         lines += ["#### Settled side by side with the base", ""]
         lines += [f"- {escape_md(line)}" for line in settled] + [""]
     lines += _md_improvements(report, by_verdict.get(IMPROVEMENT, []))
+    lines += markdown_lines(report.attribution)
     lines += _md_details(report)
     return "\n".join(lines)
 
