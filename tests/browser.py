@@ -67,8 +67,15 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-def visit(b: Any, url: str, *, width: int = 1280, height: int = 900) -> Visit:
-    """Open `url` in a fresh page, recording errors, outside requests and dialogs."""
+def visit(
+    b: Any, url: str, *, width: int = 1280, height: int = 900, root: Path | None = None
+) -> Visit:
+    """Open `url` in a fresh page, recording errors, outside requests and dialogs.
+
+    Outside: every request whose URL is not `file://`, `data:`, `blob:` or `about:`, and
+    with `root`, every `file://` request for a path not under `root` (the page's folder:
+    a page that reads `../../etc/passwd` or a sibling's files is caught too).
+    """
     page = b.new_page(viewport={"width": width, "height": height})
     v = Visit(page=page)
     page.on(
@@ -76,10 +83,17 @@ def visit(b: Any, url: str, *, width: int = 1280, height: int = 900) -> Visit:
         lambda m: v.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
     )
     page.on("pageerror", lambda e: v.errors.append(f"pageerror: {e}"))
+    inside = None if root is None else Path(root).resolve()
 
     def on_request(req: Any) -> None:
         if not req.url.startswith(("file://", "data:", "blob:", "about:")):
             v.outside.append(req.url)
+        elif inside is not None and req.url.startswith("file://"):
+            from urllib.parse import unquote, urlsplit
+
+            path = Path(unquote(urlsplit(req.url).path)).resolve()
+            if not path.is_relative_to(inside):
+                v.outside.append(req.url)
 
     page.on("request", on_request)
 
