@@ -540,3 +540,246 @@ def test_controls_are_shown_as_escapes_and_nothing_is_marked_in_band() -> None:
     assert escape.script_json({"a": "\u202e</script>"}) == '{"a":"\\u202e\\u003c/script\\u003e"}'
     # No sentinel: NUL and SOH in a note are shown like any other control.
     assert md_text("a\x00b\x01c") == "a\\\\x00b\\\\x01c"
+
+
+# ---- every command reads what one accepts, and refuses the same field -----------------------
+
+
+def test_every_command_accepts_the_hostile_report(
+    reports: dict[str, Any], pg: PG, tmp_path: Path
+) -> None:
+    path = str(reports["dir"] / "hostile.json")
+    for fmt in ("md", "table"):
+        code, _, err = pg("report", "render", path, "--format", fmt)
+        assert code == 0, err
+    code, _, err = pg(
+        "report", "render", path, "--format", "html", "--out", str(tmp_path / "r.html")
+    )
+    assert code == 0, err
+    code, _, err = pg("merge", path, "--out", str(tmp_path / "m.json"))
+    assert code == reports["hostile"]["exit_code"], err
+    db = str(tmp_path / "h.sqlite")
+    for source in (path, str(tmp_path / "m.json")):  # the merged report too
+        code, _, err = pg("history", "add", source, "--db", db, "--allow-injected")
+        assert code == 0, err
+    code, _, err = pg("history", "publish", "--db", db, "--out", str(tmp_path / "site"))
+    assert code == 0, err
+
+
+def _case(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["cases"][next(c for c in doc["cases"] if c != "broken-case")]
+
+
+REFUSED = {
+    "$.environment.git_commit": lambda d: d["environment"].update(git_commit=["a", "b"]),
+    "$.environment.git_commit ": lambda d: d["environment"].update(git_commit="</script>"),
+    "$.environment.hardware": lambda d: d["environment"].update(hardware="x" * 100_000),
+    "$.environment.cpu_frequency": lambda d: d["environment"].update(cpu_frequency=[[[]]]),
+    "$.environment.notes": lambda d: d["environment"].update(notes="one note"),
+    "$.cases": lambda d: d["cases"].update({"x" * 100_000: d["cases"]["broken-case"]}),
+    "$.cases.qwen_image_t2i_smoke.work.op_changes.DenoisingStage.aten::addmm": (
+        lambda d: _case(d)["work"]["op_changes"]["DenoisingStage"].update({"aten::addmm": {}})
+    ),
+    "$.settled.against.commit": lambda d: d["settled"]["against"].update(commit={"a": 1}),
+    "$.merged_from[0].git_commit": lambda d: d["merged_from"][0].update(git_commit=7),
+}
+"""A JSON path -> a change that puts a wrong shape there."""
+
+
+@pytest.mark.parametrize("where", sorted(REFUSED))
+def test_a_refused_report_names_its_field_in_every_command(
+    where: str, reports: dict[str, Any], pg: PG, tmp_path: Path
+) -> None:
+    """render, merge and history add refuse the same report, naming the same field, in one
+    line (before, `history add` blamed the archive for a list in environment.git_commit)."""
+    doc = copy.deepcopy(reports["clean"])
+    REFUSED[where](doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    db = tmp_path / "h.sqlite"
+    for args in (
+        ("report", "render", str(path), "--format", "md"),
+        ("report", "render", str(path), "--format", "html", "--out", str(tmp_path / "r.html")),
+        ("merge", str(path), "--out", str(tmp_path / "m.json")),
+        ("history", "add", str(path), "--db", str(db), "--allow-injected"),
+    ):
+        code, _, err = pg(*args)
+        line = err.strip().splitlines()[-1] if err.strip() else ""
+        assert code == 2, (args, err[:500])
+        assert f"{path}: {where.strip()}: " in line and len(line) < 1000, (args, line[:500])
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.json").exists() and not (tmp_path / "r.html").exists()
+
+
+# ---- HTML: the report page and the history site --------------------------------------------
+
+
+def html_problems(page: Path, root: Path, clean: Path) -> list[str]:
+    """What `page` holds that would act: an element or attribute its clean counterpart
+    lacks, a URL with a scheme or leading `/`, or one that leaves `root`."""
+    from urllib.parse import urlsplit
+
+    found = html_markup(page.read_text(encoding="utf-8"))
+    problems = [f"new markup {m}" for m in sorted(found.found - html_markup(
+        clean.read_text(encoding="utf-8")).found)]  # fmt: skip
+    for url in found.urls:
+        parts = urlsplit(url)
+        if parts.scheme or url.startswith(("/", "\\")) or parts.netloc:
+            problems.append(f"URL {url[:80]!r} leaves the site")
+        elif parts.path and not (page.parent / parts.path).resolve().is_relative_to(root):
+            problems.append(f"URL {url[:80]!r} leaves {root}")
+    return problems
+
+
+_VULNERABLE = (
+    '<img src=x onerror="alert(1)"><a href="javascript:alert(2)">x</a>'
+    '<script src="../../../outside.js"></script><iframe src="https://evil.example/"></iframe>'
+)
+"""What a page whose escaping failed would hold: a handler, a script URL, a script from
+outside the folder, a frame from the internet."""
+
+
+def test_the_html_checker_sees_a_vulnerable_page(tmp_path: Path) -> None:
+    clean = tmp_path / "clean.html"
+    clean.write_text("<!DOCTYPE html><html><body><p>x</p></body></html>")
+    bad = tmp_path / "bad.html"
+    bad.write_text(f"<!DOCTYPE html><html><body><p>x</p>{_VULNERABLE}</body></html>")
+    problems = "\n".join(html_problems(bad, tmp_path, clean))
+    for expected in ("('img', 'onerror')", "javascript:alert", "outside.js", "evil.example"):
+        assert expected in problems
+    assert not html_problems(clean, tmp_path, clean)
+
+
+@pytest.fixture(scope="module")
+def pages(reports: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The HTML report and the history site of the clean and of the hostile report."""
+    from perfguard.presentation import site
+    from perfguard.presentation.history import add_reports
+    from perfguard.presentation.html import render_report_html
+    from perfguard.storage.reports import read_report
+
+    out: dict[str, Any] = {}
+    for kind in ("clean", "hostile"):
+        tmp = tmp_path_factory.mktemp(f"pages-{kind}")
+        src = reports["dir"] / f"{kind}.json"
+        (tmp / "report").mkdir()
+        report_page = tmp / "report" / "r.html"
+        report_page.write_text(render_report_html(read_report(src)), encoding="utf-8")
+        db = tmp / "h.sqlite"
+        add_reports(db, [src], allow_injected=True)
+        site.publish(db, tmp / "site")
+        out[kind] = {"report": report_page, "site": tmp / "site"}
+    return out
+
+
+def _site_pages(root: Path) -> list[Path]:
+    return [root / "index.html", *sorted(root.glob("case-*.html")), *sorted(
+        (root / "reports").glob("*.html"))]  # fmt: skip
+
+
+def test_the_hostile_pages_hold_no_markup_and_no_url_a_clean_one_lacks(
+    pages: dict[str, Any],
+) -> None:
+    clean, bad = pages["clean"], pages["hostile"]
+    assert not html_problems(bad["report"], bad["report"].parent, clean["report"])
+    clean_pages = {p.name.split("-")[0]: p for p in _site_pages(clean["site"])}
+    for page in _site_pages(bad["site"]):
+        counterpart = (
+            clean_pages.get(page.name.split("-")[0])
+            or clean_pages[
+                next(n for n in clean_pages if n.endswith(".html") and n != "index.html")
+            ]
+        )
+        assert not html_problems(page, bad["site"], counterpart), page
+        text = page.read_text(encoding="utf-8")
+        assert not CONTROLS.search(text.replace("\n", "")), page
+    # Names: every file the site wrote is inside it, named by a slug or a hash.
+    for path in bad["site"].rglob("*"):
+        rel = path.relative_to(bad["site"])
+        assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", part) for part in rel.parts), rel
+
+
+def test_long_ids_are_shortened_in_navigation_and_whole_on_their_own_page(
+    tmp_path: Path,
+) -> None:
+    """A 100 kB case id (an archive written before the schema's bound) is not printed on
+    every page: the navigation, the index and its tables show its start and the hash of
+    its page; its own page shows it whole."""
+    from perfguard.presentation import site
+    from perfguard.storage.archive import add_records
+    from tests.test_site import _record
+
+    db = tmp_path / "h.sqlite"
+    long_id = "\u202e" + "a" * 100_000
+    add_records(db, [_record(i, "h100", 20.0, case=c) for i in range(2) for c in (long_id, "b")])
+    site.publish(db, tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert len(index) < 20_000 and "\u202e" not in index
+    assert site.short_id(long_id) in index and "\\u202eaaaa" in site.short_id(long_id)
+    own = (tmp_path / "site" / f"case-{site.slug(long_id)}.html").read_text(encoding="utf-8")
+    assert f"<h1>\\u202e{'a' * 100_000}</h1>" in own
+    other = (tmp_path / "site" / f"case-{site.slug('b')}.html").read_text(encoding="utf-8")
+    assert len(other) < len(own) - 90_000
+
+
+# ---- in the browser ------------------------------------------------------------------------
+
+_DRAWN = (
+    "document.readyState === 'complete' && (document.body.dataset.drawn !== undefined"
+    " || document.body.dataset.complete === '1' || !document.querySelector('div.plot'))"
+)
+_LIVE = """() => ({
+  handlers: [...document.querySelectorAll('*')].filter(
+    (e) => [...e.attributes].some((a) => a.name.startsWith('on'))).length,
+  scripts: document.querySelectorAll('script').length,
+  frames: document.querySelectorAll('iframe, object, embed, frame, base, form').length,
+  images: document.querySelectorAll('body img').length,
+})"""
+
+
+def inspect(chromium: Any, page: Path, root: Path) -> dict[str, Any]:
+    """`page` opened in chromium: what ran (dialogs), what it asked for outside `root`,
+    its errors, and the live elements that could act (handlers, scripts, frames)."""
+    from browser import visit
+
+    v = visit(chromium, page.as_uri(), root=root)
+    v.page.wait_for_function(_DRAWN, timeout=60_000)
+    v.page.wait_for_timeout(300)
+    live = v.page.evaluate(_LIVE)
+    v.page.close()
+    return {"dialogs": v.dialogs, "outside": v.outside, "errors": v.errors, **live}
+
+
+@pytest.mark.browser
+def test_the_browser_checker_sees_a_vulnerable_page(tmp_path: Path, chromium: Any) -> None:
+    (tmp_path / "site").mkdir()
+    page = tmp_path / "site" / "bad.html"
+    page.write_text(
+        "<!DOCTYPE html><html><body><p>x</p>"
+        + _VULNERABLE.replace("<iframe", '<img src="../outside.png"><iframe')
+        + "</body></html>"
+    )
+    found = inspect(chromium, page, tmp_path / "site")
+    assert found["dialogs"] == ["1"], found
+    assert any("outside.js" in u for u in found["outside"]), found
+    assert any("outside.png" in u for u in found["outside"]), found
+    assert any("evil.example" in u for u in found["outside"]), found
+    assert found["handlers"] == 1 and found["frames"] == 1 and found["images"] == 2
+
+
+@pytest.mark.browser
+def test_the_hostile_pages_in_chromium_run_nothing_and_request_nothing_outside(
+    pages: dict[str, Any], chromium: Any
+) -> None:
+    clean, bad = pages["clean"], pages["hostile"]
+    pairs = [(bad["report"], bad["report"].parent, clean["report"], clean["report"].parent)]
+    clean_site = {p.name.split("-")[0]: p for p in _site_pages(clean["site"])}
+    for page in _site_pages(bad["site"]):
+        key = page.name.split("-")[0]
+        pairs.append((page, bad["site"], clean_site.get(key, page), clean["site"]))
+    for page, root, counterpart, clean_root in pairs:
+        found = inspect(chromium, page, root)
+        expected = inspect(chromium, counterpart, clean_root)
+        assert not found["dialogs"] and not found["outside"] and not found["errors"], (page, found)
+        for key in ("handlers", "scripts", "frames", "images"):
+            assert found[key] == expected[key], (page, key, found, expected)
