@@ -14,6 +14,7 @@ import click
 
 from perfguard import __version__
 from perfguard.cli import baselines, calibrate, cases, check, history, report, run, server
+from perfguard.cli.bisect import bisect_command
 from perfguard.cli.common import CONTEXT_SETTINGS
 from perfguard.cli.explain import explain_command
 from perfguard.errors import (
@@ -55,6 +56,7 @@ for _command in (
     history.history_group,
     server.server_group,
     explain_command,
+    bisect_command,
 ):
     cli.add_command(_command)
 
