@@ -32,12 +32,11 @@ EXIT_TERMINATED = 143
 """Terminated (SIGTERM): 128 + 15."""
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 no regression; 1 at least one regression; "
-    "2 usage, configuration or data error; 3 a case failed to run (and no regression) "
-    "or the history server is unreachable; "
-    "4 no verdict: can't tell (a timed figure neither the same nor credibly slower) or the "
-    "runner was contended; 70 internal error (never a verdict); "
-    "130 interrupted; 143 terminated."
+    "Exit codes: 0 same (no figure slower, none can't tell); 1 slower (at least one "
+    "regression); 2 usage, configuration or data error; 3 a case failed to run (and "
+    "nothing slower) or the history server is unreachable; 4 no verdict: can't tell (a "
+    "timed figure neither the same nor credibly slower) or the runner was contended; "
+    "70 internal error (never a verdict); 130 interrupted; 143 terminated."
 )
 
 

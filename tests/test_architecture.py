@@ -283,7 +283,7 @@ def test_the_file_commands_run_where_torch_cannot_be_imported(
     report = tmp_path / "report.json"
     b, r, o = str(files["baseline"]), str(files["results"]), str(files["other"])
     steps = [
-        (["check", "--results", r, "--baseline", b, "--report", str(report)], 0),
+        (["judge", "--results", r, "--baseline", b, "--report", str(report)], 0),
         (["report", "render", str(report), "--format", "md"], 0),
         (["report", "render", str(report), "--format", "table"], 0),
         (["report", "render", str(report), "--format", "json"], 0),
@@ -309,7 +309,7 @@ def test_check_of_an_sglang_performance_log_runs_without_torch(tmp_path: Path) -
     proc = blocked("baselines", "import-sglang", str(H100), "--out", str(base), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = write_log(tmp_path / "performance.log", [record("qwen_image_t2i", s) for s in (1, 1.01)])
-    proc = blocked("check", "--sglang-perf-log", str(log), "--baseline", str(base), cwd=tmp_path)
+    proc = blocked("judge", "--sglang-perf-log", str(log), "--baseline", str(base), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

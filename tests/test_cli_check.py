@@ -271,10 +271,10 @@ def test_run_writes_results_that_check_reads_on_another_machine(fake: Path, pg: 
     assert code == 0 and "results written to res.json" in out
     data = json.loads(Path("res.json").read_text())
     assert len(data["cases"]["alpha"]["samples"]["step:3"]) == 2
-    code, out, _ = pg("check", "--results", "res.json", "--report", "r.json")
+    code, out, _ = pg("judge", "--results", "res.json", "--report", "r.json")
     assert code == 0, out
     assert report_of(Path("r.json"))["settings"]["source"] == "results"
-    assert pg("check", "--results", "res.json", "--case", "beta")[0] == 0
+    assert pg("judge", "--results", "res.json", "--case", "beta")[0] == 0
 
 
 def test_run_exits_3_when_a_case_fails(fake: Path, pg: PG) -> None:
@@ -294,7 +294,7 @@ def test_results_from_another_platform_are_a_usage_error(fake: Path, pg: PG) -> 
     data["environment"]["platform"] = "cuda"
     Path("res.json").write_text(json.dumps(data))
     before = fake.read_bytes()
-    code, _, err = pg("check", "--results", "res.json", "--baseline", str(fake))
+    code, _, err = pg("judge", "--results", "res.json", "--baseline", str(fake))
     assert code == 2 and "from platform 'cuda'" in err and err.count("\n") == 1
     assert fake.read_bytes() == before
 
@@ -322,7 +322,7 @@ def test_bad_results_files_exit_2_with_one_line_and_the_baseline_untouched(
     path = Path("res.json")
     path.write_text(edit(json.dumps(json.loads(path.read_text()), sort_keys=True)))
     before = fake.read_bytes()
-    code, _, err = pg("check", "--results", "res.json", "--baseline", str(fake))
+    code, _, err = pg("judge", "--results", "res.json", "--baseline", str(fake))
     assert code == 2
     assert message in err and err.count("\n") == 1 and "res.json" in err
     assert fake.read_bytes() == before
@@ -505,7 +505,7 @@ def test_a_reader_that_closes_the_pipe_early_keeps_the_verdicts_exit_code(
     read, write = os.pipe()
     os.close(read)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perfguard", "check", "--results", "res.json"],
+        [sys.executable, "-m", "perfguard", "judge", "--results", "res.json"],
         stdout=write,
         stderr=subprocess.PIPE,
         env={**os.environ, "PERFGUARD_PLATFORM": "cpu"},

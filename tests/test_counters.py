@@ -1,6 +1,6 @@
 """The verdict on what the code does: work counters (exact, ranges, context) and output.
 
-The end-to-end tests run `check --counters-only` on a small hand-built pipeline
+The end-to-end tests run `check-work` on a small hand-built pipeline
 (`pipeline` below, loaded with `--factory test_counters:pipeline`), whose work a test
 changes through `EXTRA`.
 """
@@ -218,7 +218,7 @@ def test_a_sketch_round_trips_exactly() -> None:
     assert math.prod(sketch.sketch_shape) <= counters.SKETCH_VALUES and not sketch.exact
 
 
-# ---- end to end: check --counters-only -----------------------------------------------------
+# ---- end to end: check-work ---------------------------------------------------------------
 
 EXTRA: dict[str, Any] = {}
 
@@ -274,7 +274,7 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg: Any) -> Iterator[
     def check(*more: str) -> tuple[int, str, str, dict[str, Any]]:
         report = tmp_path / "r.json"
         report.unlink(missing_ok=True)
-        args = ("check", *common, "--counters-only", "--report", str(report), *more)
+        args = ("check-work", *common, "--report", str(report), *more)
         code, out, err = pg(*args, "--markdown", str(tmp_path / "r.md"))
         data = json.loads(report.read_text()) if report.exists() else {}
         return code, out + (tmp_path / "r.md").read_text() if report.exists() else out, err, data
@@ -338,16 +338,19 @@ def test_a_changed_output_fails_the_check_unless_the_command_allows_it(setup: An
     assert code == 0 and report["cases"]["tiny"]["output"]["allowed"] is True
 
 
-def test_counts_from_another_torch_are_skipped_with_one_line(setup: Any) -> None:
+def test_counts_from_another_torch_are_a_data_error_not_a_pass(setup: Any) -> None:
+    """The work check judges counts only: against counts of another torch it would
+    compare nothing and pass, so it refuses before running (exit 2, one line)."""
     base, check = setup
     data = json.loads(base.read_text())
     data["scenarios"]["tiny"]["work"]["context"]["torch"] = "2.4.0"
     data["scenarios"]["tiny"]["work"]["stages"]["TextEncodingStage"]["ops"] = 1
     base.write_text(json.dumps(data))
-    code, text, _, report = check()
-    assert code == 0
-    assert "work counters not compared" in report["cases"]["tiny"]["work"]["note"]
-    assert "torch 2.4.0 -> " in text
+    code, _, err, report = check()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and report == {} and len(lines) == 1, err
+    assert "'tiny'" in lines[0] and "torch 2.4.0 (here " in lines[0], err
+    assert "would compare nothing" in lines[0]
 
 
 @pytest.mark.parametrize(
@@ -436,7 +439,7 @@ def test_a_bad_counter_in_a_results_file_is_exit_2_naming_it(setup: Any, pg: Any
     data = json.loads(results.read_text())
     data["cases"]["tiny"]["work"][0]["stages"]["DenoisingStage"]["syncs"] = "1"
     results.write_text(json.dumps(data))
-    code, _, err = pg("check", "--results", str(results), "--baseline", str(base))
+    code, _, err = pg("judge", "--results", str(results), "--baseline", str(base))
     assert code == 2
     line = err.strip().splitlines()[-1]
     assert str(results) in line and "cases.tiny.work[0].stages.DenoisingStage.syncs" in line

@@ -86,7 +86,7 @@ def test_relative_metric_verdicts_and_unresolved_note() -> None:
         "e2e", [10.2] * 8, base, [math.log(1.02) + d for d in (0.03, -0.03) * 3], alpha=0.002
     )
     assert open_.verdict == PASS and open_.paired is not None
-    assert open_.paired.decision == UNKNOWN and "passed with a note" in open_.reason
+    assert open_.paired.decision == UNKNOWN and "can't tell" in open_.reason
     assert judge_relative_metric("e2e", None, base, [], alpha=0.01).verdict == "missing-stage"
     assert judge_relative_metric("e2e", base, None, [], alpha=0.01).verdict == "new-stage"
 
@@ -263,7 +263,7 @@ def test_a_head_five_percent_slower_in_denoising_fails_despite_a_large_shared_dr
     assert outcome.judgement.exit_code == 1  # type: ignore[attr-defined]
 
 
-def test_a_small_open_effect_runs_to_the_budget_and_passes_with_a_note() -> None:
+def test_a_small_open_effect_runs_to_the_budget_and_cannot_tell() -> None:
     blocks = VirtualBlocks({"DenoisingStage": 1.02}, drift=0.05, process=0.03, block_s=10)
     outcome = run_virtual(blocks, budget_s=95, min_blocks=4, max_blocks=24)
     assert outcome.stopped == "budget"  # type: ignore[attr-defined]
@@ -272,10 +272,12 @@ def test_a_small_open_effect_runs_to_the_budget_and_passes_with_a_note() -> None
     (case,) = outcome.judgement.cases  # type: ignore[attr-defined]
     den = {m.metric: m for m in case.metrics}["stage:DenoisingStage"]
     assert den.verdict == PASS and den.paired.decision == UNKNOWN
-    assert outcome.judgement.exit_code == 0  # type: ignore[attr-defined]
+    assert den.answer is not None and den.answer.answer == "cant_tell"
+    # no verdict on the code: exit 4, and the first line says so
+    assert outcome.judgement.exit_code == 4  # type: ignore[attr-defined]
     report = _report(outcome)
-    assert "unresolved metric(s) passed with a note" in summary_line(report)
-    assert "#### Unresolved" in render_markdown(report)
+    assert summary_line(report).startswith("perfguard CAN'T TELL")
+    assert "#### Can't tell" in render_markdown(report)
 
 
 def test_the_minimum_blocks_run_even_past_the_budget() -> None:

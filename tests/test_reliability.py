@@ -115,7 +115,7 @@ def test_a_baseline_nested_100000_deep_is_exit_2_not_a_recursion_error(
     for args in (
         ("baselines", "show", str(deep)),
         ("report", "render", str(deep)),
-        ("check", "--platform", "cpu", "--baseline", str(deep), "--results", str(deep)),
+        ("judge", "--baseline", str(deep), "--results", str(deep)),
     ):
         code, _, err = pg(*args)
         assert code == EXIT_USAGE, (args, err)
@@ -820,7 +820,7 @@ def _restore_sigterm() -> Iterator[None]:
         (1, "performance regression"),
         (2, "perfguard configuration or data error (exit 2)"),
         (3, "perfguard infrastructure failure (exit 3)"),
-        (4, "perfguard infrastructure failure (exit 4)"),
+        (4, "perfguard can't tell (exit 4)"),
         (70, "perfguard infrastructure failure (exit 70)"),
         (130, "perfguard infrastructure failure (exit 130)"),
         (143, "perfguard infrastructure failure (exit 143)"),

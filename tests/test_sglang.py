@@ -174,7 +174,7 @@ def test_check_gates_a_real_format_performance_log(
     log = write_log(tmp_path / "ok.log", [record("qwen_image_t2i", s) for s in (1, 1.03, 0.98)])
     report = tmp_path / "r.json"
     code, out, _ = pg(
-        "check",
+        "judge",
         "--sglang-perf-log",
         str(log),
         "--baseline",
@@ -189,7 +189,7 @@ def test_check_gates_a_real_format_performance_log(
 
     slow = write_log(tmp_path / "slow.log", [record("qwen_image_t2i", denoise=1.5)] * 3)
     code, out, _ = pg(
-        "check",
+        "judge",
         "--sglang-perf-log",
         str(slow),
         "--baseline",
@@ -208,10 +208,10 @@ def test_untagged_records_need_case_and_then_map_to_it(
     tmp_path: Path, pg: PG, h100_baseline: Path
 ) -> None:
     log = write_log(tmp_path / "p.log", [record(None)] * 2)
-    code, _, err = pg("check", "--sglang-perf-log", str(log), "--baseline", str(h100_baseline))
+    code, _, err = pg("judge", "--sglang-perf-log", str(log), "--baseline", str(h100_baseline))
     assert code == 2 and "record has no tag: pass --case ID" in err
     code, _, _ = pg(
-        "check",
+        "judge",
         "--sglang-perf-log",
         str(log),
         "--baseline",
@@ -250,7 +250,7 @@ def test_bad_perf_log_lines_are_one_line_errors_naming_file_and_line(
     log = tmp_path / "p.log"
     log.write_text(json.dumps(record("qwen_image_t2i")) + "\n" + line + "\n")
     before = h100_baseline.read_bytes()
-    code, _, err = pg("check", "--sglang-perf-log", str(log), "--baseline", str(h100_baseline))
+    code, _, err = pg("judge", "--sglang-perf-log", str(log), "--baseline", str(h100_baseline))
     assert code == 2
     assert err.count("\n") == 1
     assert re.search(message, err), err

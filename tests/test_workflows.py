@@ -136,8 +136,29 @@ def test_ci_installs_and_tests_exactly_as_ci_run() -> None:
 
 
 def test_ci_tests_python_3_10_to_3_12() -> None:
-    (job,) = load("ci.yml")["jobs"].values()
+    job = load("ci.yml")["jobs"]["test"]
     assert job["strategy"]["matrix"]["python"] == ["3.10", "3.11", "3.12"]
+
+
+def test_ci_runs_the_work_check_on_every_push_and_pull_request() -> None:
+    """perfguard gated by perfguard: ci.yml's `work` job checks the smoke cases' work
+    against the committed file, by path (not by this runner's CPU), with the libraries it
+    was counted with (torch's CPU build), and its Markdown reaches the job summary."""
+    ci = load("ci.yml")
+    assert "pull_request" in ci["on"] and ci["on"]["push"]["branches"] == ["main"]
+    job = ci["jobs"]["work"]
+    assert "if" not in job and "needs" not in job
+    cmds = [normalize(c) for s in run_scripts({"jobs": {"work": job}}) for c in commands(s)]
+    (check,) = [c for c in cmds if c[:1] == ["perfguard"]]
+    assert check[:2] == ["perfguard", "check-work"]
+    assert check[check.index("--baseline") + 1] == "baselines/cpu/smoke-work.json"
+    assert (ROOT / "baselines" / "cpu" / "smoke-work.json").is_file()
+    assert "--markdown" in check  # perfguard appends it to $GITHUB_STEP_SUMMARY itself
+    installs = [c for c in cmds if c[:4] == ["python", "-m", "pip", "install"]]
+    torch = next(c for c in installs if "torch==2.13.0" in c)
+    assert torch[torch.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+    constrained = ["python", "-m", "pip", "install", "-e", ".", "-c", ".ci/work-constraints.txt"]
+    assert constrained in installs
 
 
 # ---- perf.yml ------------------------------------------------------------------------------
@@ -206,15 +227,11 @@ def test_pull_requests_check_against_the_merge_base_and_the_nightly_keeps_histor
     steps = perf["jobs"]["check"]["steps"]
     (checkout,) = [s for s in steps if s.get("uses", "").startswith("actions/checkout")]
     assert checkout["with"]["fetch-depth"] == 0
-    script = next(s["run"] for s in steps if "perfguard check" in s.get("run", ""))
+    script = next(s["run"] for s in steps if "perfguard compare" in s.get("run", ""))
     assert 'git merge-base HEAD "origin/$BASE_REF"' in script
-    gates = re.findall(r"^\s*gate=\((.*)\)$", script, flags=re.M)
-    assert len(gates) == 2 and "--against-ref" in gates[0] and "--profile" in gates[1]
-    check = cli.get_command(click.Context(cli), "check")
-    assert check is not None
-    known = {o for p in check.params for o in p.opts}
-    for flag in re.findall(r"--[a-z][a-z-]*", " ".join(gates)):
-        assert flag in known, f"perf.yml: perfguard check has no {flag}"
+    gates = re.findall(r"^\s*perfguard (compare|check) (.*)$", script, flags=re.M)
+    assert [g[0] for g in gates] == ["compare", "check"]
+    assert gates[0][1].startswith('--against "$base"') and "--profile" in gates[1][1]
     report = {s.get("name"): s for s in perf["jobs"]["report"]["steps"]}
     add = report["Add the nightly reports to the history"]
     assert add["if"] == "github.event_name == 'schedule'" and "perfguard history add" in add["run"]
@@ -286,6 +303,6 @@ def test_the_nightly_publishes_the_history_site_to_pages_from_the_secret_archive
 
 
 def test_ci_keeps_the_browser_screenshots() -> None:
-    (job,) = load("ci.yml")["jobs"].values()
+    job = load("ci.yml")["jobs"]["test"]
     (upload,) = [s for s in job["steps"] if s.get("name") == "Upload the browser screenshots"]
     assert upload["with"]["path"] == "test-artifacts/" and upload["if"] == "always()"

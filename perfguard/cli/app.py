@@ -13,7 +13,17 @@ from typing import Any
 import click
 
 from perfguard import __version__
-from perfguard.cli import baselines, calibrate, cases, check, history, report, run, server
+from perfguard.cli import (
+    baselines,
+    calibrate,
+    cases,
+    check,
+    config,
+    history,
+    report,
+    run,
+    server,
+)
 from perfguard.cli.bisect import bisect_command
 from perfguard.cli.common import CONTEXT_SETTINGS
 from perfguard.cli.explain import explain_command
@@ -37,9 +47,16 @@ from perfguard.errors import (
     is_flag=True,
     help="On an internal error (exit 70), print the traceback too (env: PERFGUARD_DEBUG=1).",
 )
-def cli(debug: bool) -> None:
-    """perfguard: stage-level performance baselines and a CI gate for diffusion serving."""
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """perfguard: stage-level performance baselines and a CI gate for diffusion serving.
+
+    The knobs (runs, processes, confirmations, the level, ...) live in a
+    [tool.perfguard] table of pyproject.toml; docs/cli.md lists them."""
     _DEBUG[0] = debug
+    mapping = config.default_map(cli)
+    if mapping:
+        ctx.default_map = mapping
 
 
 for _command in (
@@ -48,6 +65,9 @@ for _command in (
     run.run_command,
     run.gen_baselines,
     check.check,
+    check.compare,
+    check.check_work,
+    check.judge_command,
     calibrate.calibrate_command,
     calibrate.ab_command,
     baselines.baselines_group,
@@ -59,6 +79,7 @@ for _command in (
     bisect_command,
 ):
     cli.add_command(_command)
+config.hide_knobs(cli)
 
 ENV_DEBUG = "PERFGUARD_DEBUG"
 _DEBUG = [False]  # --debug of the command being run (main resets it)

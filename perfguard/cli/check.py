@@ -1,15 +1,20 @@
-"""`perfguard check`: the CI gate, against a stored baseline or a base revision.
+"""The gates, one command each: `check` (against a stored baseline), `compare` (the
+relative check, against a base revision), `check-work` (work counters only) and `judge`
+(measurements made elsewhere).
 
-The command takes its option groups as values (`Selection`, `MeasureOptions`,
-`JudgeOptions`, `RelativeOptions`, `Outputs`) and hands them to one function per mode:
-a check against a stored baseline (`_stored`), `--counters-only` (`_counters_only`),
-the relative check (`--against`: `_relative`), and the file modes that run nothing
-(`--results`: `_results_file`, `--sglang-perf-log`: `_perf_log`).
+Each command takes its option groups as values (`Selection`, `MeasureOptions`,
+`JudgeOptions`, `RelativeOptions`, `Outputs`) and hands them to one function: the
+stored check (`_stored`), the work check (`_counters_only`), the relative check
+(`_relative`), and the file modes that run nothing (`_results_file`, `_perf_log`).
+`check`'s old spellings of the other jobs (`--against`, `--counters-only`,
+`--results`, ...) exit 2 naming the command that took each over.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +24,7 @@ import click
 from perfguard import api
 from perfguard.cli.common import (
     CONTEXT_SETTINGS,
+    Decorator,
     _apply,
     baseline_option,
     console,
@@ -30,10 +36,9 @@ from perfguard.cli.common import (
     selection_options,
 )
 from perfguard.decision.comparison import RELATIVE_RULE
-from perfguard.decision.gate import JudgeOptions, open_cases
+from perfguard.decision.gate import JudgeOptions
 from perfguard.decision.normalize import TIMINGS
 from perfguard.errors import EXIT_CODES_HELP, PerfguardError
-from perfguard.measurement.checkout import base_exists
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.relative import (
     DEFAULT_BUDGET_S,
@@ -43,68 +48,45 @@ from perfguard.measurement.relative import (
 )
 from perfguard.presentation.render import render_table
 from perfguard.storage.cases import Selection
-from perfguard.storage.reports import Report, settle
+from perfguard.storage.reports import Report
 
 
 def _relative_from(kwargs: dict[str, Any]) -> RelativeOptions | None:
     """The relative group's flags, popped from `kwargs`: a `RelativeOptions` with
-    --against or --against-ref, else None."""
-    directory, ref, subdir = (kwargs.pop(k) for k in ("against", "against_ref", "against_subdir"))
+    --against, else None. `--against` names a directory when one of that name exists
+    (a checkout of the base), else a revision of this repository."""
+    against, subdir = kwargs.pop("against"), kwargs.pop("against_subdir")
     names = ("budget_s", "min_blocks", "max_blocks", "order_seed", "write_baseline", "timing")
     values = {name: kwargs.pop(name) for name in names}
-    settle = kwargs.pop("settle")
-    if directory is None and ref is None:
-        if settle:
-            raise PerfguardError("--settle needs --against DIR or --against-ref REF (the base)")
-        if values["write_baseline"]:
-            raise PerfguardError("--write-baseline needs --against or --against-ref")
-        if values["timing"]:
-            raise PerfguardError(
-                "--timing needs --against or --against-ref (a stored check follows its baseline)"
-            )
+    if against is None:
         return None
-    return RelativeOptions(directory, ref, subdir, **values, settle=settle)
+    directory, ref = (against, None) if os.path.isdir(against) else (None, against)
+    return RelativeOptions(directory, ref, subdir, **values)
 
 
 RELATIVE_OPTIONS = [
     click.option(
         "--against",
         default=None,
-        type=click.Path(),
-        metavar="DIR",
-        help="Relative check: compare with the base revision checked out in DIR, run "
-        "side by side in interleaved blocks of fresh processes (no stored baseline).",
-    ),
-    click.option(
-        "--against-ref",
-        default=None,
-        metavar="REF",
-        help="Relative check against REF of this repository (a temporary `git worktree "
-        "add --detach`, always removed), e.g. the merge base of a PR.",
+        metavar="DIR|REF",
+        help="The base: a directory holding its checkout, else a revision of this "
+        "repository (checked out in a temporary `git worktree add --detach`, always "
+        "removed), e.g. the merge base of a PR.",
     ),
     click.option(
         "--against-subdir",
         default=None,
         metavar="SUB",
-        help="The base's import root inside DIR, when its package lives in a "
+        help="The base's import root inside its checkout, when its package lives in a "
         "subdirectory (sglang: python).",
-    ),
-    click.option(
-        "--settle",
-        is_flag=True,
-        help="Check against the stored baseline first; then settle each case whose "
-        "timings it leaves open (a timed metric over its bound, credibly or not, and no "
-        "exact counter or output against it) by the relative check against --against / "
-        "--against-ref (at the relative level; --alpha is the stored check's), whose "
-        "verdict counts for that case.",
     ),
     click.option(
         "--budget-s",
         default=DEFAULT_BUDGET_S,
         show_default=True,
         type=click.FloatRange(min=0),
-        help="Relative check: stop starting blocks past this many seconds of measuring "
-        "(--min-blocks always run); metrics still unresolved then pass with a note.",
+        help="Stop starting blocks past this many seconds of measuring (--min-blocks "
+        "always run); a figure still unresolved then can't tell (exit 4).",
     ),
     click.option(
         "--min-blocks",
@@ -148,8 +130,8 @@ RELATIVE_OPTIONS = [
 
 
 def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--against / --against-ref / --against-subdir / --budget-s ...: the command gets
-    `relative` (`_relative_from`)."""
+    """--against / --against-subdir / --budget-s ...: the command gets `relative`
+    (`_relative_from`)."""
 
     @functools.wraps(fn)
     def wrapper(**kwargs: Any) -> Any:
@@ -205,21 +187,74 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return _apply(wrapper, options)
 
 
-NOT_RELATIVE = {
-    "baseline_path": "--baseline",
-    "results_file": "--results",
-    "perf_log": "--sglang-perf-log",
-    "processes": "--processes",
-    "max_repeats": "--max-repeats",
-    "max_reruns": "--max-reruns",
-    "confirm_gap_s": "--confirm-gap-s",
-    "profile": "--profile",
-}
-"""Options that mean nothing to a relative check (`--against`): giving one on the command
-line is an error (an environment variable is the runner's setting, for both kinds)."""
+def moved(flag: str, instead: str) -> Decorator:
+    """A hidden option that exits 2 naming the command that took it over: an old
+    spelling fails loudly instead of doing something else."""
 
-NEEDS_CASES = ("shard_spec", "devices_spec", "isolate", "factory_spec")
-"""Options that need cases to run: an error with --results / --sglang-perf-log."""
+    def refuse(_ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+        if value not in (None, False, ()):
+            raise PerfguardError(f"{flag} moved: use `perfguard {instead}`")
+
+    takes_value = flag not in FLAG_SPELLINGS
+    return click.option(
+        flag,
+        hidden=True,
+        expose_value=False,
+        is_flag=not takes_value,
+        callback=refuse,
+        **({"default": None} if takes_value else {}),
+    )
+
+
+FLAG_SPELLINGS = ("--counters-only", "--settle")
+
+MOVED_FROM_CHECK = {
+    "--against": "compare --against DIR|REF",
+    "--against-ref": "compare --against REF",
+    "--against-subdir": "compare --against-subdir SUB",
+    "--settle": "compare --against REF (the relative check) where the stored check can't tell",
+    "--budget-s": "compare --budget-s",
+    "--write-baseline": "compare --write-baseline",
+    "--counters-only": "check-work",
+    "--results": "judge --results FILE",
+    "--sglang-perf-log": "judge --sglang-perf-log FILE",
+}
+"""`check`'s old spellings of the other commands' jobs, and where each went."""
+
+
+def _moved_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return _apply(fn, [moved(flag, new) for flag, new in MOVED_FROM_CHECK.items()])
+
+
+def preset_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--fast` (the default) / `--rigorous`: how much a check samples, never its rule."""
+    return click.option(
+        "--rigorous/--fast",
+        "rigorous",
+        default=False,
+        help="Sampling preset (the rule is the same): --fast, the default, or "
+        "--rigorous, which measures more before it answers can't tell "
+        f"(check: {RIGOROUS['check']}; compare: {RIGOROUS['compare']}).",
+    )(fn)
+
+
+RIGOROUS = {
+    "check": "3 processes first, up to 16 fresh ones, 40 runs each",
+    "compare": "a 3x budget, up to 96 blocks",
+}
+
+
+def _rigorous_check(
+    options: MeasureOptions, judging: JudgeOptions
+) -> tuple[MeasureOptions, JudgeOptions]:
+    """`--rigorous` for the stored check, where the command line did not set the knob."""
+    if not given("processes"):
+        options = options.replace(processes=3)
+    if not given("max_repeats"):
+        options = options.replace(max_repeats=40)
+    if not given("max_reruns"):
+        judging = judging.replace(max_reruns=16)
+    return options, judging
 
 
 @click.command("check", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
@@ -228,95 +263,150 @@ NEEDS_CASES = ("shard_spec", "devices_spec", "isolate", "factory_spec")
 @baseline_option
 @measurement_options(adaptive=True)
 @judge_options(
-    "Confirm a case that is over a bound in up to this many fresh processes, one at a "
-    "time, before it can be a regression; the processes are pooled."
+    "Measure a case in up to this many fresh processes, one at a time, while a figure "
+    "is over its bound (to confirm it) or can't tell; the processes are pooled."
 )
-@click.option(
-    "--results",
-    "results_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Check this results file (from `perfguard run --out`) instead of running cases.",
-)
-@click.option(
-    "--sglang-perf-log",
-    "perf_log",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Check the requests of sglang's performance.log (needs --baseline).",
-)
+@preset_option
 @output_options
-@click.option(
-    "--counters-only",
-    is_flag=True,
-    help="Time nothing: build each case, run it once counted and judge only what is exact "
-    "(work counters, output, CPU tensor memory). Seconds on any CPU runner.",
-)
-@relative_options
+@_moved_options
 def check(
     platform_name: str | None,
     selection: Selection,
     baseline_path: str | None,
     options: MeasureOptions,
     judging: JudgeOptions,
-    results_file: str | None,
-    perf_log: str | None,
+    rigorous: bool,
     outputs: Outputs,
-    counters_only: bool,
-    relative: RelativeOptions | None,
 ) -> int:
-    """Run the selected cases (or read --results) and judge each metric against the baseline.
+    """The stored check: run the selected cases and answer, per figure, same, slower
+    or can't tell against the committed baseline.
 
-    A metric regresses when its median exceeds max(b * (1 + rel), b + pad) (rel: the
-    minimum effect of interest, 3 % for e2e, the denoising stage and the step
-    aggregates; pad: a multiple of the baseline's noise) and the slowdown is credible
-    (99.9 %, Student's t over the spread between processes; --alpha). A case over a bound is
-    confirmed in fresh processes first (--max-reruns); runs that the reference workload
-    saw contended are left out, and a runner that stays contended gets the verdict
-    `contended` (exit 4), never `regression`. Cases run here stop sampling early once
-    every metric is clearly fine (REPEATS to --max-repeats runs). Verdicts: pass,
-    regression, improvement (a stale baseline, never a failure), missing-baseline,
-    missing-stage, new-stage, error, contended. See docs/verdicts.md.
+    Slower: the median is over max(b * (1 + rel), b + pad) (rel: the minimum effect,
+    3 % for e2e, the denoising stage and the step aggregates) and credibly slower
+    (99.9 %, Student's t over the spread between processes). Same: the one-sided 95 %
+    upper bound lies within the minimum effect. Can't tell: neither (exit 4), with the
+    smallest slowdown the check could have caught. A case over its bound or that can't
+    tell is measured in fresh processes first; a runner that stays contended gets no
+    verdict (exit 4). Work counters and the output are exact: a counter that grew or an
+    output that changed fails whatever the timings say. The rule: README.md, "The rule".
 
-    With --against DIR (or --against-ref REF) there is no stored baseline: the base
-    revision in DIR and this one run side by side in randomized interleaved blocks of
-    fresh processes, and each metric is judged on their paired per-block ratios with the
-    same minimum effect, stopping once every metric is clearly different or clearly the
-    same, or at --budget-s (docs/relative.md). With --settle as well, the stored check
-    runs first and only the cases it leaves open are measured side by side.
-
-    Beside the timings, the work each stage does (ops, FLOPs, bytes allocated, host
-    syncs, counted exactly in one untimed run per build) is compared exactly: a counter
-    that grew is a regression whatever the timings say; and the output must stay
-    bit-identical or within tolerance (PSNR >= 100 dB) unless --allow-output-change.
+    The other jobs have commands of their own: `perfguard compare --against DIR|REF`
+    (the relative check), `perfguard check-work` (work only, seconds, any CPU runner),
+    `perfguard judge --results FILE` (judge a results file or sglang's log).
     """
+    if rigorous:
+        options, judging = _rigorous_check(options, judging)
+    report = _stored(platform_name, selection, baseline_path, options, judging, outputs)
+    return _finish(report, outputs)
 
-    settling = relative is not None and relative.settle
-    if settling:
-        _refuse_settle(relative, results_file or perf_log, counters_only)
-    if counters_only and (relative is not None or results_file or perf_log):
-        raise PerfguardError(
-            "--counters-only runs the cases: it cannot apply to --against, --results "
-            "or --sglang-perf-log"
-        )
-    if relative is not None and not settling:
-        report = _relative(platform_name, selection, options, judging, relative, outputs)
-    elif results_file or perf_log:
-        _refuse_run_options(results_file, perf_log, options)
-        if perf_log:
-            report = _perf_log(perf_log, selection, baseline_path, judging)
-        else:
-            report = _results_file(results_file or "", selection, baseline_path, judging)
-    elif counters_only:
-        report = _counters_only(platform_name, selection, baseline_path, options, judging, outputs)
-    else:
-        report = _stored(platform_name, selection, baseline_path, options, judging, outputs)
-        if settling:
-            assert relative is not None
-            report = _settled(report, platform_name, selection, options, judging, relative)
+
+def _finish(report: Report, outputs: Outputs) -> int:
+    """Write the reports, print the table; the exit code."""
     report, _ = api.write_report(report, outputs.report, outputs.markdown)
     render_table(report, console(), all_metrics=outputs.all_metrics)
     return report.exit_code
+
+
+@click.command("compare", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@platform_option
+@selection_options()
+@measurement_options(processes=None)
+@judge_options("", relative=True)
+@preset_option
+@output_options
+@relative_options
+def compare(
+    platform_name: str | None,
+    selection: Selection,
+    options: MeasureOptions,
+    judging: JudgeOptions,
+    rigorous: bool,
+    outputs: Outputs,
+    relative: RelativeOptions | None,
+) -> int:
+    """The relative check: this tree against a base (a directory, or a git revision
+    checked out in a temporary worktree), side by side on this runner, no baseline.
+
+    The base and this tree run in randomized interleaved blocks of fresh processes;
+    each figure is judged on the paired per-block ratios: slower (above 1 + the minimum
+    effect and credibly > 1, at 1 %), same (within the minimum effect), or can't tell
+    when the budget runs out (exit 4). It stops as soon as every figure is slower or the
+    same. Work counters and the output are compared exactly. docs/relative.md.
+    """
+    if relative is None:
+        raise PerfguardError("compare needs --against DIR|REF (the base to compare with)")
+    if rigorous:
+        relative = dataclasses.replace(
+            relative,
+            budget_s=relative.budget_s * 3 if not given("budget_s") else relative.budget_s,
+            max_blocks=96 if not given("max_blocks") else relative.max_blocks,
+        )
+    report = _relative(platform_name, selection, options, judging, relative, outputs)
+    return _finish(report, outputs)
+
+
+@click.command("check-work", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@platform_option
+@selection_options()
+@baseline_option
+@measurement_options(processes=None, workers=False, inject=False, progress=False)
+@judge_options("", exact=True)
+@output_options
+def check_work(
+    platform_name: str | None,
+    selection: Selection,
+    baseline_path: str | None,
+    options: MeasureOptions,
+    judging: JudgeOptions,
+    outputs: Outputs,
+) -> int:
+    """The work check: time nothing; build each case, run it once counted and judge
+    only what is exact (ops, FLOPs, bytes allocated and host syncs per stage and step,
+    the output, CPU tensor memory). Seconds on any CPU runner, for GPU code too: the
+    answers are same or slower, never can't tell.
+    """
+    report = _counters_only(platform_name, selection, baseline_path, options, judging, outputs)
+    return _finish(report, outputs)
+
+
+@click.command("judge", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@selection_options(shard=False)
+@baseline_option
+@judge_options("", exact=False, files=True)
+@click.option(
+    "--results",
+    "results_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Judge this results file (from `perfguard run --out`).",
+)
+@click.option(
+    "--sglang-perf-log",
+    "perf_log",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Judge the requests of sglang's performance.log (needs --baseline).",
+)
+@output_options
+def judge_command(
+    selection: Selection,
+    baseline_path: str | None,
+    judging: JudgeOptions,
+    results_file: str | None,
+    perf_log: str | None,
+    outputs: Outputs,
+) -> int:
+    """Judge measurements made elsewhere against a baseline; nothing runs. The same
+    answers as `check` (same, slower, can't tell), without its confirmations."""
+    if results_file and perf_log:
+        raise PerfguardError("use either --results or --sglang-perf-log, not both")
+    if perf_log:
+        report = _perf_log(perf_log, selection, baseline_path, judging)
+    elif results_file:
+        report = _results_file(results_file, selection, baseline_path, judging)
+    else:
+        raise PerfguardError("judge needs --results FILE or --sglang-perf-log FILE")
+    return _finish(report, outputs)
 
 
 def _stored(
@@ -337,58 +427,6 @@ def _stored(
         platform=platform_name,
         echo=echo_err,
     )
-
-
-def _refuse_settle(relative: RelativeOptions, file_mode: str | None, counters_only: bool) -> None:
-    """--settle needs cases to run and writes no baseline; a base that cannot be found
-    fails here, before the stored check measures."""
-    if file_mode or counters_only:
-        raise PerfguardError(
-            "--settle runs the open cases again: it cannot apply to --results, "
-            "--sglang-perf-log or --counters-only"
-        )
-    if relative.write_baseline:
-        raise PerfguardError("--write-baseline does not apply to --settle")
-    base_exists(relative.directory, relative.ref)
-
-
-def _settled(
-    report: Report,
-    platform_name: str | None,
-    selection: Selection,
-    options: MeasureOptions,
-    judging: JudgeOptions,
-    relative: RelativeOptions,
-) -> Report:
-    """The cases whose timings the stored check left open (`gate.open_cases`: over a
-    bound, credibly or not) measured again side by side with the base, at the relative
-    level; their relative verdicts replace the stored ones (`reports.settle`). Nothing
-    runs when no case is open. A relative check runs single-device cases only: an open
-    case on several devices keeps its stored verdict, and says so."""
-    open_ = open_cases(report.judgement)
-    if not open_:
-        return report
-    platform = api.probe(platform_name)
-    narrowed = Selection(selection.cases_dir, tuple(open_))
-    cases = api.select_cases(platform.name, narrowed, preflight=False, echo=echo_err)
-    for case in (c for c in cases if c.num_devices > 1):
-        echo_err(f"perfguard: {case.id} is open but runs on several devices: not settled")
-    ids = tuple(c.id for c in cases if c.num_devices == 1)
-    if not ids:
-        return report
-    echo_err(
-        f"perfguard: {len(ids)} case(s) with a timing over its bound ({', '.join(ids)}): "
-        "settling them side by side with the base"
-    )
-    settling = api.check_relative(
-        Selection(selection.cases_dir, ids),
-        options,
-        relative,
-        judging=judging.replace(rule=RELATIVE_RULE),
-        platform=platform,
-        echo=echo_err,
-    )
-    return settle(report, settling)
 
 
 def _counters_only(
@@ -412,10 +450,7 @@ def _relative(
     relative: RelativeOptions,
     outputs: Outputs,
 ) -> Report:
-    """`--against DIR` / `--against-ref REF`: head and base side by side, no baseline."""
-    for param, flag in NOT_RELATIVE.items():
-        if given(param, environment=False):
-            raise PerfguardError(f"{flag} does not apply to a relative check (--against)")
+    """`compare --against DIR|REF`: head and base side by side, no baseline."""
     if not given("alpha"):
         judging = judging.replace(rule=RELATIVE_RULE)
     platform = api.probe(platform_name)
@@ -449,18 +484,3 @@ def _perf_log(
         raise PerfguardError("--sglang-perf-log takes at most one --case")
     case_id = selection.case_ids[0] if selection.case_ids else None
     return api.check_perf_log(perf_log, judging=judging, baseline=baseline_path, case_id=case_id)
-
-
-def _refuse_run_options(
-    results_file: str | None, perf_log: str | None, options: MeasureOptions
-) -> None:
-    """Options that need cases to run are an error with --results / --sglang-perf-log."""
-    if results_file and perf_log:
-        raise PerfguardError("use either --results or --sglang-perf-log, not both")
-    if given("inject"):
-        raise PerfguardError("--inject needs cases to run: it cannot apply to --results")
-    if any(given(param) for param in NEEDS_CASES) or options.processes > 1:
-        raise PerfguardError(
-            "--shard, --devices, --isolate, --factory and --processes need cases to run: "
-            "they cannot apply to --results or --sglang-perf-log"
-        )

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from perfguard.decision.comparison import DEFAULT_RULE, RELATIVE_ALPHA, STORED_ALPHA, Rule
 from perfguard.decision.gate import DEFAULT_CONFIRM_GAP_S, DEFAULT_MAX_RERUNS, JudgeOptions
+from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.device.inject import inject_from
 from perfguard.measurement.launch import START_METHODS
 from perfguard.measurement.options import SYNC_POLICIES, MeasureOptions, factory_from, parse_devices
@@ -397,22 +398,29 @@ alpha_option = click.option(
 )
 
 
-def judge_options(max_reruns_help: str) -> Decorator:
-    """--profile / --max-reruns / --confirm-gap-s / --alpha / --fail-on-missing /
-    --advisory / --allow-output-change:
-    how a check judges (`JudgeOptions`); the command gets `judging`."""
+def judge_options(
+    max_reruns_help: str, *, relative: bool = False, exact: bool = False, files: bool = False
+) -> Decorator:
+    """How a check judges (`JudgeOptions`); the command gets `judging`.
+
+    Every gate takes --fail-on-missing / --advisory / --allow-output-change and the
+    baseline's --profile (a relative check has no baseline: `relative`); --alpha where
+    a timing is judged (not `exact`); --max-reruns / --confirm-gap-s where the gate
+    measures fresh processes (not `relative`, `exact` or `files`)."""
+    confirms = not (relative or exact or files)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(**kwargs: Any) -> Any:
+            alpha = kwargs.pop("alpha", None)
             kwargs["judging"] = JudgeOptions(
-                profile=kwargs.pop("profile"),
+                profile=kwargs.pop("profile", DEFAULT_PROFILE),
                 fail_on_missing=kwargs.pop("fail_on_missing"),
                 advisory=kwargs.pop("advisory"),
                 allow_output_change=kwargs.pop("allow_output_change"),
-                max_reruns=kwargs.pop("max_reruns"),
-                confirm_gap_s=kwargs.pop("confirm_gap_s"),
-                rule=DEFAULT_RULE if (alpha := kwargs.pop("alpha")) is None else Rule(alpha),
+                max_reruns=kwargs.pop("max_reruns", DEFAULT_MAX_RERUNS),
+                confirm_gap_s=kwargs.pop("confirm_gap_s", DEFAULT_CONFIRM_GAP_S),
+                rule=DEFAULT_RULE if alpha is None else Rule(alpha),
             )
             return fn(**kwargs)
 
@@ -428,12 +436,13 @@ def judge_options(max_reruns_help: str) -> Decorator:
                 "so with `output_may_change = true`).",
             ),
         ]
-        options = [
-            max_reruns_option(max_reruns_help),
-            confirm_gap_option,
-            alpha_option,
-            profile_option,
-        ]
+        options = []
+        if confirms:
+            options += [max_reruns_option(max_reruns_help), confirm_gap_option]
+        if not exact:
+            options.append(alpha_option)
+        if not relative:
+            options.append(profile_option)
         options += [click.option(name, is_flag=True, help=text) for name, text in flags]
         return _apply(wrapper, options)
 

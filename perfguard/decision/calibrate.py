@@ -42,7 +42,7 @@ import numpy as np
 
 from perfguard.decision.contention import DEFAULT_POLICY, screen
 from perfguard.decision.gate import DEFAULT_MAX_RERUNS
-from perfguard.decision.normalize import NORMALIZED, RAW, default_timing, normalized
+from perfguard.decision.normalize import NORMALIZED, RAW, as_checked, default_timing, normalized
 from perfguard.decision.stats import (
     MAD_TO_SD,
     MEDIAN_SE_FACTOR,
@@ -51,7 +51,7 @@ from perfguard.decision.stats import (
     summarize,
 )
 from perfguard.decision.tolerances import Band, Profile
-from perfguard.decision.verdict import DEFAULT_RULE, REGRESSION, Rule, as_checked, judge_metric
+from perfguard.decision.verdict import DEFAULT_RULE, REGRESSION, Rule, judge_metric
 from perfguard.metrics import metric_class, metric_sort_key
 from perfguard.results import CaseResult
 

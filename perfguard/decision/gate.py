@@ -47,24 +47,18 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.comparison import RELATIVE_RULE
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
-from perfguard.decision.counters import is_counter
-from perfguard.decision.estimate import UNKNOWN, PairedEstimate
 from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.decision.verdict import (
     CONTENDED,
     DEFAULT_RULE,
-    IMPROVEMENT,
-    PASS,
     REGRESSION,
     CaseVerdict,
     Judgement,
-    MetricVerdict,
     Rule,
     contended,
     judge,
     judge_against,
 )
-from perfguard.metrics import metric_class
 from perfguard.results import CaseResult, Results, pool
 
 if TYPE_CHECKING:
@@ -158,105 +152,6 @@ class JudgeOptions:
 
 RELATIVE_JUDGING = JudgeOptions(rule=RELATIVE_RULE)
 """How a relative check judges unless told otherwise: at the relative level (1 %)."""
-
-
-def open_cases(judgement: Judgement) -> list[str]:
-    """The cases whose timings a stored check cannot settle on its own: a timed metric
-    over its bound, credibly (a regression) or not (a pass that Chromium's Pinpoint
-    would call UNKNOWN), with nothing exact against the case. `check --settle` measures
-    them again side by side with the base revision (a relative check), where the
-    offset between the baseline's session and the check's cancels in each block's
-    ratio, and that verdict counts (docs/verdicts.md, "Settling open cases").
-
-    On a shared runner that offset is as large as the slowdowns the gate looks for
-    (2.7-5.5 % sd between baselines of one morning): a baseline from a fast session
-    fails unchanged code credibly, one from a slow session hides a 10 % slowdown. An
-    exact counter that grew or an output that changed is a fact, not a timing: such a
-    case keeps its regression. An error or a contended case has no timing to settle."""
-    return [c.case_id for c in judgement.cases if _timing_open(c)]
-
-
-def _timing_open(case: CaseVerdict) -> bool:
-    if case.verdict not in (PASS, IMPROVEMENT, REGRESSION) or case.output_failed:
-        return False
-    exact = any(m.verdict == REGRESSION and is_counter(m.metric) for m in case.metrics)
-    return not exact and bool(case.over)
-
-
-def settles(stored: CaseVerdict, relative: CaseVerdict) -> bool:
-    """Whether the side-by-side verdict of an open case counts instead of the stored one.
-
-    A regression side by side is an answer (a credible slowdown with the sessions'
-    offset cancelled). A pass is one only where the relative check answered each figure
-    the stored check had over its bound: the stage and aggregate figures, or the steps
-    where only steps were over (they follow the stage, and their 10 % effect takes
-    longest to resolve). A figure is answered when it is resolved (clearly the same or
-    clearly different, `paired.decision`), or when side by side it reads within the
-    minimum effect with its interval wholly under the stored reading (`refutes`; for a
-    figure the stored check passed, within the minimum effect is enough): then
-    the stored ratio was the offset between the baseline's session and the check's, not
-    the change (on 6 December an A/A check failed on a stored glm regression of 1.065x
-    that side by side read 1.000x, 0.965-1.035, unresolved at the block cap). A
-    relative check that stopped at its budget with a figure neither resolved nor refuted
-    passes it with a note; that is no answer to set against the stored one, which then
-    stands (on the slower runner of 6 December, settling within 50 s lost a +10 % catch
-    and a +5 % one that the stored check had made, docs/verdicts.md)."""
-    if relative.verdict == REGRESSION:
-        return True
-    if relative.verdict not in (PASS, IMPROVEMENT):
-        return False
-    over = stored.over
-    relevant = [n for n in over if metric_class(n) != "denoise_step"] or over
-    read = {m.metric: m for m in stored.metrics}
-    judged = {m.metric: m for m in relative.metrics}
-    return all(
-        (m := judged.get(n)) is not None
-        and m.paired is not None
-        and (m.paired.decision != UNKNOWN or _answered(m.paired, read[n]))
-        for n in relevant
-    )
-
-
-def _answered(side_by_side: PairedEstimate, stored: MetricVerdict) -> bool:
-    """An unresolved side-by-side figure answers the stored one at the strength of its
-    claim: a regression only where `refutes`; a figure over its bound that the stored
-    check passed (not credibly over) where side by side it reads within the minimum
-    effect too, so that neither check shows a slowdown the gate looks for (on 6 December
-    an A/A check failed on qwen's stage, 1.102x stored and refuted side by side, 1.005x
-    with 0.945-1.069, because its `e2e`, passed at 1.071x, read 1.009x but 0.946-1.077)."""
-    if stored.verdict == REGRESSION:
-        return refutes(side_by_side, stored)
-    return side_by_side.ratio <= 1.0 + side_by_side.min_effect
-
-
-def refutes(side_by_side: PairedEstimate, stored: MetricVerdict) -> bool:
-    """Whether a side-by-side reading contradicts what the stored check read: the
-    side-by-side ratio within the minimum effect (no slowdown of the size the gate looks
-    for) and its interval wholly under the stored ratio (the upper bound, one-sided at
-    the relative check's level per look). Head and base ran in the same blocks, so the
-    sessions' offset, which the stored ratio carries, is not in it. A side-by-side
-    ratio above the minimum effect refutes nothing, however far under the stored one:
-    on 6 December a +5 % check read qwen's stage at 1.130x stored and 1.059x (0.997-1.125)
-    side by side, a slowdown that a fast baseline had only made look larger."""
-    return (
-        stored.ratio is not None
-        and side_by_side.ratio <= 1.0 + side_by_side.min_effect
-        and side_by_side.high < stored.ratio
-    )
-
-
-def under_stored(stored: CaseVerdict, relative: CaseVerdict) -> list[MetricVerdict]:
-    """The side-by-side figures of an open case that were left unresolved but refute
-    their stored reading (`refutes`): the figures settled under the stored reading."""
-    read, over = {m.metric: m for m in stored.metrics}, set(stored.over)
-    return [
-        m
-        for m in relative.metrics
-        if m.metric in over
-        and m.paired is not None
-        and m.paired.decision == UNKNOWN
-        and refutes(m.paired, read[m.metric])
-    ]
 
 
 @dataclass(frozen=True)

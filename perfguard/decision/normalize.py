@@ -40,10 +40,15 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, Screen, screen
 from perfguard.decision.stats import Summary, summarize
 from perfguard.metrics import metric_class
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfguard.results import CaseResult
+    from perfguard.storage.baseline import Scenario
 
 RAW = "raw"
 NORMALIZED = "normalized"
@@ -242,3 +247,33 @@ def metric_pair(
         return samples, base, None
     fitted = adjusted(raw.samples[metric], raw.reference or [], base, scenario)
     return (samples, base, None) if fitted is None else fitted
+
+
+# ---- a result as a check judges it ---------------------------------------------------------
+
+
+def as_checked(
+    result: CaseResult, scenario: Scenario, policy: ContentionPolicy = DEFAULT_POLICY
+) -> tuple[CaseResult, Screen, bool]:
+    """`result` as a check judges it against `scenario`: the runs the contention screen
+    finds contended left out, then, where the scenario is normalized, every run scaled
+    to its reference median (`perfguard.decision.normalize`); what the screen found;
+    whether the runs were normalized. `perfguard calibrate` measures noise on the same."""
+    screened, scr = screened_runs(result, scenario, policy)
+    checked, scaled = scaled_runs(screened, scenario)
+    return checked, scr, scaled
+
+
+def scaled_runs(screened: CaseResult, scenario: Scenario) -> tuple[CaseResult, bool]:
+    """`screened`, each run scaled to its reference median if the scenario is normalized."""
+    ref = scenario.reference.median if scenario.reference is not None else None
+    scaled = normalized(screened, ref) if scenario.normalized and ref else None
+    return (screened if scaled is None else scaled), scaled is not None
+
+
+def screened_runs(
+    result: CaseResult, scenario: Scenario, policy: ContentionPolicy = DEFAULT_POLICY
+) -> tuple[CaseResult, Screen]:
+    """`result` without the runs the contention screen finds contended, as measured."""
+    ref = scenario.reference.median if scenario.reference is not None else None
+    return screen(result, ref, policy)

@@ -156,16 +156,7 @@ def judge_relative_metric(
     est = dataclasses.replace(est, reference_exponent=exponent)
     verdict, reason = _verdict_of(est, pad, final)
     floor = pad / baseline.median if baseline.median > 0 else 0.0
-    answer = answers.assess(
-        est.ratio,
-        answers.log_se(est.ratio, est.low, est.alpha, est.blocks - 1),
-        est.blocks - 1,
-        alpha=est.alpha,
-        threshold=1.0 + max(effect, floor),
-        margin=max(effect, floor),
-        slower=verdict == REGRESSION,
-        faster=verdict == IMPROVEMENT,
-    )
+    answer = _answer(est, verdict, max(effect, floor))
     return MetricVerdict(
         metric,
         verdict,
@@ -181,6 +172,21 @@ def judge_relative_metric(
         clear=est.decision != UNKNOWN,
         paired=est,
         answer=answer,
+    )
+
+
+def _answer(est: PairedEstimate, verdict: str, margin: float) -> answers.Answer:
+    """The figure's answer from its paired estimate: the same rule as the stored check's
+    (`perfguard.decision.answer.assess`), the standard error read off the interval."""
+    return answers.assess(
+        est.ratio,
+        answers.log_se(est.ratio, est.low, est.alpha, est.blocks - 1),
+        est.blocks - 1,
+        alpha=est.alpha,
+        threshold=1.0 + margin,
+        margin=margin,
+        slower=verdict == REGRESSION,
+        faster=verdict == IMPROVEMENT,
     )
 
 
@@ -212,8 +218,8 @@ def _verdict_of(est: PairedEstimate, pad: float, final: bool) -> tuple[str, str]
     if est.decision == SAME or not final:
         return PASS, "" if est.decision == SAME else "unresolved"
     return PASS, (
-        f"unresolved: {est.ratio:.3f}x the base ({interval}) is neither credibly slower "
-        f"by {effect:g} (and {pad:g} in all) nor within +-{effect:g}: passed with a note"
+        f"can't tell: {est.ratio:.3f}x the base ({interval}) is neither credibly slower "
+        f"by {effect:g} (and {pad:g} in all) nor within +-{effect:g}"
     )
 
 

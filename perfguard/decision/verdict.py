@@ -1,45 +1,21 @@
-"""The decision: is a measured metric a regression, an improvement, or within its band?
+"""The decision on one metric, one case and one check: slower, same or can't tell.
 
 Everything that decides lives here, so that "how a regression is decided" is one file:
-the evidence a regression needs (`Rule`), the per-metric verdict, which verdicts are over
-their bound (the gate confirms the case) or already clear (it stops sampling), the
-per-case verdict and the overall verdict with its exit code. The bands come from
-`perfguard.decision.tolerances`, the statistics from `perfguard.decision.stats`;
-baselines (`perfguard.storage.baseline`) store figures and profiles, reports
-(`perfguard.presentation.render`) render verdicts, and `perfguard.decision.gate` measures
-again or stops as these functions say; none of them decides anything.
+the per-metric verdict and its answer (`perfguard.decision.answer`), which verdicts are
+over their bound (the gate confirms the case) or already clear (it stops sampling), the
+per-case verdict and the overall verdict with its exit code. The rule as a card of
+numbered lines, with every constant: `perfguard.decision` (README.md, "The rule").
 
 The band, in sglang's words: a metric whose baseline is `b` may not exceed
-`max(b * (1 + rel), b + abs)`. It is one-sided (only slowdowns fail). The relative part
-scales with the figure; the absolute pad stops tiny figures (a 0.04 ms input
-validation) from failing on timer and scheduler jitter that no relative tolerance can
-absorb.
-
-The measured figure is the median of the samples, compared with the baseline's median.
-The median, not the mean, because one preempted run (a page-fault storm, a noisy
-neighbour) moves the mean of five samples by 20 % and the median not at all.
-
-A median above the band is a regression only when the slowdown is also credible: the
-lower end of a one-sided (1 - alpha) confidence bound on median/baseline must exceed 1
-(`Rule.alpha`: 0.1 % against a stored baseline, `comparison.STORED_ALPHA`). The interval
-comes from `stats.log_ratio_noise`: the spread of both sides' samples and, when either
-side was measured in several processes, the spread of the per-process medians, because
-on a shared runner the process is a source of variation that the samples of one process
-cannot show. Without that information the bands themselves must cover the drift between
-processes; `perfguard calibrate` measures it and suggests bands that do.
-
-A case with a metric over its bound is confirmed by the gate in fresh processes pooled
-in before it can be a regression (`perfguard.decision.gate`). A metric's `borderline`
-flag (band exceeded but not credible; credible but within 1.2x of the band; credible and
-just inside it; a regression seen in one process only) is reported, not acted on. One
-process is never enough because on the shared
-CPU runner we measured episodes of ~1 s in which the same stage runs 70 % slower, with
-no other process visible in the guest: a check whose samples all fall into one looks
-exactly like a regression, and only a second measurement at another time tells them
-apart. A real regression is confirmed at the cost of one more measurement; a check
-that passes never pays it. Verdicts whose median more runs of the same process could
-not carry across the bound are "clear", and the gate stops sampling a case once all its
-verdicts are clear and within their bounds.
+`max(b * (1 + rel), b + abs)`; one-sided (only slowdowns fail). The measured figure is
+the median of the samples, not the mean: one preempted run moves the mean of five
+samples by 20 % and the median not at all. A median over the band is a regression only
+when the slowdown is also credible (`Rule.alpha`), with the interval from
+`stats.log_ratio_noise`: both sides' samples and, with several processes, the spread of
+the per-process medians, since on a shared runner the process is a source of variation
+its own samples cannot show. One process is never enough: on the shared CPU runner
+spells of ~1 s run a stage 70 % slower, so a case over its bound is confirmed in fresh
+processes by the gate (`perfguard.decision.gate`) before it can be a regression.
 """
 
 from __future__ import annotations
@@ -54,9 +30,14 @@ from perfguard.decision import answer as answers
 from perfguard.decision import counters
 from perfguard.decision.answer import Answer
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
-from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, Screen, screen
+from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy
 from perfguard.decision.estimate import PairedEstimate
-from perfguard.decision.normalize import NORMALIZED, metric_pair, normalized
+from perfguard.decision.normalize import (
+    NORMALIZED,
+    metric_pair,
+    scaled_runs,
+    screened_runs,
+)
 from perfguard.decision.stats import (
     Noise,
     Summary,
@@ -122,14 +103,11 @@ OVERALL_CANT_TELL = "cant_tell"
 class MetricVerdict(counters.CounterVerdict):
     """The verdict on one metric of one case, with everything a reader needs to check it.
 
-    Its first fields are a counter's verdict (`counters.CounterVerdict`: metric,
-    verdict, measured and baseline summaries, band, bound, ratio, reason). `low` /
-    `high` bound median/baseline at the rule's confidence (one-sided each);
-    `significant` says whether `low` > 1 (slower beyond noise); `borderline` flags a
-    verdict the next process could flip (reported); `clear` says more runs of the same
-    process would not change the verdict (the bound lies outside [low, high] x
-    baseline, or outside the reach of the median's own standard error,
-    `stats.median_reach`); `noise` is where the interval came from.
+    Its first fields are a counter's verdict (`counters.CounterVerdict`). `low` / `high`
+    bound median/baseline at the rule's confidence (one-sided each); `significant`:
+    `low` > 1; `borderline`: the next process could flip it (reported); `clear`: more
+    runs of this process would not change it (`stats.median_reach`); `noise`: where the
+    interval came from.
     """
 
     low: float | None = None
@@ -253,16 +231,12 @@ def judge_metric(
 
     `groups` gives the number of consecutive samples from each process (or re-run), so
     that their medians' spread enters the noise estimate. `speed` is the runner's
-    reference workload now over at baseline time (`perfguard.decision.contention`): when the
-    runner is slower as a whole (speed > 1) and the median divided by it would be within
-    the bound, the metric is `contended` (no verdict, exit 4), neither a regression (a
-    slower host or a capped clock must not read as slower code) nor a pass. It used to
-    pass: measured (`benchmarks/runner_speed.py`, docs/verdicts.md), the reference's
-    speed tracks the pipelines' on average (slopes of 0.93-1.09 over a 0.36x-5.8x range
-    of machine speed) but predicts one measurement's only to 11-18 % (sd of log ratios
-    over rounds of 10 runs), several times the 3 % minimum effect, so dividing by it
-    excused real slowdowns of that size (`+3-5 %` e2e at a 1.105x runner). A faster
-    runner adjusts nothing: it must not hide a real slowdown. `session` widens the
+    reference workload now over at baseline time (`perfguard.decision.contention`): when
+    the runner is slower as a whole (speed > 1) and the median divided by it would be
+    within the bound, the metric is `contended` (no verdict, exit 4): the reference
+    tracks the pipelines' speed on average but predicts one measurement's only to
+    11-18 %, several times the minimum effect, so dividing by it would excuse real
+    slowdowns (docs/noise.md). A faster runner adjusts nothing. `session` widens the
     interval by the offset one session of the runner leaves on the metric
     (`Profile.session`), once for the baseline's session and once for this one's.
 
@@ -288,18 +262,7 @@ def judge_metric(
         return _judge_on_the_band_alone(metric, measured, baseline, band)
     c = Comparison.of(metric, measured, baseline, band, rule, session)
     verdict, reason = _outcome(c, improvement_threshold, speed)
-    margin = (same_band or band).bound(c.b) / c.b - 1.0
-    answer = answers.assess(
-        c.ratio,
-        c.noise.se,
-        c.noise.dof,
-        alpha=rule.alpha,
-        threshold=c.bound / c.b,
-        margin=margin,
-        slower=verdict == REGRESSION,
-        faster=verdict == IMPROVEMENT,
-        known=math.sqrt(2.0) * session,
-    )
+    answer = _answer(c, verdict, same_band or band, session)
     return MetricVerdict(
         metric,
         verdict,
@@ -316,6 +279,22 @@ def judge_metric(
         clear=c.clear(),
         noise=c.noise,
         answer=answer,
+    )
+
+
+def _answer(c: Comparison, verdict: str, same_band: Band, session: float) -> Answer:
+    """The figure's answer (`perfguard.decision.answer.assess`) under the regression
+    rule of `c` and the margin of `same_band` (the session offset a known term)."""
+    return answers.assess(
+        c.ratio,
+        c.noise.se,
+        c.noise.dof,
+        alpha=c.rule.alpha,
+        threshold=c.bound / c.b,
+        margin=same_band.bound(c.b) / c.b - 1.0,
+        slower=verdict == REGRESSION,
+        faster=verdict == IMPROVEMENT,
+        known=math.sqrt(2.0) * session,
     )
 
 
@@ -354,14 +333,13 @@ def _outcome(c: Comparison, improvement_threshold: float, speed: float | None) -
 
 
 def _contended_reason(c: Comparison, over_bound: str, speed: float) -> str:
-    """The runner's slowness explains the excess as well as the code could, and the
-    reference predicts a pipeline's speed far less precisely than the band is wide
-    (docs/verdicts.md, `benchmarks/runner_speed.py`): no verdict either way."""
+    """The runner's slowness explains the excess as well as the code could: no verdict."""
     return (
         f"{over_bound} ({_figures(c)}), but the "
         f"runner's reference workload is {speed:.3f}x slower than at baseline time, "
         f"which would explain it ({_fmt(c.m / speed, c.metric)} divided by it): "
-        "no verdict; measure on a quiet runner or with the relative check (--against-ref)"
+        "no verdict; measure on a quiet runner or with the relative check "
+        "(perfguard compare --against REF)"
     )
 
 
@@ -517,33 +495,6 @@ def gated_steps(step_count: int, step_fractions: Sequence[float] | None) -> set[
     return {round(f * max_step) for f in step_fractions}
 
 
-def as_checked(
-    result: CaseResult, scenario: Scenario, policy: ContentionPolicy = DEFAULT_POLICY
-) -> tuple[CaseResult, Screen, bool]:
-    """`result` as a check judges it against `scenario`: the runs the contention screen
-    finds contended left out, then, where the scenario is normalized, every run scaled
-    to its reference median (`perfguard.decision.normalize`); what the screen found;
-    whether the runs were normalized. `perfguard calibrate` measures noise on the same."""
-    screened, scr = screened_runs(result, scenario, policy)
-    checked, scaled = _scaled(screened, scenario)
-    return checked, scr, scaled
-
-
-def _scaled(screened: CaseResult, scenario: Scenario) -> tuple[CaseResult, bool]:
-    """`screened`, each run scaled to its reference median if the scenario is normalized."""
-    ref = scenario.reference.median if scenario.reference is not None else None
-    scaled = normalized(screened, ref) if scenario.normalized and ref else None
-    return (screened if scaled is None else scaled), scaled is not None
-
-
-def screened_runs(
-    result: CaseResult, scenario: Scenario, policy: ContentionPolicy = DEFAULT_POLICY
-) -> tuple[CaseResult, Screen]:
-    """`result` without the runs the contention screen finds contended, as measured."""
-    ref = scenario.reference.median if scenario.reference is not None else None
-    return screen(result, ref, policy)
-
-
 def judge_case(
     case_id: str,
     result: CaseResult,
@@ -584,7 +535,7 @@ def judge_case(
     common["work"] = work.to_json() or None
     common["output"] = None if output is None else output.to_json()
     raw, scr = screened_runs(result, scenario, policy)
-    result, scaled = _scaled(raw, scenario)
+    result, scaled = scaled_runs(raw, scenario)
     runner = scr.to_json()
     speed = scr.speed
     if scaled:
@@ -620,25 +571,22 @@ def judge_case(
         )
     if exponents:
         runner["reference_exponents"] = exponents
-    out.extend(
-        MetricVerdict(**vars(c), answer=answers.exact(c.verdict == REGRESSION))
-        for c in work.metrics
-    )
+    out.extend(_exact(c) for c in work.metrics)
     kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
     verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=runner, **common)
     return contended(verdict, scr.reason) if scr.contended else verdict
 
 
+def _exact(counter: counters.CounterVerdict) -> MetricVerdict:
+    """A work counter's verdict, with its exact answer."""
+    return MetricVerdict(**vars(counter), answer=answers.exact(counter.verdict == REGRESSION))
+
+
 def rule_of(metric: str, judged: Sequence[str], rule: Rule) -> Rule:
     """The rule `metric` is judged by among a case's `judged` metrics: the per-step
     metrics are one family and share `rule.alpha` (Bonferroni, each at alpha / m of the
-    m steps judged), the others take it whole.
-
-    A slowdown of the code moves the denoising stage, e2e and the step aggregates, which
-    keep the full level; a step on its own needs its 10 % minimum effect and evidence for
-    one of m. Twenty steps at 1 % each would be twenty chances for noise to fail a case:
-    in 600 A/A relative checks replayed from measured blocks, 8 of the 25 that failed did
-    so on per-step metrics or a 5 us stage alone (docs/relative.md)."""
+    m steps judged), the others take it whole: twenty steps at 1 % each would be twenty
+    chances for noise to fail a case (docs/relative.md)."""
     if metric_class(metric) != "denoise_step":
         return rule
     m = sum(1 for name in judged if metric_class(name) == "denoise_step")
@@ -845,18 +793,7 @@ def judge(
 
 
 __all__ = [
-    "CONTENDED",
-    "DEFAULT_RULE",
-    "SEVERITY",
-    "CaseVerdict",
-    "Judgement",
-    "MetricVerdict",
-    "Rule",
-    "contended",
-    "gated_steps",
-    "judge",
-    "judge_case",
-    "judge_metric",
-    "overall",
+    "CONTENDED", "DEFAULT_RULE", "SEVERITY", "CaseVerdict", "Judgement", "MetricVerdict",
+    "Rule", "contended", "gated_steps", "judge", "judge_case", "judge_metric", "overall",
     "worst",
 ]

@@ -127,8 +127,6 @@ class RelativeOptions:
     order_seed: int | None = None
     write_baseline: str | None = None
     timing: str | None = None
-    settle: bool = False
-    """`check --settle`: a stored check first; only the cases it leaves open run here."""
 
     def __post_init__(self) -> None:
         if self.directory is not None and self.ref is not None:

@@ -20,7 +20,6 @@ from rich.text import Text
 
 from perfguard.decision.changes import BaselineDiff, DiffRow
 from perfguard.decision.counters import is_counter
-from perfguard.decision.gate import under_stored
 from perfguard.decision.paired import UNKNOWN
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -36,11 +35,12 @@ from perfguard.decision.verdict import (
 )
 from perfguard.errors import PerfguardError
 from perfguard.metrics import metric_sort_key, unit
+from perfguard.presentation.answers import answer_lines, answer_phrase
 from perfguard.presentation.attribution import console_lines, markdown_lines
 from perfguard.presentation.escape import console_text, md_text
+from perfguard.presentation.observed import observed_facts
 from perfguard.presentation.work_report import output_summary, work_console_lines, work_markdown
 from perfguard.storage.jsonio import (
-from perfguard.presentation.observed import observed_facts
     write_text_atomic,
 )
 from perfguard.storage.reports import Report
@@ -218,18 +218,17 @@ def summary_line(report: Report) -> str:
     if counts[IMPROVEMENT]:
         parts.append(f"{counts[IMPROVEMENT]} improvement(s)")
     advisory = " (advisory: not enforced)" if report.judgement.advisory else ""
-    if report.relative:
-        open_ = len(unresolved(report))
-        if open_:
-            parts.append(f"{open_} unresolved metric(s) passed with a note")
-        against = against_text(report)
-    else:
-        against = f"profile {report.judgement.profile}"
+    against = against_text(report) if report.relative else f"profile {report.judgement.profile}"
+    headline = _HEADLINES.get(report.verdict, report.verdict.upper())
     return (
-        f"perfguard {report.verdict.upper()}{advisory}: {', '.join(parts)} "
-        f"in {n_cases} case(s), {against}, "
+        f"perfguard {headline}{advisory}: {', '.join(parts)} "
+        f"in {n_cases} case(s), {against}, {answer_phrase(report)}, "
         f"exit {report.exit_code}"
     )
+
+
+_HEADLINES = {"cant_tell": "CAN'T TELL"}
+"""The first line's word for a verdict whose JSON name is not one."""
 
 
 _STYLE = {
@@ -260,6 +259,7 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
         ("baseline", "right"),
         ("bound", "right"),
         ("ratio", "right"),
+        ("answer", "left"),
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     rows = _rows(report, all_metrics)
@@ -278,6 +278,7 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
                 Text(""),
                 Text(""),
                 Text(""),
+                Text(""),
             )
             continue
         table.add_row(
@@ -291,6 +292,7 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
             Text(fmt_value(m.baseline.median if m.baseline else None, m.metric)),
             Text(fmt_value(m.bound, m.metric)),
             Text(fmt_evidence(m)),
+            Text(fmt_answer(m)),
         )
     for line in _work_console(report):
         console.print(Text(line))
@@ -304,45 +306,13 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
     for i, (case, m) in enumerate(reasons, 1):
         line = f"({i}) {case.case_id} {m.metric} {m.verdict}: {m.reason}"
         console.print(Text(console_text(line)))
-    for line in (runner_text(report), evidence_note(report), *settled_lines(report)):
+    for line in (
+        *answer_lines(report),
+        runner_text(report),
+        evidence_note(report),
+    ):
         if line:
             console.print(Text(console_text(line)))
-
-
-def settled_lines(report: Report) -> list[str]:
-    """What `check --settle` did per case: the stored verdict and figures over their bounds,
-    then the side-by-side verdict that counts instead, or that the stored one stands."""
-    settled = report.settled or {}
-    where = _against_words(settled.get("against") or {})
-    now = {c.case_id: c for c in report.cases}
-    lines = []
-    for cid, data in sorted((settled.get("cases") or {}).items()):
-        stored, relative = CaseVerdict.from_json(cid, data), now.get(cid)
-        line = f"{_stored_words(stored)}; settled side by side with the base, {where}: "
-        line += relative.verdict if relative else "?"
-        below = ", ".join(
-            f"{m.metric} {fmt_ratio(m.ratio)}, at most {fmt_ratio(m.paired.high)}"
-            for m in (under_stored(stored, relative) if relative else [])
-            if m.paired is not None
-        )
-        lines.append(f"{line} ({below}: under the stored reading)" if below else line)
-    for cid in sorted(settled.get("unresolved") or {}):
-        if cid in now:
-            lines.append(
-                f"{_stored_words(now[cid])}; side by side with the base, {where}, unresolved "
-                "when the check stopped: the stored verdict stands"
-            )
-    return lines
-
-
-def _stored_words(stored: CaseVerdict) -> str:
-    over = set(stored.over)
-    figures = ", ".join(
-        f"{m.metric} {fmt_ratio(m.ratio)}{'' if m.verdict == REGRESSION else ' not credibly'}"
-        for m in stored.metrics
-        if m.metric in over
-    )
-    return f"{stored.case_id}: {stored.verdict} against the baseline (over its bound: {figures})"
 
 
 def _confirmations(case: CaseVerdict) -> int:
@@ -513,19 +483,31 @@ def _metric_row(case: CaseVerdict, m: MetricVerdict, with_verdict: bool) -> list
         escape_md(fmt_value(m.baseline.median if m.baseline else None, m.metric)),
         escape_md(fmt_value(m.bound, m.metric)),
         escape_md(fmt_evidence(m)),
+        escape_md(fmt_answer(m)),
     ]
     return row
 
 
-_MD_HEADER = ["case", "metric", "measured", "baseline", "bound", "ratio"]
+def fmt_answer(m: MetricVerdict) -> str:
+    """`same`, `slower`, `can't tell` with the slowdown the check could catch: `(>= +8%)`."""
+    if m.answer is None:
+        return "-"
+    if m.answer.detectable is None:
+        return m.answer.label
+    return f"{m.answer.label} (catches +{m.answer.detectable:.0%})"
+
+
+_MD_HEADER = ["case", "metric", "measured", "baseline", "bound", "ratio", "answer"]
 
 _ByVerdict = dict[str, list[tuple[CaseVerdict, MetricVerdict]]]
 
 
 def render_markdown(report: Report) -> str:
     """A PR comment: one summary line, regressions, failures, improvements, details."""
-    icon = {"pass": "✅", "fail": "❌", "error": "⚠️", "contended": "⏳"}.get(report.verdict, "")
+    icons = {"pass": "✅", "fail": "❌", "error": "⚠️", "contended": "⏳", "cant_tell": "❔"}
+    icon = icons.get(report.verdict, "")
     lines = [f"### {icon} {escape_md(summary_line(report))}", ""]
+    lines += [escape_md(line) + "\n" for line in answer_lines(report)]
     lines += [" · ".join(_md_context(report)), ""]
     lines += _work_section(report)
     runner = runner_text(report)
@@ -539,10 +521,6 @@ def render_markdown(report: Report) -> str:
     lines += _md_failed(report)
     lines += _md_missing(report, by_verdict)
     lines += _md_unresolved(report)
-    settled = settled_lines(report)
-    if settled:
-        lines += ["#### Settled side by side with the base", ""]
-        lines += [f"- {escape_md(line)}" for line in settled] + [""]
     lines += _md_improvements(report, by_verdict.get(IMPROVEMENT, []))
     lines += markdown_lines(report.attribution)
     lines += _md_details(report)
@@ -623,14 +601,16 @@ def _md_missing(report: Report, by_verdict: _ByVerdict) -> list[str]:
 
 
 def _md_unresolved(report: Report) -> list[str]:
-    open_ = unresolved(report) if report.relative else []
+    """The figures the check can't tell from their baseline (or base): neither the same
+    within the minimum effect nor credibly slower."""
+    open_ = [(c, m) for c in report.cases for m in c.cant_tell]
     if not open_:
         return []
     lines = [
-        f"#### Unresolved ({len(open_)}): passed with a note",
+        f"#### Can't tell ({len(open_)})",
         "",
-        "Neither clearly slower by the minimum effect nor clearly within it when the "
-        "check stopped; a longer `--budget-s` would resolve them.",
+        "Neither within the minimum effect nor credibly slower when the check stopped; "
+        "the answer column says the smallest slowdown the check would have caught.",
         "",
     ]
     lines += _md_table(_MD_HEADER, [_metric_row(c, m, False) for c, m in open_])
@@ -699,6 +679,7 @@ def _md_case_facts(case: CaseVerdict) -> list[str]:
         extra.append(f"call arguments: {escape_md(arguments_line(case.arguments))}")
     if case.counters:
         extra.append(f"counters per run: {escape_md(counters_line(case.counters))}")
+    extra += [escape_md(fact) for fact in observed_facts(case)]
     return extra
 
 
@@ -728,7 +709,6 @@ def render_baseline_diff_markdown(d: BaselineDiff, old_label: str, new_label: st
     really got slower), then credible speed-ups (they tighten it), then a collapsed table
     of every changed figure with its interval and verdict, so that figures that moved
     within noise are visible without drowning the ones that matter.
-    extra += [escape_md(fact) for fact in observed_facts(case)]
     """
     from perfguard.decision.changes import ADDED, FASTER, REMOVED, SLOWER
 

@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfguard.decision.gate import settles
 from perfguard.decision.verdict import (
     CaseVerdict,
     Judgement,
@@ -244,36 +243,6 @@ def _merged_settled(reports: Sequence[Report]) -> Mapping[str, Any] | None:
     cases = {cid: case for s in settled for cid, case in s["cases"].items()}
     unresolved = {cid: case for s in settled for cid, case in s.get("unresolved", {}).items()}
     return {**settled[0], "cases": cases, "unresolved": unresolved}
-
-
-def settle(stored: Report, relative: Report) -> Report:
-    """`stored` with each case that `relative` checked judged by it instead, where it
-    resolved what the stored check left open (`perfguard.decision.gate.settles`).
-
-    A stored check's open cases (`perfguard.decision.gate.open_cases`) are measured
-    again side by side with the base revision; a resolved relative verdict is the
-    better answer (the sessions' offsets cancel in its blocks), so it replaces the
-    stored one in the cases, the counts and the exit code. The stored verdicts it
-    replaced are kept under `settled.cases`, with the relative check's base and
-    settings; a relative verdict that left an open metric unresolved is kept under
-    `settled.unresolved`, and the stored verdict stands.
-    """
-    by_id = {c.case_id: c for c in relative.cases}
-    counts = {
-        c.case_id for c in stored.cases if c.case_id in by_id and settles(c, by_id[c.case_id])
-    }
-    cases = tuple(by_id[c.case_id] if c.case_id in counts else c for c in stored.cases)
-    settled = {
-        "against": dict(relative.against or {}),
-        "settings": dict(relative.settings),
-        "cases": {c.case_id: c.to_json() for c in stored.cases if c.case_id in counts},
-        "unresolved": {cid: c.to_json() for cid, c in by_id.items() if cid not in counts},
-    }
-    judgement = dataclasses.replace(stored.judgement, cases=cases)
-    return dataclasses.replace(stored, judgement=judgement, settled=settled)
-
-
-# ---- JSON ----------------------------------------------------------------------------------
 
 
 def render_json(report: Report) -> str:

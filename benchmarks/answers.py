@@ -1,0 +1,181 @@
+"""The stored check's three answers on simulated runners: how often it says same, slower
+or can't tell, for unchanged code and for slowdowns of the denoising loop.
+
+Recorded processes (a `perfguard run --processes K --out FILE` results file of real runs)
+are resampled into checks: a baseline of `--baseline-processes` of them, a check of
+others, each process's samples multiplied by exp(N(0, sd)) (a runner whose processes
+differ by `sd`, on top of what the recording already had) and, for the check, the
+denoising stage, its steps and their aggregates by 1 + effect (e2e by the stage's added
+time). Each check goes through the real gate (`perfguard.decision.gate.run_gate`, the
+default options: confirmations while a figure is over its bound or can't tell), which
+draws every fresh process from the recording the same way.
+
+    python benchmarks/answers.py /tmp/rec/setA.json --sd 0 0.02 0.10 0.20 --effects 0 5 10
+    python benchmarks/answers.py A.json --report-on B.json   # baselines of A, checks of B
+
+Nothing here is tuned: the rule's constants are fixed in perfguard/decision/; this prints
+what they give. Timings are compared raw (the recorded reference readings are dropped):
+simulated jitter is not on the reference workload, so normalizing could not remove it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from perfguard.decision.gate import JudgeOptions, run_gate
+from perfguard.results import CaseResult, Results, pool
+from perfguard.storage.baseline import new_baseline, scenario_from_result
+from perfguard.storage.cases import Case
+
+LOOP = ("stage:DenoisingStage", "step_avg", "step_median")
+HEADLINE = ("e2e", "stage:DenoisingStage")
+
+
+def processes(path: Path) -> dict[str, list[dict[str, list[float]]]]:
+    """Per case, the recorded processes: each a dict metric -> its samples."""
+    data = json.loads(path.read_text())
+    out: dict[str, list[dict[str, list[float]]]] = {}
+    for cid, case in data["cases"].items():
+        res = CaseResult.from_json(cid, case)
+        if res.status != "ok" or not res.groups:
+            continue
+        start, procs = 0, []
+        for n in res.groups:
+            procs.append({m: list(v[start : start + n]) for m, v in res.samples.items()})
+            start += n
+        out[cid] = procs
+    return out
+
+
+def _process(
+    recorded: dict[str, list[float]], rng: random.Random, sd: float, effect: float
+) -> dict[str, list[float]]:
+    factor = rng.lognormvariate(0.0, sd) if sd > 0 else 1.0
+    out = {m: [x * factor for x in v] for m, v in recorded.items()}
+    if effect:
+        stage = out.get("stage:DenoisingStage", [])
+        for m in out:
+            if m in LOOP or m.startswith("step:"):
+                out[m] = [x * (1 + effect) for x in out[m]]
+        if "e2e" in out and stage:
+            out["e2e"] = [e + s * effect for e, s in zip(out["e2e"], stage, strict=True)]
+    return out
+
+
+def _result(cid: str, procs: Sequence[dict[str, list[float]]]) -> CaseResult:
+    parts = [
+        CaseResult(case_id=cid, samples=p, repeats=len(next(iter(p.values())))) for p in procs
+    ]
+    return pool(parts, True) if len(parts) > 1 else parts[0]
+
+
+def one_check(
+    cid: str,
+    base_pool: list[dict[str, list[float]]],
+    check_pool: list[dict[str, list[float]]],
+    rng: random.Random,
+    sd: float,
+    effect: float,
+    baseline_processes: int,
+) -> tuple[str | None, int, dict[str, float]]:
+    """One simulated check: its answer, exit code and headline detectable slowdowns."""
+    chosen = rng.sample(range(len(base_pool)), baseline_processes)
+    base = _result(cid, [_process(base_pool[i], rng, sd, 0.0) for i in chosen])
+    baseline = new_baseline({"platform": "cpu", "hardware": "sim"}).with_scenario(
+        cid, scenario_from_result(base)
+    )
+    # Held out: the check's processes come from the other recording; the same one, the
+    # processes the baseline did not use.
+    spare = [p for i, p in enumerate(check_pool) if check_pool is not base_pool or i not in chosen]
+
+    def measure(cases: Sequence[Case], _until: Any) -> Results:
+        res = _result(cid, [_process(rng.choice(spare), rng, sd, effect)])
+        return Results(environment={}, settings={}, cases={cid: res})
+
+    case = Case(id=cid, workload="qwen_image", preset="tiny")
+    outcome = run_gate(
+        [case], baseline, JudgeOptions(), measure, adaptive=False, sleep=lambda _s: None
+    )
+    (verdict,) = outcome.judgement.cases
+    detectable = {
+        m.metric: m.answer.detectable
+        for m in verdict.metrics
+        if m.metric in HEADLINE and m.answer is not None and m.answer.detectable is not None
+    }
+    return verdict.answer, outcome.judgement.exit_code, detectable
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("recording", type=Path, help="results file of recorded processes")
+    ap.add_argument("--report-on", type=Path, help="draw the checks from this recording")
+    ap.add_argument("--sd", type=float, nargs="+", default=[0.0, 0.02, 0.10, 0.20])
+    ap.add_argument("--effects", type=float, nargs="+", default=[0.0, 5.0, 10.0])
+    ap.add_argument("--checks", type=int, default=100, help="checks per case and cell")
+    ap.add_argument("--baseline-processes", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="write every cell's counts here")
+    args = ap.parse_args(argv)
+    base_rec = processes(args.recording)
+    check_rec = processes(args.report_on) if args.report_on else base_rec
+    cases = sorted(set(base_rec) & set(check_rec))
+    if not cases:
+        print("no case with recorded processes in both files", file=sys.stderr)
+        return 2
+    rng = random.Random(args.seed)
+    rows = []
+    print(
+        f"baselines from {args.recording}, checks from {args.report_on or args.recording}; "
+        f"cases {', '.join(cases)}; {args.checks} checks per case and cell"
+    )
+    print(f"{'sd':>5} {'effect':>7} {'checks':>6} {'same':>6} {'slower':>7} {'cant':>6} "
+          f"{'exit1':>6} {'detect e2e':>11} {'detect stage':>13}")  # fmt: skip
+    for sd in args.sd:
+        for effect in args.effects:
+            answers: list[str | None] = []
+            exits: list[int] = []
+            det: dict[str, list[float]] = {m: [] for m in HEADLINE}
+            for cid in cases:
+                for _ in range(args.checks):
+                    a, code, d = one_check(
+                        cid, base_rec[cid], check_rec[cid], rng, sd, effect / 100,
+                        args.baseline_processes,
+                    )  # fmt: skip
+                    answers.append(a)
+                    exits.append(code)
+                    for m, v in d.items():
+                        det[m].append(v)
+            n = len(answers)
+            row = {
+                "sd": sd,
+                "effect_pct": effect,
+                "checks": n,
+                "same": answers.count("same"),
+                "slower": answers.count("slower"),
+                "cant_tell": answers.count("cant_tell"),
+                "exit_1": exits.count(1),
+                "detectable_median": {m: statistics.median(v) for m, v in det.items() if v},
+            }
+            rows.append(row)
+            dm = row["detectable_median"]
+            print(
+                f"{sd:5.2f} {effect:6.0f}% {n:6d} {row['same'] / n:6.1%} {row['slower'] / n:7.1%} "
+                f"{row['cant_tell'] / n:6.1%} {row['exit_1']:6d} "
+                f"{dm.get('e2e', float('nan')):11.1%} "
+                f"{dm.get('stage:DenoisingStage', float('nan')):13.1%}",
+                flush=True,
+            )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
