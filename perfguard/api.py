@@ -175,6 +175,8 @@ class BaselineUpdate:
     selected: int
     saved: list[str] = field(default_factory=list)
     contended: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    """Cases measured on a busy runner (`contention.busy_session`): not written."""
     pruned: list[str] = field(default_factory=list)
     tightened: bool = False
 
@@ -196,8 +198,12 @@ def gen_baselines(
     echo: Echo = _stderr,
     say: Echo = print,
     warm: Any = None,
+    allow_busy: bool = False,
 ) -> BaselineUpdate:
     """Measure the selected cases and store them in the baseline file.
+
+    A case whose session the runner's busyness spoils (`contention.busy_session`) is not
+    written unless `allow_busy`; `BaselineUpdate.busy` names it (the command exits 4).
 
     Only the selected cases are updated; the others, and every case's notes and
     tolerance_overrides, are kept. The file is saved after each case, under a file
@@ -215,7 +221,7 @@ def gen_baselines(
             f"gen-baselines refuses fault injection ({source} is set): "
             "a baseline must never contain injected time"
         )
-    from perfguard.decision.contention import screen
+    from perfguard.decision.contention import busy_session, screen
     from perfguard.decision.normalize import timing_of
     from perfguard.device.platform import fingerprint
     from perfguard.storage import baseline as store
@@ -226,7 +232,7 @@ def gen_baselines(
     environment = fingerprint(platform)
     timing = timing_of(environment, timing)  # a bad value fails before anything is measured
     with store.lock(path):
-        store.open_for_update(path, environment)  # refuse an unreadable file before measuring
+        earlier = store.open_for_update(path, environment)  # refuse an unreadable file first
     cases = shard(cases, selection.shard, path, echo=echo)
     update = BaselineUpdate(path=path, results=Results({}, {}), selected=len(cases))
     update.tightened = tighten
@@ -235,13 +241,21 @@ def gen_baselines(
         if result.status != "ok":
             say(f"{result.case_id}: error, baseline not updated: {result.error}")
             return
+        # A session on a busy runner is no baseline (every later check meets it): the
+        # case keeps what the file had, and the command exits 4 (`allow_busy` keeps it).
+        before = earlier.scenarios.get(result.case_id)
+        ref = before.reference.median if before and before.reference else None
+        busy = busy_session(result, ref) if "e2e" in result.samples else None
+        if busy and not allow_busy:
+            update.busy.append(result.case_id)
+            say(f"{result.case_id}: the runner was busy ({busy}): baseline not updated")
+            return
         # Runs that the reference workload saw contended (against this measurement's own
-        # lower quartile) are not part of a baseline. When most were, there is no quiet
-        # level to trust: the runs are kept and the file says how busy the runner was.
+        # lower quartile) are not part of a baseline.
         quiet, scr = screen(result, None)
         if scr.contended:
             update.contended.append(result.case_id)
-            say(f"{result.case_id}: warning: {scr.reason}; kept every run")
+            say(f"{result.case_id}: warning: {scr.reason}; kept every run (--allow-busy)")
             scr = dataclasses.replace(scr, dropped=0)
         else:
             result = quiet
@@ -249,6 +263,9 @@ def gen_baselines(
             path, result, environment, tighten=tighten, dropped_runs=scr.dropped, timing=timing
         )
         update.saved.append(result.case_id)
+        if "e2e" not in result.samples:  # `counters_only`: the work and output, no timings
+            say(f"{result.case_id}: work and output saved (nothing timed)")
+            return
         e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
         where = f", {len(result.groups)} processes" if result.groups else ""
         say(f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved")
@@ -379,6 +396,7 @@ def _check_counters(
     from perfguard.storage.reports import build_against, write_results
 
     base, path = stored
+    _refuse_another_context(cases, platform, base, path)
     counted = options.replace(counters_only=True, max_repeats=None)
     results = run_cases(cases, platform, counted)
     if out:
@@ -393,6 +411,35 @@ def _check_counters(
     judgement = judging.judge(results, base, ignore_missing=sorted(timed))
     settings = {"source": "run", **counted.settings("counters"), "shard": selection.shard}
     return build_against(judgement, results, base, path, settings=settings)
+
+
+def _refuse_another_context(
+    cases: Sequence[Case], platform: Platform, base: Baseline, path: str
+) -> None:
+    """The work check judges counts only, and counts made under another torch, device
+    type or dtype are not compared (`counters.context_mismatch`): every case would pass
+    having compared nothing. So that is a data error (exit 2) before anything runs,
+    naming the case and what differs, never a pass."""
+    from perfguard.decision.counters import CONTEXT_KEYS
+    from perfguard.measurement.work import context
+
+    for case in cases:
+        scenario = base.scenarios.get(case.id)
+        counted = scenario.work.context if scenario and scenario.work else None
+        if not counted:
+            continue
+        here = context(platform, case.dtype)
+        diffs = [
+            f"{k} {counted.get(k)} (here {here[k]})"
+            for k in CONTEXT_KEYS
+            if counted.get(k) != here[k]
+        ]
+        if diffs:
+            raise PerfguardError(
+                f"{path}: case {case.id!r}: work counted under {', '.join(diffs)}: "
+                "the work check would compare nothing (install the baseline's versions or "
+                "refresh it)"
+            )
 
 
 def check_results(

@@ -65,6 +65,7 @@ KNOBS = frozenset(
         "cases_dir",
         "advisory",
         "fail_on_missing",
+        "allow_busy",
     }
 )
 """Parameter names of the options that are knobs: hidden from `--help`, set in the table

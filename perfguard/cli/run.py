@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.markup import escape
 
 from perfguard import api
 from perfguard.cli.common import (
@@ -18,8 +17,15 @@ from perfguard.cli.common import (
     selection_options,
 )
 from perfguard.decision.normalize import TIMINGS
-from perfguard.errors import EXIT_CASE_FAILED, EXIT_CODES_HELP, EXIT_OK, PerfguardError
+from perfguard.errors import (
+    EXIT_CASE_FAILED,
+    EXIT_CODES_HELP,
+    EXIT_CONTENDED,
+    EXIT_OK,
+    PerfguardError,
+)
 from perfguard.measurement.options import MeasureOptions
+from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import results_table
 from perfguard.storage.cases import Selection
 
@@ -63,6 +69,13 @@ def run_command(
 )
 @click.option("--prune", is_flag=True, help="Drop scenarios whose case no longer exists.")
 @click.option(
+    "--work-only",
+    is_flag=True,
+    help="Time nothing: store only what is exact (work counters, output, CPU tensor "
+    "memory), the baseline of the work check; any CPU runner with the same torch can "
+    "check against it (docs/ci.md).",
+)
+@click.option(
     "--timing",
     type=click.Choice(TIMINGS),
     default=None,
@@ -70,6 +83,13 @@ def run_command(
     "timed beside it to the runner speed of its median (normalized: the shared runner's "
     "slow and fast spells divide out; docs/verdicts.md). Checks follow the baseline. "
     "[default: normalized on cpu, raw on devices]",
+)
+@click.option(
+    "--allow-busy",
+    is_flag=True,
+    help="Store a case measured on a busy runner anyway (its processes spread over 5 %, "
+    "most runs contended, or its reference workload over 1.3x the baseline's): by "
+    "default it is not written and the command exits 4.",
 )
 @click.option("--inject", default=None, hidden=True)
 def gen_baselines(
@@ -79,7 +99,9 @@ def gen_baselines(
     options: MeasureOptions,
     tighten: bool,
     prune: bool,
+    work_only: bool,
     timing: str | None,
+    allow_busy: bool,
     inject: str | None,
 ) -> int:
     """Measure the selected cases and store them in the baseline file.
@@ -89,13 +111,18 @@ def gen_baselines(
     so an interrupt loses at most the case in flight. Refuses fault injection and
     refuses to touch a baseline it cannot read. With --processes K each metric also
     keeps the median of each of the K processes, which the verdict uses as the
-    between-process noise (see docs/verdicts.md).
+    between-process noise (see docs/verdicts.md). A case measured on a busy runner is
+    not written (exit 4: measure again on a quiet runner).
     """
     if given("inject"):  # the library refuses $PERFGUARD_INJECT itself
         raise PerfguardError(
             "gen-baselines refuses fault injection (--inject is set): "
             "a baseline must never contain injected time"
         )
+    if work_only and tighten:
+        raise PerfguardError("--tighten lowers timed figures: --work-only stores none")
+    if work_only:  # counts are exact: one counted run in one process says it all
+        options = options.replace(counters_only=True, processes=1)
     out = console()
     update = api.gen_baselines(
         selection,
@@ -107,9 +134,20 @@ def gen_baselines(
         platform=platform_name,
         echo=echo_err,
         say=lambda line: out.print(escape(line)),
+        allow_busy=allow_busy,
     )
     if update.pruned:
         out.print(escape(f"pruned {len(update.pruned)} scenario(s): {', '.join(update.pruned)}"))
     mode = "tightened" if tighten else "updated"
     out.print(escape(f"{update.path}: {mode} {len(update.saved)} of {update.selected} case(s)"))
-    return EXIT_CASE_FAILED if update.failed else EXIT_OK
+    if update.failed:
+        return EXIT_CASE_FAILED
+    if update.busy:
+        out.print(
+            escape(
+                f"{len(update.busy)} case(s) measured on a busy runner and not written: "
+                f"{', '.join(update.busy)}; measure them again on a quiet runner (exit 4)"
+            )
+        )
+        return EXIT_CONTENDED
+    return EXIT_OK

@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perfguard.decision.stats import process_spread, summarize
+
 CONTENDED_RATIO = 1.3
 """Reference median / baseline reference median above which the runner counts as
 contended. One other process spinning on the second core of the 2-core runner moved
@@ -174,3 +176,45 @@ def _slow_processes(
             slow += 1
         at += size
     return out, slow
+
+
+# ---- a baseline session on a busy runner ----------------------------------------------------
+
+BUSY_SPREAD = 0.05
+"""The between-process sd (log scale) of a baseline's e2e above which its session counts as
+busy. On a quiet week of the 2-core runner the processes of one gen-baselines spread by
+1.2-2.6 % on the denoising stage; on a busy one by 10-20 % (24 processes). With 10
+processes a sample sd over 5 % when the truth is 2.6 % has a chance of about 1 in 10,000
+(chi-square on 9 degrees of freedom), so a quiet session is not refused for bad luck."""
+
+
+def busy_session(result: Any, earlier_reference: float | None) -> str | None:
+    """Why a baseline session of `result` was measured on a busy runner, or None.
+
+    Three signs, any one enough: the screen finds most runs contended against the
+    session's own quiet level; the processes' e2e medians spread by more than
+    `BUSY_SPREAD`; the session's reference workload is over `CONTENDED_RATIO` times the
+    reference of the baseline it replaces (`earlier_reference`), so the whole session
+    ran slow. A baseline is met by every check until it is measured again: one from a
+    busy session hides real slowdowns behind its own slowness (a +12 % check passed 3
+    of 4 times against one taken with a core kept busy) or fails unchanged code."""
+    _, scr = screen(result, None)
+    if scr.contended:
+        return scr.reason
+    e2e = result.samples.get("e2e") or []
+    if e2e and result.groups and len(result.groups) >= 2 and sum(result.groups) == len(e2e):
+        spread = process_spread(summarize(e2e, groups=result.groups))
+        if spread is not None and spread[0] > BUSY_SPREAD:
+            return (
+                f"its processes' e2e medians spread by {spread[0]:.1%} "
+                f"(over {BUSY_SPREAD:.0%}, {len(result.groups)} processes)"
+            )
+    reference = [r for r in (getattr(result, "reference", None) or []) if r > 0]
+    if reference and earlier_reference:
+        level = statistics.median(reference) / earlier_reference
+        if level > CONTENDED_RATIO:
+            return (
+                f"its reference workload ran {level:.2f}x the baseline it replaces "
+                f"(over {CONTENDED_RATIO:g}x)"
+            )
+    return None
