@@ -706,12 +706,20 @@ def test_long_ids_are_shortened_in_navigation_and_whole_on_their_own_page(
     every page: the navigation, the index and its tables show its start and the hash of
     its page; its own page shows it whole."""
     from perfguard.presentation import site
-    from perfguard.storage.archive import add_records
-    from tests.test_site import _record
+    from perfguard.storage.archive import ReportRecord, add_records
+
+    def record(i: int, case: str) -> ReportRecord:
+        row = (case, "e2e", 5, 20.0, 0.1, 19.8, 20.2, 20.0, 1.0, "pass", 21.0, 18.0, 0.99,
+               1.01, None)  # fmt: skip
+        return ReportRecord(
+            content_hash=f"{i:064x}", source=f"r{i}.json", git_commit=f"{i:04d}abcdef",
+            date=f"2026-06-0{i + 1}T00:00:00+00:00", platform="cuda", hardware="h100",
+            profile="long_term", verdict="pass", inject=None, environment={}, rows=[row],
+        )  # fmt: skip
 
     db = tmp_path / "h.sqlite"
     long_id = "\u202e" + "a" * 100_000
-    add_records(db, [_record(i, "h100", 20.0, case=c) for i in range(2) for c in (long_id, "b")])
+    add_records(db, [record(i, case) for i, case in enumerate((long_id, "b", long_id, "b"))])
     site.publish(db, tmp_path / "site")
     index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     assert len(index) < 20_000 and "\u202e" not in index

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.markup import escape
 
 from perfguard.cli.common import CONTEXT_SETTINGS, Decorator, console
 from perfguard.errors import (
@@ -11,6 +10,7 @@ from perfguard.errors import (
     EXIT_OK,
     PerfguardError,
 )
+from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import baseline_diff_table, baseline_tables
 from perfguard.storage.cases import PLATFORM_NAMES
 

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.markup import escape
 
 from perfguard import api
 from perfguard.cli.common import (
@@ -26,6 +25,7 @@ from perfguard.cli.common import (
 )
 from perfguard.errors import EXIT_CASE_FAILED, EXIT_CODES_HELP, EXIT_OK, PerfguardError
 from perfguard.measurement.options import MeasureOptions
+from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import ab_table, calibration_table
 from perfguard.storage.cases import Selection
 from perfguard.storage.jsonio import write_json_atomic

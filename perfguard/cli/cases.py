@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import click
-from rich.markup import escape
 
 from perfguard import api
 from perfguard.cli.common import (
@@ -15,6 +14,7 @@ from perfguard.cli.common import (
     platform_option,
     selection_options,
 )
+from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import cases_table, environment_table
 from perfguard.storage.cases import Selection
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import click
-from rich.markup import escape
 
 from perfguard.cli.common import CONTEXT_SETTINGS, console
 from perfguard.errors import (
@@ -14,6 +13,7 @@ from perfguard.errors import (
     PerfguardError,
 )
 from perfguard.presentation import render
+from perfguard.presentation.escape import rich_markup as escape
 
 
 @click.group("report", context_settings=CONTEXT_SETTINGS)
