@@ -1011,6 +1011,51 @@ def check_resident(env: Env) -> tuple[str, str, dict[str, Any]]:
     )
 
 
+# ---- row 13: per-op attribution's stage ranges hold the device's kernels -------------------
+
+
+def check_attribution_ranges(env: Env) -> tuple[str, str, dict[str, Any]]:
+    """A profiled run with CUDA activity (`perfguard.measurement.profiling`'s settings):
+    the device time of the ops inside a `stage:` range (`StageTimer(ranges=True)`) must be
+    nearly all of the kernels' time, or an attribution would miss where the device spent
+    it (kernels launched outside the timer's stages, or not linked to their ops)."""
+    cuda = env.require_cuda()
+    from torch.profiler import ProfilerActivity, profile
+
+    from perfguard.device.timer import StageTimer
+
+    case = env.case("qwen_image_t2i_padded", steps=2)
+    pipe = env.build(case)
+    pipe()
+    env.sync()
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof, StageTimer(env.platform, ranges=True):
+        pipe()
+        cuda.synchronize()
+    staged: dict[str, float] = {}
+    for e in prof.events():
+        if e.name.startswith(("stage:", "step:")) or not e.self_device_time_total:
+            continue
+        parent, name = e.cpu_parent, None
+        while parent is not None and name is None:
+            name = parent.name[len("stage:") :] if parent.name.startswith("stage:") else None
+            parent = parent.cpu_parent
+        if name is not None:
+            staged[name] = staged.get(name, 0.0) + float(e.self_device_time_total)
+    kernels = sum(
+        float(e.self_device_time_total) for e in prof.events() if e.self_device_time_total
+    )
+    inside = sum(staged.values())
+    share = inside / kernels if kernels else 0.0
+    return verdict(
+        kernels > 0 and share >= 0.95 and "DenoisingStage" in staged,
+        f"{share:.1%} of the device time lies inside the stage ranges",
+        f"only {share:.1%} of the device time lies inside the stage ranges",
+        kernel_us=round(kernels, 1),
+        staged_us={k: round(v, 1) for k, v in sorted(staged.items())},
+    )
+
+
 CHECKS: list[tuple[str, str, Callable[[Env], tuple[str, str, dict[str, Any]]]]] = [
     ("0", "no device context in the parent", check_context),
     ("1", "timer: events vs host clock, syncs per stage", check_timer),
@@ -1027,6 +1072,7 @@ CHECKS: list[tuple[str, str, Callable[[Env], tuple[str, str, dict[str, Any]]]]] 
     ("10", "flash-attn varlen", check_flash_varlen),
     ("11", "work counters: op-stream syncs vs the device", check_work_counters),
     ("12", "resident server: commands and workers forked on the device", check_resident),
+    ("13", "attribution: the stage ranges hold the kernels", check_attribution_ranges),
 ]
 
 

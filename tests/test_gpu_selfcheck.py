@@ -437,7 +437,7 @@ def test_row8_measures_per_pair_cost_and_fails_above_the_limit() -> None:
 # ---- rows that need the real runtime ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("row", ["4", "6", "7", "9", "10", "11", "12"])
+@pytest.mark.parametrize("row", ["4", "6", "7", "9", "10", "11", "12", "13"])
 def test_device_only_rows_skip_with_a_reason_on_cpu(row: str) -> None:
     (fn,) = [f for i, _, f in sc.CHECKS if i == row]
     result = sc.run_check(_cpu_env(), row, "x", fn)

@@ -44,6 +44,25 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The outcome as Markdown: the summary and steps as text, then the attribution."""
+    from perfguard.presentation.attribution import markdown_lines
+
+    first = report.get("first_bad") or {}
+    if first:
+        head = f"first bad commit `{first['commit'][:12]}` {first['subject']}"
+    else:
+        head = "no first bad commit"
+    steps = [
+        f"{s['commit'][:12]} {s['verdict']}: {s['figure']} ({s['subject']})"
+        for s in report["steps"]
+    ]
+    text = "\n".join([*summary_lines(report), "", *steps]).replace("```", "'''")
+    lines = [f"#### perfguard bisect: {head}", "", "```", text, "```", ""]
+    lines += markdown_lines(first.get("attribution"))
+    return "\n".join(lines) + "\n"
+
+
 @click.command("bisect", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
 @click.argument("good")
 @click.argument("bad")
@@ -85,6 +104,14 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     help="Write the bisect report (JSON) here; timings also write the first bad "
     "commit's Chrome traces beside it.",
 )
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the outcome as Markdown (a CI step summary): the steps, the first bad "
+    "commit and, for timings, its per-op attribution.",
+)
 def bisect_command(
     good: str,
     bad: str,
@@ -95,6 +122,7 @@ def bisect_command(
     subdir: str | None,
     budget_s: float,
     json_path: str | None,
+    markdown_path: str | None,
 ) -> int:
     """Find the first commit of GOOD..BAD (first parents) where METRIC regressed.
 
@@ -116,6 +144,10 @@ def bisect_command(
     report = bisect(good, bad, selection, options, platform=platform, echo=echo_err)
     if json_path:
         write_bisect_report(json_path, report)
+    if markdown_path:
+        from perfguard.storage.jsonio import write_text_atomic
+
+        write_text_atomic(markdown_path, markdown(report))
     out = console()
     for line in summary_lines(report):
         out.print(line, markup=False, highlight=False)

@@ -452,6 +452,10 @@ class Session:
         from perfguard.measurement.options import MeasureOptions
 
         assert self.good_dir is not None
+        # Both sides fork from one warm server, as in the relative check, and each fork
+        # imports its own commit's code. What a checkout runs at interpreter start-up (a
+        # sitecustomize, a .pth) is the server's, not the commit's: measure with
+        # `MeasureOptions(start_method="spawn")` to see a change there (slower blocks).
         measure = self.options.measure or MeasureOptions()
         metric = str(self.options.metric)
         with checked_out(commit.sha, self.repo) as root:
