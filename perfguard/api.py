@@ -263,18 +263,23 @@ def gen_baselines(
             path, result, environment, tighten=tighten, dropped_runs=scr.dropped, timing=timing
         )
         update.saved.append(result.case_id)
-        if "e2e" not in result.samples:  # `counters_only`: the work and output, no timings
-            say(f"{result.case_id}: work and output saved (nothing timed)")
-            return
-        e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
-        where = f", {len(result.groups)} processes" if result.groups else ""
-        say(f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved")
+        say(_saved_line(result))
 
     update.results = run_cases(cases, platform, options, on_case=on_case, warm=warm)
     if prune:
         known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
         update.pruned = store.prune(path, known)
     return update
+
+
+def _saved_line(result: CaseResult) -> str:
+    """What gen-baselines says of a case it stored: its median e2e, or (`counters_only`)
+    that only the work and output were."""
+    if "e2e" not in result.samples:
+        return f"{result.case_id}: work and output saved (nothing timed)"
+    e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
+    where = f", {len(result.groups)} processes" if result.groups else ""
+    return f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved"
 
 
 # ---- check ----------------------------------------------------------------------------------
@@ -393,10 +398,11 @@ def _check_counters(
     out: str | None,
 ) -> Report:
     """`check --counters-only`: one counted run per case, judged on what is exact."""
+    from perfguard.measurement.work import refuse_another_context
     from perfguard.storage.reports import build_against, write_results
 
     base, path = stored
-    _refuse_another_context(cases, platform, base, path)
+    refuse_another_context(cases, platform, base, path)
     counted = options.replace(counters_only=True, max_repeats=None)
     results = run_cases(cases, platform, counted)
     if out:
@@ -411,35 +417,6 @@ def _check_counters(
     judgement = judging.judge(results, base, ignore_missing=sorted(timed))
     settings = {"source": "run", **counted.settings("counters"), "shard": selection.shard}
     return build_against(judgement, results, base, path, settings=settings)
-
-
-def _refuse_another_context(
-    cases: Sequence[Case], platform: Platform, base: Baseline, path: str
-) -> None:
-    """The work check judges counts only, and counts made under another torch, device
-    type or dtype are not compared (`counters.context_mismatch`): every case would pass
-    having compared nothing. So that is a data error (exit 2) before anything runs,
-    naming the case and what differs, never a pass."""
-    from perfguard.decision.counters import CONTEXT_KEYS
-    from perfguard.measurement.work import context
-
-    for case in cases:
-        scenario = base.scenarios.get(case.id)
-        counted = scenario.work.context if scenario and scenario.work else None
-        if not counted:
-            continue
-        here = context(platform, case.dtype)
-        diffs = [
-            f"{k} {counted.get(k)} (here {here[k]})"
-            for k in CONTEXT_KEYS
-            if counted.get(k) != here[k]
-        ]
-        if diffs:
-            raise PerfguardError(
-                f"{path}: case {case.id!r}: work counted under {', '.join(diffs)}: "
-                "the work check would compare nothing (install the baseline's versions or "
-                "refresh it)"
-            )
 
 
 def check_results(

@@ -43,7 +43,7 @@ import collections
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -52,6 +52,12 @@ from torch.utils.flop_counter import flop_registry
 from perfguard.device.platform import Platform
 from perfguard.measurement.memory import MemoryRun, TensorMemory, TrackedPlatform
 from perfguard.metrics import WORK_KINDS
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from perfguard.storage.baseline import Baseline
+    from perfguard.storage.cases import Case
 
 KINDS = WORK_KINDS
 """The counters of a stage or step, in report order (names in `perfguard.metrics`)."""
@@ -323,6 +329,34 @@ def context(platform: Platform, dtype: str) -> dict[str, str]:
     """
     device = "cuda" if platform.name == "rocm" else platform.name
     return {"torch": str(torch.__version__), "device_type": device, "dtype": str(dtype)}
+
+
+def refuse_another_context(
+    cases: Sequence[Case], platform: Platform, baseline: Baseline, path: str
+) -> None:
+    """Before a work check runs: a case whose baseline counts were made under another
+    context (torch, device type, dtype) is a `PerfguardError` (exit 2) naming the case
+    and what differs. The work check judges counts only, and counts of another context are
+    not compared (`decision.counters.context_mismatch`), so every case would pass having
+    compared nothing; on a CI runner that installed another torch build that would be a
+    gate that never fails."""
+    from perfguard.errors import PerfguardError
+
+    for case in cases:
+        scenario = baseline.scenarios.get(case.id)
+        counted = scenario.work.context if scenario and scenario.work else None
+        here = context(platform, case.dtype)
+        diffs = [
+            f"{k} {counted[k]} (here {here[k]})"
+            for k in here
+            if counted and counted.get(k) != here[k]
+        ]
+        if diffs:
+            raise PerfguardError(
+                f"{path}: case {case.id!r}: work counted under {', '.join(diffs)}: "
+                "the work check would compare nothing (install the baseline's versions or "
+                "refresh it)"
+            )
 
 
 def _sync_debug(platform: Platform) -> tuple[Callable[[], int], Callable[[], None]] | None:
