@@ -175,12 +175,64 @@ def clean_report(tmp: Path) -> dict[str, Any]:
             "settings": {"shard": "1/2"},
         }
     ]
+    if "attribution" in schema("report")["properties"]:
+        data["attribution"] = _attribution(cid)
     out = Report.from_json(data).to_json()
     validate(out, "report", "the clean fixture")
     return out
 
 
-_CASE_KEY_PARENTS = {("cases",), ("settled", "cases"), ("settled", "unresolved")}
+def _attribution(cid: str) -> dict[str, Any]:
+    """A per-op attribution section (perfguard.decision.attribution) of two cases."""
+    side = {
+        "label": "base",
+        "dir": "/base",
+        "commit": SHA,
+        "perfguard": "0.1.0",
+        "trace": "/traces/base.json",
+        "activities": ["cpu"],
+        "stages_ms": {"DenoisingStage": 1},
+    }
+    row = {
+        "name": "aten::addmm",
+        "shapes": "[[2, 3], [3, 4]]",
+        "calls_base": 1,
+        "calls_head": 2,
+        "base_us": 50.0,
+        "head_us": 100.0,
+        "delta_us": 50.0,
+        "noise_us": 2.0,
+        "share": 1.0,
+        "within_noise": False,
+    }
+    stage = {
+        "stage": "DenoisingStage",
+        "base_us": 100.0,
+        "head_us": 150.0,
+        "delta_us": 50.0,
+        "noise_us": 5.0,
+        "rows_total": 3,
+        "rows": [row, {**row, "within_noise": True}],
+    }
+    ran = {"metrics": ["stage:DenoisingStage"], "sides": {"base": side, "head": side}}
+    return {
+        "version": 1,
+        "unit": "us",
+        "runs_per_side": 2,
+        "noise": {"floor_share": 0.1, "floor_us": 5.0},
+        "cases": {
+            cid: {**ran, "stages": [stage]},
+            "broken-case": {"metrics": [], "sides": {}, "stages": [], "error": "no base"},
+        },
+    }
+
+
+_CASE_KEY_PARENTS = {
+    ("cases",),
+    ("settled", "cases"),
+    ("settled", "unresolved"),
+    ("attribution", "cases"),
+}
 """Where a case id is a key: replaced together with its other places (one id, one case)."""
 
 _LINKED_KEYS = {"op_changes", "sync_changes", "metrics"}
@@ -237,6 +289,7 @@ def _set(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
 
 
 _TYPED = {"environment", "settings", "against", "gpu_clocks", "profile", "baseline", "work",
+          "attribution", "base", "head",
           "output", "runner", "sampling", "settled", "noise", "paired", "band", "measured",
           "observed", "cpu_frequency", "threads"}  # fmt: skip
 """Objects with named fields: the fields are kept and a hostile key is added beside them
@@ -375,26 +428,33 @@ def _uncovered(doc: dict[str, Any]) -> list[str]:
             return "enum" not in s and "const" not in s
         return any(holds_string(x, seen + 1) for x in s.get("anyOf", []) + s.get("oneOf", []))
 
-    missing: list[str] = []
+    possible: set[str] = set()
+    present: set[str] = set()
 
     def walk(s: dict[str, Any], value: Any, where: str) -> None:
+        """A key of a free map reads `<*>`: a property counts as covered where any
+        instance of it holds it."""
         s = resolve(s)
         for key, sub in s.get("properties", {}).items():
-            if key in ("attribution", "answer"):  # sections of other changes in progress
-                continue
-            present = isinstance(value, dict) and key in value
-            if holds_string(sub) and not present:
-                missing.append(f"{where}.{key}")
-            if present and isinstance(value[key], dict):
+            has = isinstance(value, dict) and key in value
+            if holds_string(sub):
+                possible.add(f"{where}.{key}")
+                if has:
+                    present.add(f"{where}.{key}")
+            if has and isinstance(value[key], dict):
                 walk(sub, value[key], f"{where}.{key}")
+            if has and isinstance(value[key], list) and isinstance(sub.get("items"), dict):
+                for item in value[key]:
+                    if isinstance(item, dict):
+                        walk(sub["items"], item, f"{where}.{key}[]")
         extra = s.get("additionalProperties")
         if isinstance(extra, dict) and isinstance(value, dict):
             for k, v in value.items():
                 if k not in s.get("properties", {}) and isinstance(v, dict):
-                    walk(extra, v, f"{where}.<{k}>")
+                    walk(extra, v, f"{where}.<*>")
 
     walk(root, doc, "$")
-    return [m for m in missing if not m.startswith("$.against")]  # a relative report's
+    return sorted(m for m in possible - present if not m.startswith("$.against"))
 
 
 # ---- Markdown ------------------------------------------------------------------------------
@@ -473,8 +533,11 @@ def test_the_markdown_of_a_hostile_report_holds_no_markup_a_clean_one_lacks(
         assert "\\u202e" in text and "\\x1b" in text
     assert "What the code does" in md and "``" in md  # the op names' code spans
     # The renderer's sections are all there (the payload went through each of them).
-    for section in ("#### Regressions", "#### Cases that failed to run", "<details>"):
-        assert section in md
+    sections = ["#### Regressions", "#### Cases that failed to run", "<details>"]
+    if "attribution" in reports["hostile"]:
+        sections.append("#### Where the time went")
+    for section in sections:
+        assert section in md, section
 
 
 def test_the_terminal_table_shows_control_characters(reports: dict[str, Any], pg: PG) -> None:

@@ -11,11 +11,11 @@ each stage inside a collapsible `<details>` block, so a PR comment stays short.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perfguard.decision.attribution import Attribution, CaseAttribution, OpRow, StageAttribution
+from perfguard.presentation.escape import html_attr, html_text, md_cell_code, md_code, md_text
 
 TOP = 10
 SHAPES_CHARS = 48
@@ -81,12 +81,6 @@ def console_lines(data: Mapping[str, Any] | None, top: int = TOP) -> list[str]:
     return out
 
 
-def _md(text: object) -> str:
-    """Text safe in a Markdown table cell (no pipes, tags or code spans broken open)."""
-    out = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("`", "'")
-    return html.escape(out, quote=False).replace("\n", " ")
-
-
 def markdown_lines(data: Mapping[str, Any] | None, top: int = TOP) -> list[str]:
     """The attribution as a Markdown section, each stage's top rows collapsible."""
     if not data:
@@ -101,18 +95,21 @@ def markdown_lines(data: Mapping[str, Any] | None, top: int = TOP) -> list[str]:
     ]
     for case in attribution.cases:
         if case.error:
-            out += [f"- `{_md(case.case_id)}`: no attribution: {_md(case.error)}", ""]
+            out += [f"- {md_code(case.case_id)}: no attribution: {md_text(case.error)}", ""]
             continue
-        out += [f"{_md(case.case_id)}: {_md(_sides_line(case))}", ""]
+        out += [f"{md_text(case.case_id)}: {md_text(_sides_line(case))}", ""]
         for stage in case.stages:
-            out += ["<details>", f"<summary>{_md(_stage_line(case.case_id, stage))}</summary>", ""]
+            # Inside an HTML block Markdown is not parsed: the summary is HTML text.
+            summary = html_text(_stage_line(case.case_id, stage))
+            out += ["<details>", f"<summary>{summary}</summary>", ""]
             out += [
                 "| op | input shapes | calls | self time | change | share | |",
                 "|---|---|---:|---:|---:|---:|---|",
             ]
             for row in stage.rows[:top]:
                 out.append(
-                    f"| `{_md(row.name)}` | `{_md(_shapes(row))}` | {row.calls_base} → "
+                    f"| {md_cell_code(row.name)} | {md_cell_code(_shapes(row))} | "
+                    f"{row.calls_base} → "
                     f"{row.calls_head} | {_ms(row.base_us)} → {_ms(row.head_us)} | "
                     f"{_delta(row.delta_us)} | {_share(row)} | {'~' if row.within_noise else ''} |"
                 )
@@ -141,13 +138,13 @@ def _bars(stage: StageAttribution, top: int) -> str:
         length = abs(row.delta_us) / widest * (bar_w / 2)
         x = mid if row.delta_us >= 0 else mid - length
         color = "#bbb" if row.within_noise else ("#c0392b" if row.delta_us > 0 else "#27ae60")
-        label = html.escape(f"{row.name} {_shapes(row)}"[:48])
+        label = html_text(f"{row.name} {_shapes(row)}"[:48])
         parts += [
             f'<text x="0" y="{y + 14}" font-size="11">{label}</text>',
             f'<rect x="{x:.1f}" y="{y + 3}" width="{max(length, 1):.1f}" height="{row_h - 6}" '
-            f'fill="{color}"><title>{html.escape(_delta(row.delta_us))}</title></rect>',
+            f'fill="{html_attr(color)}"><title>{html_text(_delta(row.delta_us))}</title></rect>',
             f'<text x="{label_w + bar_w + 6}" y="{y + 14}" font-size="11">'
-            f"{html.escape(_delta(row.delta_us))} ({html.escape(_share(row))})</text>",
+            f"{html_text(_delta(row.delta_us))} ({html_text(_share(row))})</text>",
         ]
     parts.append("</svg>")
     return "".join(parts)
@@ -166,11 +163,11 @@ def html_section(data: Mapping[str, Any] | None, top: int = TOP) -> str:
     for case in attribution.cases:
         if case.error:
             why = f"{case.case_id}: no attribution: {case.error}"
-            out.append(f"<p>{html.escape(why)}</p>")
+            out.append(f"<p>{html_text(why)}</p>")
             continue
-        out.append(f"<p>{html.escape(_sides_line(case))}</p>")
+        out.append(f"<p>{html_text(_sides_line(case))}</p>")
         for stage in case.stages:
-            out.append(f"<h3>{html.escape(_stage_line(case.case_id, stage))}</h3>")
+            out.append(f"<h3>{html_text(_stage_line(case.case_id, stage))}</h3>")
             out.append(_bars(stage, top))
             out.append(_html_table(stage.rows[:top]))
     out.append("</section>")
@@ -188,7 +185,7 @@ def _html_table(rows: Sequence[OpRow]) -> str:
             f"{_ms(r.base_us)} → {_ms(r.head_us)}", _delta(r.delta_us), _share(r),
         )  # fmt: skip
         style = ' class="noise"' if r.within_noise else ""
-        body.append(f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+        body.append(f"<tr{style}>" + "".join(f"<td>{html_text(c)}</td>" for c in cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -196,8 +193,8 @@ def standalone_html(data: Mapping[str, Any], title: str) -> str:
     """A page of its own for `perfguard explain` (no report around it)."""
     return (
         "<!doctype html><html><head><meta charset=\"utf-8\">"
-        f"<title>{html.escape(title)}</title>"
+        f"<title>{html_text(title)}</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;font-size:12px}"
         "tr.noise{color:#888}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1>{html_section(data)}</body></html>\n"
+        f"<h1>{html_text(title)}</h1>{html_section(data)}</body></html>\n"
     )

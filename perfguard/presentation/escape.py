@@ -8,7 +8,7 @@ never puts a report's string anywhere else:
 | where the string goes                  | function      |
 |----------------------------------------|---------------|
 | Markdown text (a line, a table cell)   | `md_text`     |
-| Markdown code span (an op name)        | `md_code`     |
+| Markdown code span (an op name)        | `md_code`, `md_cell_code` in a table |
 | HTML text (an element's content)       | `html_text`   |
 | HTML attribute value (double-quoted)   | `html_attr`   |
 | JSON inside a `<script>` block         | `script_json` |
@@ -130,6 +130,12 @@ def md_code(text: object) -> str:
     return f"{fence}{pad}{s}{pad}{fence}"
 
 
+def md_cell_code(text: object) -> str:
+    """`text` as code in a GitHub table cell: a code span (`md_code`) unless it holds a `|`
+    (GitHub splits cells on it even inside a span), then Markdown text (`md_text`)."""
+    return md_text(text) if "|" in str(text) else md_code(text)
+
+
 class Code(str):
     """A part of a line shown as code (an op name): `md_parts` puts it in a code span."""
 
@@ -196,6 +202,7 @@ __all__ = [
     "console_text",
     "html_attr",
     "html_text",
+    "md_cell_code",
     "md_code",
     "md_parts",
     "md_text",
