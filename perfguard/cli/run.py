@@ -76,13 +76,6 @@ def run_command(
     "check against it (docs/ci.md).",
 )
 @click.option(
-    "--work-only",
-    is_flag=True,
-    help="Time nothing: store only what is exact (work counters, output, CPU tensor "
-    "memory), the baseline of the work check; any CPU runner with the same torch can "
-    "check against it (docs/ci.md).",
-)
-@click.option(
     "--timing",
     type=click.Choice(TIMINGS),
     default=None,
@@ -107,7 +100,6 @@ def gen_baselines(
     tighten: bool,
     prune: bool,
     work_only: bool,
-    work_only: bool,
     timing: str | None,
     allow_busy: bool,
     inject: str | None,
@@ -127,10 +119,6 @@ def gen_baselines(
             "gen-baselines refuses fault injection (--inject is set): "
             "a baseline must never contain injected time"
         )
-    if work_only and tighten:
-        raise PerfguardError("--tighten lowers timed figures: --work-only stores none")
-    if work_only:  # counts are exact: one counted run in one process says it all
-        options = options.replace(counters_only=True, processes=1)
     if work_only and tighten:
         raise PerfguardError("--tighten lowers timed figures: --work-only stores none")
     if work_only:  # counts are exact: one counted run in one process says it all
