@@ -64,7 +64,6 @@ def _side_info(side: ProfileSide, data: Mapping[str, Any]) -> dict[str, Any]:
         "perfguard": data.get("perfguard"),
         "activities": data.get("activities"),
         "trace": data.get("trace"),
-        "stages_ms": data.get("stages_ms"),
     }
 
 
