@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -202,26 +201,16 @@ def gen_baselines(
 ) -> BaselineUpdate:
     """Measure the selected cases and store them in the baseline file.
 
-    A case whose session the runner's busyness spoils (`contention.busy_session`) is not
-    written unless `allow_busy`; `BaselineUpdate.busy` names it (the command exits 4).
-
     Only the selected cases are updated; the others, and every case's notes and
-    tolerance_overrides, are kept. The file is saved after each case, under a file
-    lock, so an interrupt loses at most the case in flight. Refuses fault injection
-    (a baseline must never contain injected time) and refuses to touch a baseline it
-    cannot read, before measuring anything. `say` is told each case's outcome as soon as
-    it is saved (or why it was not). `timing` (`raw` or `normalized`; None: the
-    platform's default) is how the timed runs are stored (`perfguard.decision.normalize`).
+    tolerance_overrides, are kept. A case measured on a busy runner (`_busy`) is not
+    written unless `allow_busy` (`BaselineUpdate.busy`). The file is saved after each
+    case, under a lock. Refuses fault injection and a baseline it cannot read, before
+    measuring anything. `say` is told each case's outcome as it is saved (or why not).
+    `timing` (`raw` or `normalized`; None: the platform's default) is how the timed runs
+    are stored (`perfguard.decision.normalize`).
     """
-    from perfguard.device.inject import ENV_INJECT, inject_from
-
-    if options.inject or inject_from(None):
-        source = f"${ENV_INJECT}" if inject_from(None) else "--inject"
-        raise PerfguardError(
-            f"gen-baselines refuses fault injection ({source} is set): "
-            "a baseline must never contain injected time"
-        )
-    from perfguard.decision.contention import busy_session, screen
+    _refuse_injection(options)
+    from perfguard.decision.contention import screen
     from perfguard.decision.normalize import timing_of
     from perfguard.device.platform import fingerprint
     from perfguard.storage import baseline as store
@@ -241,12 +230,8 @@ def gen_baselines(
         if result.status != "ok":
             say(f"{result.case_id}: error, baseline not updated: {result.error}")
             return
-        # A session on a busy runner is no baseline (every later check meets it): the
-        # case keeps what the file had, and the command exits 4 (`allow_busy` keeps it).
-        before = earlier.scenarios.get(result.case_id)
-        ref = before.reference.median if before and before.reference else None
-        busy = busy_session(result, ref) if "e2e" in result.samples else None
-        if busy and not allow_busy:
+        busy = None if allow_busy else _busy(result, earlier)
+        if busy:
             update.busy.append(result.case_id)
             say(f"{result.case_id}: the runner was busy ({busy}): baseline not updated")
             return
@@ -270,6 +255,29 @@ def gen_baselines(
         known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
         update.pruned = store.prune(path, known)
     return update
+
+
+def _refuse_injection(options: MeasureOptions) -> None:
+    """A baseline must never contain injected time."""
+    from perfguard.device.inject import ENV_INJECT, inject_from
+
+    if options.inject or inject_from(None):
+        source = f"${ENV_INJECT}" if inject_from(None) else "--inject"
+        raise PerfguardError(
+            f"gen-baselines refuses fault injection ({source} is set): "
+            "a baseline must never contain injected time"
+        )
+
+
+def _busy(result: CaseResult, earlier: Baseline) -> str | None:
+    """Why `result`'s session is no baseline (`contention.busy_session`: every later
+    check meets it), given the baseline it replaces; None for a quiet one or nothing
+    timed (work is exact)."""
+    from perfguard.decision.contention import busy_session
+
+    before = earlier.scenarios.get(result.case_id)
+    ref = before.reference.median if before and before.reference else None
+    return busy_session(result, ref) if "e2e" in result.samples else None
 
 
 def _saved_line(result: CaseResult) -> str:
@@ -301,18 +309,13 @@ def check(
 ) -> Report:
     """Run the selected cases through the gate and judge them against the baseline.
 
-    Everything that can be wrong with the baseline (missing, unreadable, another
-    platform, another thread count, an unknown profile) fails before anything runs.
-    The gate (`perfguard.decision.gate`) confirms a case over a bound in fresh
-    processes, drops contended runs and stops sampling clear cases early; `out` also
-    writes the results it judged. The work counters and the output are judged beside
-    the timings (`perfguard.decision.counters`); `judging` (`JudgeOptions`: the profile,
-    confirmations, `allow_output_change`, ...) says how.
-
-    `options.counters_only` times nothing: each case is built, run once (its warm-up,
-    whose output is compared) and once counted, and only what is exact is judged: the
-    work counters, the output and, on CPU, the tensor memory. No confirmation, no
-    contention screen: counts do not depend on the runner's speed.
+    What can be wrong with the baseline (missing, unreadable, another platform or
+    thread count, an unknown profile) fails before anything runs. The gate
+    (`perfguard.decision.gate`) measures a case over a bound or that can't tell in
+    fresh processes, drops contended runs and stops sampling clear cases early; `out`
+    also writes the results it judged; `judging` (`JudgeOptions`) says how to judge.
+    `options.counters_only` (the work check) times nothing: each case runs once and
+    once counted, and only what is exact is judged (work, output, CPU tensor memory).
     """
     from perfguard.decision.gate import DEFAULT_MAX_REPEATS, run_gate
     from perfguard.measurement.comparable import check_comparable
@@ -430,7 +433,7 @@ def check_results(
     """Judge a results file (`perfguard run --out`) against its baseline; no torch."""
     from perfguard.storage.reports import read_results
 
-    results = filter_results(read_results(results_file), selection or Selection())
+    results = (selection or Selection()).filter_results(read_results(results_file))
     settings = {
         "source": "results",
         "results_file": results_file,
@@ -663,37 +666,9 @@ def _measure_relative(
     return base, outcome
 
 
-def filter_results(results: Results, selection: Selection) -> Results:
-    """`selection`'s ids, match and tags applied to a results file (tags from each
-    result's case); unknown ids and an empty selection are errors."""
-    unknown = [i for i in selection.case_ids if i not in results.cases]
-    if unknown:
-        raise PerfguardError(f"unknown case id(s) in the results: {', '.join(unknown)}")
-    try:
-        pattern = re.compile(selection.match) if selection.match else None
-    except re.error as exc:
-        raise PerfguardError(
-            f"--match: invalid regular expression {selection.match!r}: {exc}"
-        ) from exc
-    kept = {
-        cid: r
-        for cid, r in results.cases.items()
-        if (not selection.case_ids or cid in selection.case_ids)
-        and (pattern is None or pattern.search(cid))
-        and (not selection.tags or set(selection.tags) & set(r.case.get("tags", ())))
-    }
-    if not kept:
-        raise PerfguardError("no case of the results matches the selection")
-    results.cases = kept
-    return results
-
-
 def _warn_hardware(results: Results, baseline: Baseline, echo: Echo) -> None:
     if results.hardware != baseline.hardware:
-        echo(
-            f"perfguard: warning: results are from hardware {results.hardware!r}, "
-            f"the baseline from {baseline.hardware!r}"
-        )
+        echo(f"perfguard: warning: results of {results.hardware!r}, baseline {baseline.hardware!r}")
 
 
 def write_report(

@@ -45,6 +45,7 @@ def test_a_session_whose_reference_ran_slow_against_the_last_baseline_is_busy() 
 def test_gen_baselines_does_not_write_a_busy_case_and_exits_4(
     fake: Path, pg: PG, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("PERFGUARD_ALLOW_BUSY")
     assert pg(*GEN)[0] == 0
     before = fake.read_bytes()
 

@@ -87,9 +87,10 @@ def run_command(
 @click.option(
     "--allow-busy",
     is_flag=True,
+    envvar="PERFGUARD_ALLOW_BUSY",
     help="Store a case measured on a busy runner anyway (its processes spread over 5 %, "
     "most runs contended, or its reference workload over 1.3x the baseline's): by "
-    "default it is not written and the command exits 4.",
+    "default it is not written and the command exits 4 (env: PERFGUARD_ALLOW_BUSY).",
 )
 @click.option("--inject", default=None, hidden=True)
 def gen_baselines(

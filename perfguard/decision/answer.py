@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from perfguard.decision.stats import t_quantile, z_quantile
+from perfguard.decision.stats import MAX_LOG_SPREAD, t_quantile, z_quantile
 
 SAME = "same"
 FASTER = "faster"
@@ -128,9 +128,10 @@ def assess(
         high = ratio
         detectable = None
     else:
-        high = ratio * math.exp(t_quantile(SAME_ALPHA, _effective_dof(se, known, dof)) * se)
+        t_same = t_quantile(SAME_ALPHA, _effective_dof(se, known, dof))
+        high = ratio * math.exp(min(t_same * se, MAX_LOG_SPREAD))
         reach = max(math.log(threshold), t_quantile(alpha, dof) * se)
-        detectable = math.exp(reach + z_quantile(1.0 - POWER) * se) - 1.0
+        detectable = math.exp(min(reach + z_quantile(1.0 - POWER) * se, MAX_LOG_SPREAD)) - 1.0
     if slower:
         answer = SLOWER
     elif high <= 1.0 + margin:

@@ -33,9 +33,8 @@ def answer_phrase(report: Report) -> str:
     n = counts(report)
     total = sum(n.values())
     if answer == SAME:
-        return f"answer same ({total} timed figure(s) within their minimum effect)"
-    which = n[answer]
-    return f"answer {LABELS[answer]} ({which} of {total} timed figure(s))"
+        return f"answer same ({total} timed figure(s))"
+    return f"answer {LABELS[answer]} ({n[answer]} of {total} timed figure(s))"
 
 
 def _headline_figures(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:

@@ -32,6 +32,7 @@ from typing import Any
 import jsonschema
 
 from perfguard.errors import PerfguardError
+from perfguard.results import Results
 from perfguard.storage.jsonio import read_text, schema
 
 if sys.version_info >= (3, 11):
@@ -396,6 +397,30 @@ class Selection:
     def of(self, cases: Sequence[Case]) -> list[Case]:
         """The cases that pass the id, match and tag filters (not the shard)."""
         return select(cases, self.case_ids, self.match, self.tags)
+
+    def filter_results(self, results: Results) -> Results:
+        """`selection`'s ids, match and tags applied to a results file (tags from each
+        result's case); unknown ids and an empty selection are errors."""
+        unknown = [i for i in self.case_ids if i not in results.cases]
+        if unknown:
+            raise PerfguardError(f"unknown case id(s) in the results: {', '.join(unknown)}")
+        try:
+            pattern = re.compile(self.match) if self.match else None
+        except re.error as exc:
+            raise PerfguardError(
+                f"--match: invalid regular expression {self.match!r}: {exc}"
+            ) from exc
+        kept = {
+            cid: r
+            for cid, r in results.cases.items()
+            if (not self.case_ids or cid in self.case_ids)
+            and (pattern is None or pattern.search(cid))
+            and (not self.tags or set(self.tags) & set(r.case.get("tags", ())))
+        }
+        if not kept:
+            raise PerfguardError("no case of the results matches the selection")
+        results.cases = kept
+        return results
 
 
 def select(
