@@ -201,13 +201,12 @@ def gen_baselines(
 ) -> BaselineUpdate:
     """Measure the selected cases and store them in the baseline file.
 
-    Only the selected cases are updated; the others, and every case's notes and
-    tolerance_overrides, are kept. A case measured on a busy runner (`_busy`) is not
-    written unless `allow_busy` (`BaselineUpdate.busy`). The file is saved after each
-    case, under a lock. Refuses fault injection and a baseline it cannot read, before
-    measuring anything. `say` is told each case's outcome as it is saved (or why not).
-    `timing` (`raw` or `normalized`; None: the platform's default) is how the timed runs
-    are stored (`perfguard.decision.normalize`).
+    Only the selected cases are updated; the others, their notes and overrides are kept.
+    A case measured on a busy runner (`_busy`) is not written unless `allow_busy`. The
+    file is saved after each case, under a lock. Refuses fault injection and a file it
+    cannot read, before measuring. `say` hears each case's outcome; `timing` is how the
+    timed runs are stored (`perfguard.decision.normalize`; None: the platform's default).
+    Over the house limits because each keyword is one of the command's flags.
     """
     _refuse_injection(options)
     from perfguard.decision.contention import screen
