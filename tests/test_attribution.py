@@ -196,3 +196,15 @@ def test_a_side_that_cannot_run_is_the_cases_error(tmp_path: Path) -> None:
         case, ProfileSide("base"), ProfileSide("head"), platform="cpu", factory="no_such_mod:f"
     )
     assert got.error and "base's profiled run failed" in got.error and "no_such_mod" in got.error
+
+
+def test_one_stretched_run_of_five_does_not_widen_the_noise() -> None:
+    """From five runs a side the fastest and slowest are set aside: one run a neighbour
+    stretched (x5) leaves a doubled op outside noise; with the whole range it was not."""
+    base = [run({"aten::mm": (8, us)}) for us in (1000.0, 1010.0, 990.0, 1005.0, 5000.0)]
+    head = [run({"aten::mm": (8, us)}) for us in (2000.0, 2010.0, 1990.0, 2005.0, 9000.0)]
+    row = compare_stage("DenoisingStage", base, head).rows[0]
+    assert not row.within_noise and row.noise_us < 200.0
+    assert compare_stage("DenoisingStage", base[:3], head[:3]).rows[0].noise_us == pytest.approx(
+        20.0 + 20.0 + 20.0
+    )

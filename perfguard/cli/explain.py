@@ -61,9 +61,10 @@ def against_of(value: str, subdir: str | None) -> object:
 @click.option(
     "--runs",
     type=click.IntRange(min=2),
-    default=3,
+    default=5,
     show_default=True,
-    help="Profiled runs a side (the noise rule compares a change with their spread).",
+    help="Profiled runs a side (the noise rule compares a change with their spread, "
+    "the fastest and slowest set aside from five on).",
 )
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Rows per stage printed.")  # fmt: skip

@@ -10,10 +10,13 @@ rows sum to one.
 
 Which rows are *within noise* (the rule, in one paragraph): a row's change is real
 only when it exceeds what the same op's self time already varies by between profiled
-runs of one side, plus a floor. The noise of a row is the range (max - min) of its self
-time over the base's runs plus that over the head's runs, so a difference of medians
-inside it is one that repeated runs of an unchanged side produce (with three runs a side
-the range is a wide, conservative spread). The floor, `NOISE_FLOOR_SHARE` of the stage's base
+runs of one side, plus a floor. The noise of a row is the spread of its self time over
+the base's runs plus that over the head's runs, so a difference of medians inside it is
+one that repeated runs of an unchanged side produce. The spread is the range of the runs
+left when the fastest and the slowest are set aside (`spread`; the whole range with
+fewer than five runs): one run that a neighbour's load stretched would otherwise widen
+the noise of every op it touched (an injected doubling of a stage's host time read as
+noise at three runs a side with the whole range). The floor, `NOISE_FLOOR_SHARE` of the stage's base
 time (and at least `NOISE_FLOOR_US`), covers what the runs of one process share and
 two processes do not (memory layout, a neighbour's load during one side): on unchanged
 code (`perfguard explain --tag smoke --against HEAD`, docs/bisect.md) 1 of 2,535 rows
@@ -221,12 +224,20 @@ def _per_run(runs: Sequence[Table], stage: str) -> dict[tuple[str, str], list[tu
 
 
 def _side(values: Sequence[tuple[int, float]] | None, n: int) -> tuple[int, float, float]:
-    """Median calls, median self time and range of self time over a side's runs."""
+    """Median calls, median self time and spread of self time over a side's runs."""
     if not values:
         return 0, 0.0, 0.0
     times = [us for _, us in values]
     calls = sorted(c for c, _ in values)[len(values) // 2]
-    return calls, statistics.median(times), max(times) - min(times)
+    return calls, statistics.median(times), spread(times)
+
+
+def spread(values: Sequence[float]) -> float:
+    """The range of `values` without their lowest and highest (with five or more)."""
+    ordered = sorted(values)
+    if len(ordered) >= 5:
+        ordered = ordered[1:-1]
+    return ordered[-1] - ordered[0] if ordered else 0.0
 
 
 def _totals(runs: Sequence[Table], stage: str) -> list[float]:
@@ -242,9 +253,7 @@ def compare_stage(
     base_us = statistics.median(b_tot) if b_tot else 0.0
     head_us = statistics.median(h_tot) if h_tot else 0.0
     floor = max(NOISE_FLOOR_US, NOISE_FLOOR_SHARE * base_us)
-    stage_noise = (max(b_tot) - min(b_tot) if b_tot else 0.0) + (
-        max(h_tot) - min(h_tot) if h_tot else 0.0
-    )
+    stage_noise = spread(b_tot) + spread(h_tot)
     rows: list[OpRow] = []
     for key in set(b_ops) | set(h_ops):
         cb, mb, rb = _side(b_ops.get(key), len(base))

@@ -12,11 +12,12 @@ and step (`StageTimer(ranges=True)`).
 Why a process of its own and never a timed run: the profiler costs each op a few
 microseconds and its ranges a few more per boundary, which would move the timings it
 explains; and a verdict must not wait for it when nothing regressed. Why several
-profiled runs (3 by default): the attribution's noise rule compares each op's change
-with how much the same op's self time varies between runs of one side, so it needs
-more than one run a side. Why self time: inclusive times count an op's children too,
-so a slower `linear` would appear again in every range around it; self times add up to
-the stage's time exactly once.
+profiled runs (5 by default): the attribution's noise rule compares each op's change
+with how much the same op's self time varies between runs of one side, with the
+fastest and slowest run set aside, so it needs five; a smoke case's profiled run costs
+well under a second, against the ~20 s of the process's start and build. Why self
+time: inclusive times count an op's children too, so a slower `linear` would appear
+again in every range around it; self times add up to the stage's time exactly once.
 
 Each op event is given to the innermost stage range above it (its chain of CPU
 parents); the range's own self time (the stage's host code between ops: Python,
@@ -39,7 +40,7 @@ from typing import Any
 from perfguard.errors import PerfguardError
 from perfguard.storage.cases import Case
 
-PROFILE_RUNS = 3
+PROFILE_RUNS = 5
 PROFILE_TIMEOUT_S = 600.0
 HOST_ROW = "(host code outside ops)"
 
