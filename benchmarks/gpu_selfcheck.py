@@ -501,7 +501,8 @@ def _ab_figures(env: Env, case: Case, toggle: str, key_stage: str, pairs: int) -
                 "median_ref": round(c.median_a, 4),
                 "median_opt": round(c.median_b, 4),
                 "ratio": round(c.estimate.ratio, 4),
-                "ci95": [round(c.estimate.low, 4), round(c.estimate.high, 4)],
+                "bounds": [round(c.estimate.low, 4), round(c.estimate.high, 4)],
+                "answer": c.answer.answer,
             }
     return out
 
@@ -525,7 +526,7 @@ def check_ab(env: Env) -> tuple[str, str, dict[str, Any]]:
         if env.factory is None and not fig["shared_model"]:
             problems.append(f"{name}: the variants did not share one model")
         e2e = fig.get("e2e")
-        if e2e and e2e["ci95"][0] > 1.0:
+        if e2e and e2e["bounds"][0] > 1.0:
             problems.append(f"{name}: the optimization is slower (e2e {e2e['ratio']:.3f}x)")
         env.platform.empty_cache()
     wins = ", ".join(f"{n} e2e {f['e2e']['ratio']:.3f}x" for n, f in figures.items() if "e2e" in f)

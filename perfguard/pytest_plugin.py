@@ -14,10 +14,20 @@ Inside a measured run the timer is the ambient one, so `perfguard.device.timer.s
 `step()` calls in the code under test are recorded, exactly as in `perfguard run`; the
 run's wall time is `e2e`. Each test is one case (its id is the marker's `case`, else the
 test's name); its samples become a results file (`--perfguard-results`), and with
-`--perfguard-baseline` the session ends with the same judgement (`perfguard.decision.verdict`),
-the same table and the same JSON report (`--perfguard-report`) as `perfguard check`. A
-regression makes the session exit 1, as it makes `perfguard check` exit 1; a test that
-fails while measuring is already a test failure, and its case is reported as an error.
+`--perfguard-baseline` the session ends judged as `perfguard judge --results` judges
+(`perfguard.decision.verdict`): per figure *same*, *slower* or *can't tell* with the
+smallest slowdown it could have caught, the same table and JSON report
+(`--perfguard-report`). A slower figure makes the session exit 1, as it makes
+`perfguard check` exit 1; *can't tell* is shown in the summary and does not fail the
+session (pytest has no "no verdict" status); a test that fails while measuring is
+already a test failure, and its case is reported as an error.
+
+What `perfguard check` does that the plugin does not: it counts no work (ops, FLOPs,
+bytes, syncs: no counted run), times no reference workload (so no contention screen
+and no normalization: timings are raw), runs in the test's own process (so no
+confirmations in fresh processes, and no between-process spread unless the baseline
+has one), and compares no output. For those, make the pipeline a case and gate it
+with `perfguard check` / `perfguard compare`.
 `--perfguard-update-baseline` stores the measured cases in the baseline file instead (as
 `perfguard gen-baselines` does), which is how that file is made in the first place.
 

@@ -344,7 +344,7 @@ def test_row3_reports_each_optimizations_ratio_and_fails_on_a_slowdown() -> None
     assert status == sc.PASSED, reason
     assert set(figures) == {f"{t}@tiny" for t in sc.AB_CASES}
     e2e = figures["qwen_modulation_cache@tiny"]["e2e"]
-    assert e2e["ratio"] == pytest.approx(0.8, abs=0.05) and e2e["ci95"][1] < 1
+    assert e2e["ratio"] == pytest.approx(0.8, abs=0.05) and e2e["bounds"][1] < 1
     status, reason, _ = sc.check_ab(_ab_env(1.3))
     assert status == sc.FAILED and "the optimization is slower" in reason
 

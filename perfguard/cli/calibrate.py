@@ -177,8 +177,9 @@ def ab_command(
 ) -> int:
     """Compare two variants of CASE_ID, interleaved ABBA in one process.
 
-    Prints per metric the medians, the ratio B/A with a 95 % bootstrap confidence
-    interval, and a Mann-Whitney p-value. A ratio below 1 means B is faster.
+    Each adjacent A/B pair is a block; per metric it prints the medians, the paired
+    ratio B/A with its one-sided 99 % bounds (the relative check's engine), and the
+    answer: slower, same (faster) or can't tell. A ratio below 1 means B is faster.
     """
     from perfguard.measurement.ab import parse_variant, run_ab, toggle_variants
 

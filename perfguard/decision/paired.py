@@ -156,7 +156,7 @@ def judge_relative_metric(
     est = dataclasses.replace(est, reference_exponent=exponent)
     verdict, reason = _verdict_of(est, pad, final)
     floor = pad / baseline.median if baseline.median > 0 else 0.0
-    answer = _answer(est, verdict, max(effect, floor))
+    answer = answer_of(est, verdict == REGRESSION, verdict == IMPROVEMENT, max(effect, floor))
     return MetricVerdict(
         metric,
         verdict,
@@ -175,9 +175,12 @@ def judge_relative_metric(
     )
 
 
-def _answer(est: PairedEstimate, verdict: str, margin: float) -> answers.Answer:
-    """The figure's answer from its paired estimate: the same rule as the stored check's
-    (`perfguard.decision.answer.assess`), the standard error read off the interval."""
+def answer_of(
+    est: PairedEstimate, slower: bool, faster: bool, margin: float
+) -> answers.Answer:
+    """A figure's answer from its paired estimate (the relative check's, `perfguard ab`'s):
+    the stored check's rule (`perfguard.decision.answer.assess`), the standard error
+    read off the interval."""
     return answers.assess(
         est.ratio,
         answers.log_se(est.ratio, est.low, est.alpha, est.blocks - 1),
@@ -185,8 +188,8 @@ def _answer(est: PairedEstimate, verdict: str, margin: float) -> answers.Answer:
         alpha=est.alpha,
         threshold=1.0 + margin,
         margin=margin,
-        slower=verdict == REGRESSION,
-        faster=verdict == IMPROVEMENT,
+        slower=slower,
+        faster=faster,
     )
 
 

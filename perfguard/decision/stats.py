@@ -6,11 +6,10 @@ all take their statistics from here, so that "how noisy is this figure" has one 
 This module decides nothing: `perfguard.decision.verdict` turns these figures into verdicts.
 
 Why medians: timings on a shared machine are right-skewed (a preempted run is slower,
-never faster), so the mean chases outliers while the median stays put. Why a bootstrap
-for the A/B ratio of medians: the ratio is what users read ("10 % slower"), and its
-sampling distribution has no closed form for small, skewed samples; resampling makes no
-normality assumption. Why Mann-Whitney U: a rank test, robust to outliers, that asks
-"are the new samples stochastically larger?" without assuming a shape.
+never faster), so the mean chases outliers while the median stays put. There are two
+engines, and only two: this module's analytic noise model for the stored check
+(unpaired: a check against a committed baseline), and the paired per-block estimate of
+`perfguard.decision.paired` for the relative check and `perfguard ab`.
 
 Why a separate, analytic noise model for the gate (`log_ratio_noise`): the gate judges
 after every run while it samples adaptively, where a bootstrap would cost more than the
@@ -29,10 +28,8 @@ import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 
 def _scipy_stats() -> Any:
@@ -393,77 +390,3 @@ def z_quantile(alpha: float) -> float:
     from scipy.special import ndtri  # = scipy.stats.norm.ppf
 
     return float(ndtri(1.0 - alpha))
-
-
-# ---- A/B: bootstrap interval and rank tests ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RatioEstimate:
-    """median(new) / median(old) with a bootstrap confidence interval."""
-
-    ratio: float
-    low: float
-    high: float
-    confidence: float
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _median_ratio(old: np.ndarray, new: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.median(new, axis=axis) / np.median(old, axis=axis)
-
-
-def ratio_of_medians(
-    old: Sequence[float],
-    new: Sequence[float],
-    *,
-    confidence: float = 0.95,
-    n_resamples: int = 2000,
-    seed: int = 0,
-) -> RatioEstimate:
-    """Bootstrap (percentile) CI of median(new)/median(old), independent resampling.
-
-    The percentile method is used rather than BCa because BCa's jackknife degenerates on
-    the small, tied samples a CI gate sees (5-10 runs, identical microsecond readings).
-    With fewer than two samples on a side the interval is the point itself.
-    """
-    a = np.asarray(old, dtype=float)
-    b = np.asarray(new, dtype=float)
-    point = float(np.median(b) / np.median(a)) if np.median(a) else math.inf
-    if len(a) < 2 or len(b) < 2 or not math.isfinite(point):
-        return RatioEstimate(point, point, point, confidence)
-    res = _scipy_stats().bootstrap(
-        (a, b),
-        _median_ratio,
-        n_resamples=n_resamples,
-        confidence_level=confidence,
-        method="percentile",
-        vectorized=True,
-        paired=False,
-        rng=np.random.default_rng(seed),
-    )
-    low, high = res.confidence_interval
-    return RatioEstimate(point, float(low), float(high), confidence)
-
-
-def slower_p_value(old: Sequence[float], new: Sequence[float]) -> float:
-    """One-sided Mann-Whitney U p-value for "new is stochastically larger than old".
-
-    1.0 when either side has no samples; with all values tied the test has no power and
-    scipy returns 1.0 or NaN, which is mapped to 1.0 (no evidence of a slowdown).
-    """
-    if len(old) == 0 or len(new) == 0:
-        return 1.0
-    with np.errstate(all="ignore"):
-        p = _scipy_stats().mannwhitneyu(new, old, alternative="greater", method="auto").pvalue
-    return 1.0 if not math.isfinite(p) else float(p)
-
-
-def two_sided_p_value(a: Sequence[float], b: Sequence[float]) -> float:
-    if len(a) == 0 or len(b) == 0:
-        return 1.0
-    with np.errstate(all="ignore"):
-        p = _scipy_stats().mannwhitneyu(a, b, alternative="two-sided", method="auto").pvalue
-    return 1.0 if not math.isfinite(p) else float(p)

@@ -3,9 +3,12 @@
 This is how a PR author proves a win. Both variants are built once, warmed up, then run
 in ABBA order (A B B A A B B A ...): interleaving puts both variants under the same drift
 (thermal state, other tenants, clock boosts), and the ABBA pattern cancels a linear trend
-that plain ABAB would attribute to the second variant. Per metric the report gives the
-ratio of medians B/A with a bootstrap 95 % confidence interval and a two-sided
-Mann-Whitney p-value; a ratio below 1 means B is faster.
+that plain ABAB would attribute to the second variant. Each adjacent A/B pair of runs is
+a block, and the comparison is the relative check's paired engine on the blocks' log
+ratios B/A (`perfguard.decision.paired`: Yuen's trimmed mean, its t-interval at the
+relative level) with the same three answers: B is *slower*, the *same* (or *faster*),
+or *can't tell*, with the smallest slowdown the pairs could have shown. A ratio below 1
+means B is faster.
 
 When the variants differ only in optimization toggles and the pipeline can switch them
 (`set_toggles`, as the built-in pipelines do), one pipeline is built and its toggles are
@@ -20,11 +23,17 @@ peak of each run and compares the variants' working memory directly.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfguard.decision.stats import RatioEstimate, ratio_of_medians, summarize, two_sided_p_value
+from perfguard.decision.answer import Answer
+from perfguard.decision.comparison import RELATIVE_ALPHA
+from perfguard.decision.estimate import DIFFERENT, PairedEstimate
+from perfguard.decision.paired import answer_of, paired_estimate
+from perfguard.decision.stats import summarize
+from perfguard.decision.tolerances import min_effect
 from perfguard.device.platform import Platform
 from perfguard.device.timer import StageTimer
 from perfguard.errors import PerfguardError
@@ -88,11 +97,14 @@ def toggle_variants(names: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any
 
 @dataclass(frozen=True)
 class MetricComparison:
+    """One metric of an A/B run: the medians, the paired estimate B/A over the pairs,
+    and its answer (`estimate.decision`, `answer`: as in a relative check's report)."""
+
     metric: str
     median_a: float
     median_b: float
-    estimate: RatioEstimate
-    p_value: float
+    estimate: PairedEstimate
+    answer: Answer
     n_a: int
     n_b: int
 
@@ -101,11 +113,11 @@ class MetricComparison:
             "metric": self.metric,
             "median_a": self.median_a,
             "median_b": self.median_b,
-            "ratio": self.estimate.ratio,
-            "ci_low": self.estimate.low,
-            "ci_high": self.estimate.high,
-            "confidence": self.estimate.confidence,
-            "p_value": self.p_value,
+            "ratio": round(self.estimate.ratio, 4),
+            "ratio_low": round(self.estimate.low, 4),
+            "ratio_high": round(self.estimate.high, 4),
+            "paired": self.estimate.to_json(),
+            "answer": self.answer.to_json(),
             "n_a": self.n_a,
             "n_b": self.n_b,
         }
@@ -130,13 +142,21 @@ class ABResult:
         out = []
         for name in names:
             a, b = self.samples_a[name], self.samples_b[name]
+            # The k-th A run and the k-th B run are one ABBA pair, next to each other.
+            logs = [math.log(y / x) for x, y in zip(a, b, strict=False) if x > 0 and y > 0]
+            if len(logs) < 2:
+                continue
+            effect = min_effect(name)
+            est = paired_estimate(logs, effect, RELATIVE_ALPHA)
+            slower = est.slower
+            faster = est.decision == DIFFERENT and est.ratio < 1.0
             out.append(
                 MetricComparison(
                     metric=name,
                     median_a=summarize(a).median,
                     median_b=summarize(b).median,
-                    estimate=ratio_of_medians(a, b),
-                    p_value=two_sided_p_value(a, b),
+                    estimate=est,
+                    answer=answer_of(est, slower, faster, effect),
                     n_a=len(a),
                     n_b=len(b),
                 )

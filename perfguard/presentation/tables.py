@@ -142,17 +142,18 @@ def ab_table(result: ABResult, pairs: int) -> Table:
 
     a, b = fmt(result.variant_a), fmt(result.variant_b)
     table = Table(title=escape(f"A/B {result.case_id}: A[{a}] vs B[{b}], {pairs} pairs ABBA"))
-    for col in ("metric", "A median", "B median", "B/A", "95% CI", "p"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
+    for col in ("metric", "A median", "B median", "B/A", "99% bounds", "answer"):
+        table.add_column(col, justify="left" if col in ("metric", "answer") else "right")
     for comp in result.comparisons():
         u = unit(comp.metric)
+        caught = comp.answer.detectable
         table.add_row(
             escape(comp.metric),
             f"{comp.median_a:.3f} {u}",
             f"{comp.median_b:.3f} {u}",
             f"{comp.estimate.ratio:.3f}",
             f"[{comp.estimate.low:.3f}, {comp.estimate.high:.3f}]",
-            f"{comp.p_value:.3g}",
+            comp.answer.label + ("" if caught is None else f" (catches +{caught:.0%})"),
         )
     return table
 
