@@ -21,6 +21,7 @@ simulated jitter is not on the reference workload, so normalizing could not remo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -38,26 +39,42 @@ LOOP = ("stage:DenoisingStage", "step_avg", "step_median")
 HEADLINE = ("e2e", "stage:DenoisingStage")
 
 
-def processes(path: Path) -> dict[str, list[dict[str, list[float]]]]:
-    """Per case, the recorded processes: each a dict metric -> its samples."""
+def processes(path: Path, center: bool = False) -> dict[str, list[dict[str, list[float]]]]:
+    """Per case, the recorded processes: each a dict metric -> its samples. `center`
+    scales each process to the case's median process, figure by figure: the recording
+    keeps its spread within a process and loses the spread between processes, which the
+    simulation then sets (`--sd`)."""
     data = json.loads(path.read_text())
     out: dict[str, list[dict[str, list[float]]]] = {}
     for cid, case in data["cases"].items():
         res = CaseResult.from_json(cid, case)
         if res.status != "ok" or not res.groups:
             continue
+        # Only the metrics every run measured (peak memory comes from one counted run).
+        runs = sum(res.groups)
+        timed = {m: v for m, v in res.samples.items() if len(v) == runs}
         start, procs = 0, []
         for n in res.groups:
-            procs.append({m: list(v[start : start + n]) for m, v in res.samples.items()})
+            procs.append({m: list(v[start : start + n]) for m, v in timed.items()})
             start += n
+        if center:
+            for m in timed:
+                overall = statistics.median(statistics.median(p[m]) for p in procs)
+                for p in procs:
+                    own = statistics.median(p[m])
+                    p[m] = [x * overall / own for x in p[m]] if own > 0 else p[m]
         out[cid] = procs
     return out
 
 
 def _process(
-    recorded: dict[str, list[float]], rng: random.Random, sd: float, effect: float
+    recorded: dict[str, list[float]],
+    rng: random.Random,
+    sd: float,
+    effect: float,
+    offset: float = 1.0,
 ) -> dict[str, list[float]]:
-    factor = rng.lognormvariate(0.0, sd) if sd > 0 else 1.0
+    factor = offset * (rng.lognormvariate(0.0, sd) if sd > 0 else 1.0)
     out = {m: [x * factor for x in v] for m, v in recorded.items()}
     if effect:
         stage = out.get("stage:DenoisingStage", [])
@@ -84,19 +101,33 @@ def one_check(
     sd: float,
     effect: float,
     baseline_processes: int,
+    session: float = 0.0,
+    session_term: bool = True,
 ) -> tuple[str | None, int, dict[str, float]]:
-    """One simulated check: its answer, exit code and headline detectable slowdowns."""
+    """One simulated check: its answer, exit code and headline detectable slowdowns.
+
+    `session`: the sd of an offset shared by every process of one session (the
+    baseline's, and the check's own), which no process of it shows. `session_term`:
+    whether the verdict's interval allows for it (`Profile.session_sd`)."""
     chosen = rng.sample(range(len(base_pool)), baseline_processes)
-    base = _result(cid, [_process(base_pool[i], rng, sd, 0.0) for i in chosen])
-    baseline = new_baseline({"platform": "cpu", "hardware": "sim"}).with_scenario(
-        cid, scenario_from_result(base)
-    )
+    base_offset = rng.lognormvariate(0.0, session) if session > 0 else 1.0
+    check_offset = rng.lognormvariate(0.0, session) if session > 0 else 1.0
+    base = _result(cid, [_process(base_pool[i], rng, sd, 0.0, base_offset) for i in chosen])
+    baseline = new_baseline({"platform": "cpu", "hardware": "sim"})
+    if not session_term:
+        baseline = dataclasses.replace(
+            baseline,
+            profiles={
+                n: dataclasses.replace(p, session_sd={}) for n, p in baseline.profiles.items()
+            },
+        )
+    baseline = baseline.with_scenario(cid, scenario_from_result(base))
     # Held out: the check's processes come from the other recording; the same one, the
     # processes the baseline did not use.
     spare = [p for i, p in enumerate(check_pool) if check_pool is not base_pool or i not in chosen]
 
     def measure(cases: Sequence[Case], _until: Any) -> Results:
-        res = _result(cid, [_process(rng.choice(spare), rng, sd, effect)])
+        res = _result(cid, [_process(rng.choice(spare), rng, sd, effect, check_offset)])
         return Results(environment={}, settings={}, cases={cid: res})
 
     case = Case(id=cid, workload="qwen_image", preset="tiny")
@@ -121,10 +152,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--checks", type=int, default=100, help="checks per case and cell")
     ap.add_argument("--baseline-processes", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--session-sd",
+        type=float,
+        default=0.0,
+        help="sd of the offset one session shares across its processes (baseline, check)",
+    )
+    ap.add_argument(
+        "--no-session-term",
+        action="store_true",
+        help="judge without the profile's session term (what the term buys)",
+    )
+    ap.add_argument(
+        "--center",
+        action="store_true",
+        help="remove the recording's own between-process spread (a busy recording)",
+    )
     ap.add_argument("--json", type=Path, help="write every cell's counts here")
     args = ap.parse_args(argv)
-    base_rec = processes(args.recording)
-    check_rec = processes(args.report_on) if args.report_on else base_rec
+    base_rec = processes(args.recording, args.center)
+    check_rec = processes(args.report_on, args.center) if args.report_on else base_rec
     cases = sorted(set(base_rec) & set(check_rec))
     if not cases:
         print("no case with recorded processes in both files", file=sys.stderr)
@@ -134,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"baselines from {args.recording}, checks from {args.report_on or args.recording}; "
         f"cases {', '.join(cases)}; {args.checks} checks per case and cell"
+        + ("; recorded processes centered" if args.center else "")
+        + f"; session offset sd {args.session_sd:g}"
+        + ("; no session term" if args.no_session_term else "")
     )
     print(f"{'sd':>5} {'effect':>7} {'checks':>6} {'same':>6} {'slower':>7} {'cant':>6} "
           f"{'exit1':>6} {'detect e2e':>11} {'detect stage':>13}")  # fmt: skip
@@ -146,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for _ in range(args.checks):
                     a, code, d = one_check(
                         cid, base_rec[cid], check_rec[cid], rng, sd, effect / 100,
-                        args.baseline_processes,
+                        args.baseline_processes, args.session_sd, not args.no_session_term,
                     )  # fmt: skip
                     answers.append(a)
                     exits.append(code)

@@ -26,15 +26,15 @@ def counts(report: Report) -> dict[str, int]:
 
 
 def answer_phrase(report: Report) -> str:
-    """`answer same (12 timed figures ...)` or `answer can't tell (2 of 12 ...)`."""
+    """The first line's last words: ` (same)`, ` (slower)`, ` (can't tell: 2 of 12
+    timed figures)`; nothing when no case has an answer."""
     answer = report.judgement.answer
     if answer is None:
-        return "no answer"
+        return ""
+    if answer != CANT_TELL:
+        return f" ({LABELS[answer]})"
     n = counts(report)
-    total = sum(n.values())
-    if answer == SAME:
-        return f"answer same ({total} timed figure(s))"
-    return f"answer {LABELS[answer]} ({n[answer]} of {total} timed figure(s))"
+    return f" (can't tell: {n[CANT_TELL]} of {sum(n.values())} timed figures)"
 
 
 def _headline_figures(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:

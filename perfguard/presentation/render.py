@@ -222,8 +222,8 @@ def summary_line(report: Report) -> str:
     headline = _HEADLINES.get(report.verdict, report.verdict.upper())
     return (
         f"perfguard {headline}{advisory}: {', '.join(parts)} "
-        f"in {n_cases} case(s), {against}, {answer_phrase(report)}, "
-        f"exit {report.exit_code}"
+        f"in {n_cases} case(s), {against}, "
+        f"exit {report.exit_code}{answer_phrase(report)}"
     )
 
 
