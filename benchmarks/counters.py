@@ -15,7 +15,7 @@ it (`benchmarks/slow_blocks/sitecustomize.py`):
 For each: the `check` exit code, the counters that moved (stage, counter, delta), and
 the output verdict with its PSNR. Then:
 
-- stability: `check --counters-only` of unchanged code in `--processes` fresh processes
+- stability: `check-work` of unchanged code in `--processes` fresh processes
   (default 20): the counts of every process must be identical, with 0 counter alarms;
 - cost: per case, a plain run, the old memory-only tracked run and the counted run
   (which replaces it), interleaved in one process with one intra-op thread, medians;
@@ -118,7 +118,7 @@ def condition(name: str, baseline: Path, tmp: Path) -> dict[str, Any]:
 
 
 def stability(baseline: Path, tmp: Path, processes: int) -> dict[str, Any]:
-    """`check --counters-only` of unchanged code in fresh processes: identical counts?"""
+    """`check-work` of unchanged code in fresh processes: identical counts?"""
     seen: list[str] = []
     codes: list[int] = []
     alarms = 0
@@ -127,12 +127,11 @@ def stability(baseline: Path, tmp: Path, processes: int) -> dict[str, Any]:
         res, rep = tmp / f"stab-{i}.json", tmp / f"stab-report-{i}.json"
         code, wall, _ = perfguard(
             [
-                "check",
+                "check-work",
                 "--tag",
                 "smoke",
                 "--baseline",
                 str(baseline),
-                "--counters-only",
                 "--out",
                 str(res),
                 "--report",
@@ -248,7 +247,7 @@ def main() -> int:
             out["stability"] = stability(baseline, tmp, args.processes)
             s = out["stability"]
             print(
-                f"\nstability: {s['processes']} fresh `check --counters-only` processes, "
+                f"\nstability: {s['processes']} fresh `check-work` processes, "
                 f"{s['distinct_counts']} distinct count set(s), exit codes {s['exit_codes']}, "
                 f"{s['counter_alarms']} counter alarm(s); median wall "
                 f"{s['counters_only_wall_s_median']} s"

@@ -46,8 +46,6 @@ from scipy.stats import beta
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perfguard.decision.gate import under_stored
-from perfguard.decision.verdict import CaseVerdict
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW_BLOCKS = ROOT / "benchmarks" / "slow_blocks"
@@ -142,15 +140,17 @@ def one_check(
         cwd=cwd,
     )
     wall = time.perf_counter() - t0
-    out = {"exit": proc.returncode, "wall_s": wall, "cases": {}}
+    out: dict = {"exit": proc.returncode, "wall_s": wall, "cases": {}}
     if keep is not None and keep.exists():
         out["results"] = str(keep)
     if report.exists():
         data = json.loads(report.read_text())
+        out["answer"] = data.get("answer")
         for cid, case in data["cases"].items():
             m = case["metrics"].get(STAGE, {})
             out["cases"][cid] = {
                 "verdict": case["verdict"],
+                "answer": case.get("answer"),
                 "stage_verdict": m.get("verdict"),
                 "ratio": m.get("ratio"),
                 "confirmations": (case.get("sampling") or {}).get("confirmations", 0),
@@ -158,27 +158,6 @@ def one_check(
                     k for k, v in case["metrics"].items() if v.get("verdict") == "regression"
                 ),
             }
-        # `check --settle`: the stored verdicts a relative check replaced, so that one run
-        # gives the stored gate's answer and the settled one on the same checks.
-        settled = (data.get("settled") or {}).get("cases") or {}
-        if settled:
-            out["settled"] = {cid: case["verdict"] for cid, case in settled.items()}
-            # Settled as passes with a figure unresolved side by side but under its
-            # stored reading (`gate.under_stored`): the stored reading was the offset.
-            under = [
-                cid
-                for cid, case in settled.items()
-                if data["cases"][cid]["verdict"] in ("pass", "improvement")
-                and under_stored(
-                    CaseVerdict.from_json(cid, case), CaseVerdict.from_json(cid, data["cases"][cid])
-                )
-            ]
-            if under:
-                out["under"] = sorted(under)
-        # Open cases whose side-by-side answer did not resolve them: the stored verdict stood.
-        unresolved = (data.get("settled") or {}).get("unresolved") or {}
-        if unresolved:
-            out["unresolved"] = sorted(unresolved)
         if keep is not None:
             kept = keep.with_name(keep.name.replace("check-", "report-", 1))
             shutil.move(report, kept)

@@ -1,10 +1,10 @@
-"""Relative-check benchmark: A/A false alarms and catch rates of `perfguard check --against`.
+"""Relative-check benchmark: A/A false alarms and catch rates of `perfguard compare --against`.
 
 Live checks. Round-robin over the conditions (A/A, then +5 % and +10 % busy work in
 `DenoisingStage`), it runs real relative checks of the smoke cases until `--minutes`
 are up, each one exactly as CI does:
 
-    python -m perfguard check --platform cpu --tag smoke --against REPO [--inject ...]
+    python -m perfguard compare --platform cpu --tag smoke --against REPO [--inject ...]
 
 The base is this checkout itself (so A/A compares identical code, the base side through
 the base's import path), and the slowdown is injected into the head side only
@@ -74,7 +74,7 @@ def live_check(
     out: Path, index: int, name: str, spec: str | None, tag: str, extra: Sequence[str] = ()
 ) -> dict[str, Any]:
     report = out / f"check-{index:03d}-{name.strip('+%/').replace('/', '') or 'aa'}.json"
-    cmd = [sys.executable, "-m", "perfguard", "check", "--platform", "cpu", "--tag", tag]
+    cmd = [sys.executable, "-m", "perfguard", "compare", "--platform", "cpu", "--tag", tag]
     head, base = report.with_suffix(".head.json"), report.with_suffix(".base.json")
     cmd += ["--against", str(REPO), "--report", str(report)]
     cmd += ["--out", str(head), "--write-baseline", str(base)]
