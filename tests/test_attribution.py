@@ -208,3 +208,16 @@ def test_one_stretched_run_of_five_does_not_widen_the_noise() -> None:
     assert compare_stage("DenoisingStage", base[:3], head[:3]).rows[0].noise_us == pytest.approx(
         20.0 + 20.0 + 20.0
     )
+
+
+def test_a_side_that_ran_slower_throughout_is_noise_and_the_op_beyond_it_is_not() -> None:
+    """A neighbour's load slows every op of one side alike (here x1.8): those rows moved
+    with their side's pace; the one op that moved beyond it (x3.6) is what changed."""
+    ops = {f"aten::op{i}": (4, 500.0 + 100 * i) for i in range(6)}
+    base = [run(ops)] * 5
+    slow = {k: (c, us * 1.8) for k, (c, us) in ops.items()}
+    got = compare_stage("DenoisingStage", base, [run(slow)] * 5)
+    assert all(r.within_noise for r in got.rows)
+    slow["aten::op0"] = (4, 500.0 * 3.6)
+    got = compare_stage("DenoisingStage", base, [run(slow)] * 5)
+    assert [r.name for r in got.rows if not r.within_noise] == ["aten::op0"]

@@ -16,7 +16,12 @@ one that repeated runs of an unchanged side produce. The spread is the range of 
 left when the fastest and the slowest are set aside (`spread`; the whole range with
 fewer than five runs): one run that a neighbour's load stretched would otherwise widen
 the noise of every op it touched (an injected doubling of a stage's host time read as
-noise at three runs a side with the whole range). The floor, `NOISE_FLOOR_SHARE` of the stage's base
+noise at three runs a side with the whole range). To that is added what the row would
+have moved had it only followed its side's pace (`side_paces`: the median head/base
+ratio of the other rows both sides called alike): when one side's process ran slower throughout (a
+neighbour's load), every op moves with it, and only the ops that moved beyond it are
+what changed (an A/A explain on a loaded runner read its decoder's largest ops 2x
+slower on one side without it). The floor, `NOISE_FLOOR_SHARE` of the stage's base
 time (and at least `NOISE_FLOOR_US`), covers what the runs of one process share and
 two processes do not (memory layout, a neighbour's load during one side): on unchanged
 code (`perfguard explain --tag smoke --against HEAD`, docs/bisect.md) 1 of 2,535 rows
@@ -254,11 +259,14 @@ def compare_stage(
     head_us = statistics.median(h_tot) if h_tot else 0.0
     floor = max(NOISE_FLOOR_US, NOISE_FLOOR_SHARE * base_us)
     stage_noise = spread(b_tot) + spread(h_tot)
-    rows: list[OpRow] = []
+    sides = {}
     for key in set(b_ops) | set(h_ops):
-        cb, mb, rb = _side(b_ops.get(key), len(base))
-        ch, mh, rh = _side(h_ops.get(key), len(head))
-        rows.append(OpRow(key[0], key[1], cb, ch, mb, mh, rb + rh + floor, None))
+        sides[key] = (_side(b_ops.get(key), len(base)), _side(h_ops.get(key), len(head)))
+    paces = side_paces(sides)
+    rows: list[OpRow] = []
+    for key, ((cb, mb, rb), (ch, mh, rh)) in sides.items():
+        noise = rb + rh + floor + abs(paces[key] - 1.0) * mb
+        rows.append(OpRow(key[0], key[1], cb, ch, mb, mh, noise, None))
     total_delta = sum(r.delta_us for r in rows)
     if abs(total_delta) > floor:
         rows = [_with_share(r, total_delta) for r in rows]
@@ -272,6 +280,33 @@ def compare_stage(
         rows=tuple(kept),
         rows_total=len(rows),
     )
+
+
+def side_paces(
+    sides: Mapping[tuple[str, str], tuple[tuple[int, float, float], tuple[int, float, float]]],
+) -> dict[tuple[str, str], float]:
+    """How much slower the head ran than the base, op for op, as each row's peers saw it:
+    the median head/base ratio of the other rows both sides called alike (at least
+    `NOISE_FLOOR_US` on the base); 1.0 without any. A neighbour's load, or another
+    process's memory layout, slows every op of one side alike; a row that moved no more
+    than its peers moved with its side. The row's own ratio is left out, so a stage of a
+    few ops cannot call its one slower op the pace."""
+    ratios = {
+        key: h[1] / b[1]
+        for key, (b, h) in sides.items()
+        if b[0] == h[0] and b[0] > 0 and b[1] >= NOISE_FLOOR_US
+    }
+    ordered = sorted(ratios.values())
+    whole = statistics.median(ordered) if ordered else 1.0
+    out = {}
+    for key in sides:
+        if key not in ratios:
+            out[key] = whole
+            continue
+        others = list(ordered)
+        others.remove(ratios[key])
+        out[key] = statistics.median(others) if others else 1.0
+    return out
 
 
 def _with_share(row: OpRow, total: float) -> OpRow:
