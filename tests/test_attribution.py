@@ -221,3 +221,30 @@ def test_a_side_that_ran_slower_throughout_is_noise_and_the_op_beyond_it_is_not(
     slow["aten::op0"] = (4, 500.0 * 3.6)
     got = compare_stage("DenoisingStage", base, [run(slow)] * 5)
     assert [r.name for r in got.rows if not r.within_noise] == ["aten::op0"]
+
+
+def test_a_check_attributes_only_regressed_timings_and_says_why_it_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attribute_regressions` after a stored check's verdict: a passing report comes
+    back as it was (nothing profiled); a regressed one whose baseline names no revision
+    this repository has gets each regressed case's reason, written and rendered."""
+    from helpers import history_report
+
+    from perfguard.api import attribute_regressions
+    from perfguard.storage.cases import Case
+    from perfguard.storage.reports import read_report, write_report
+
+    case = Case(id="qwen_image_t2i_smoke", workload="qwen_image", preset="tiny")
+    passing = read_report(history_report(tmp_path / "p.json", 20.0, seed=1))
+    assert attribute_regressions(passing, [case], None, None, platform="cpu") is passing
+    slow = read_report(history_report(tmp_path / "s.json", 40.0, seed=1))
+    monkeypatch.setenv("PERFGUARD_ATTRIBUTION", "0")
+    assert attribute_regressions(slow, [case], None, None, platform="cpu") is slow
+    monkeypatch.delenv("PERFGUARD_ATTRIBUTION")
+    got = attribute_regressions(slow, [case], None, None, platform="cpu", echo=None)
+    entry = got.attribution["cases"]["qwen_image_t2i_smoke"]
+    assert "stage:DenoisingStage" in entry["metrics"] and "b.json" in entry["error"]
+    write_report(tmp_path / "again.json", got)
+    assert read_report(tmp_path / "again.json").attribution == got.attribution
+    assert any("no attribution" in line for line in console_lines(got.attribution))
