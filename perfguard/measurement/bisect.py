@@ -503,8 +503,13 @@ def timed_verdict(judgement: Any, metric: str) -> tuple[str, str, dict[str, Any]
     ratio = f"{m.ratio:.3f}x" if m.ratio is not None else "?"
     figure = f"{cid} {metric} {ratio}{interval} ({m.verdict})"
     details = {"case": cid, "ratio": m.ratio, "low": m.low, "high": m.high, "verdict": m.verdict}
-    verdict = BAD if any(mv.verdict == REGRESSION for _, mv in found) else GOOD
-    return verdict, figure, details
+    if any(mv.verdict == REGRESSION for _, mv in found):
+        return BAD, figure, details
+    if not all(mv.clear for _, mv in found):
+        # The budget ran out before the comparison could tell: not evidence of "good".
+        figure += ", not resolved within --budget-s"
+        details["unresolved"] = True
+    return GOOD, figure, details
 
 
 def _measure(session: Session, commit: Commit) -> tuple[str, str, dict[str, Any]]:
@@ -586,6 +591,11 @@ def bisect(
         if last.verdict == SKIPPED:
             why = last.figure
             raise PerfguardError(f"bisect: BAD {last.commit.short} cannot be measured: {why}")
+        if last.verdict != BAD and last.details.get("unresolved"):
+            raise PerfguardError(
+                f"bisect: cannot tell whether BAD {last.commit.short} is worse than GOOD "
+                f"({last.figure}): raise --budget-s, or bisect a work counter"
+            )
         if last.verdict != BAD:
             raise PerfguardError(
                 f"bisect: BAD {last.commit.short} is not worse than GOOD ({last.figure}): "
