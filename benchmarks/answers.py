@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import random
 import statistics
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.decision.gate import JudgeOptions, run_gate
+from perfguard.decision.tolerances import SESSION_SD
 from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.baseline import new_baseline, scenario_from_result
 from perfguard.storage.cases import Case
@@ -39,11 +41,15 @@ LOOP = ("stage:DenoisingStage", "step_avg", "step_median")
 HEADLINE = ("e2e", "stage:DenoisingStage")
 
 
-def processes(path: Path, center: bool = False) -> dict[str, list[dict[str, list[float]]]]:
+def processes(
+    path: Path, center: bool = False, within: float | None = None
+) -> dict[str, list[dict[str, list[float]]]]:
     """Per case, the recorded processes: each a dict metric -> its samples. `center`
     scales each process to the case's median process, figure by figure: the recording
     keeps its spread within a process and loses the spread between processes, which the
-    simulation then sets (`--sd`)."""
+    simulation then sets (`--sd`). `within` rescales each run's log deviation from its
+    process's median so that their sd over the case is `within` (the recording's shape,
+    skew and outliers kept, its size set): a quiet runner from a busy recording."""
     data = json.loads(path.read_text())
     out: dict[str, list[dict[str, list[float]]]] = {}
     for cid, case in data["cases"].items():
@@ -57,6 +63,19 @@ def processes(path: Path, center: bool = False) -> dict[str, list[dict[str, list
         for n in res.groups:
             procs.append({m: list(v[start : start + n]) for m, v in timed.items()})
             start += n
+        if within is not None:
+            for m in timed:
+                devs = [
+                    math.log(x / statistics.median(p[m]))
+                    for p in procs
+                    for x in p[m]
+                    if x > 0 and statistics.median(p[m]) > 0
+                ]
+                spread = statistics.pstdev(devs) if len(devs) > 1 else 0.0
+                k = within / spread if spread > 0 else 1.0
+                for p in procs:
+                    mid = statistics.median(p[m])
+                    p[m] = [mid * (x / mid) ** k if x > 0 and mid > 0 else x for x in p[m]]
         if center:
             for m in timed:
                 overall = statistics.median(statistics.median(p[m]) for p in procs)
@@ -102,7 +121,7 @@ def one_check(
     effect: float,
     baseline_processes: int,
     session: float = 0.0,
-    session_term: bool = True,
+    session_term: bool = False,
 ) -> tuple[str | None, int, dict[str, float]]:
     """One simulated check: its answer, exit code and headline detectable slowdowns.
 
@@ -114,11 +133,12 @@ def one_check(
     check_offset = rng.lognormvariate(0.0, session) if session > 0 else 1.0
     base = _result(cid, [_process(base_pool[i], rng, sd, 0.0, base_offset) for i in chosen])
     baseline = new_baseline({"platform": "cpu", "hardware": "sim"})
-    if not session_term:
+    if session_term:  # the term new profiles no longer carry (tolerances.SESSION_SD)
+        terms = dict(SESSION_SD["cpu"])
         baseline = dataclasses.replace(
             baseline,
             profiles={
-                n: dataclasses.replace(p, session_sd={}) for n, p in baseline.profiles.items()
+                n: dataclasses.replace(p, session_sd=terms) for n, p in baseline.profiles.items()
             },
         )
     baseline = baseline.with_scenario(cid, scenario_from_result(base))
@@ -159,9 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="sd of the offset one session shares across its processes (baseline, check)",
     )
     ap.add_argument(
-        "--no-session-term",
+        "--session-term",
         action="store_true",
-        help="judge without the profile's session term (what the term buys)",
+        help="judge with the session term of tolerances.SESSION_SD (what the term buys)",
+    )
+    ap.add_argument(
+        "--within",
+        type=float,
+        default=None,
+        help="rescale the recording's within-process spread to this sd (a quieter runner)",
     )
     ap.add_argument(
         "--center",
@@ -170,8 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, help="write every cell's counts here")
     args = ap.parse_args(argv)
-    base_rec = processes(args.recording, args.center)
-    check_rec = processes(args.report_on, args.center) if args.report_on else base_rec
+    base_rec = processes(args.recording, args.center, args.within)
+    check_rec = (
+        processes(args.report_on, args.center, args.within) if args.report_on else base_rec
+    )
     cases = sorted(set(base_rec) & set(check_rec))
     if not cases:
         print("no case with recorded processes in both files", file=sys.stderr)
@@ -182,8 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"baselines from {args.recording}, checks from {args.report_on or args.recording}; "
         f"cases {', '.join(cases)}; {args.checks} checks per case and cell"
         + ("; recorded processes centered" if args.center else "")
+        + (f"; within-process sd set to {args.within:g}" if args.within is not None else "")
         + f"; session offset sd {args.session_sd:g}"
-        + ("; no session term" if args.no_session_term else "")
+        + ("; with the session term" if args.session_term else "")
     )
     print(f"{'sd':>5} {'effect':>7} {'checks':>6} {'same':>6} {'slower':>7} {'cant':>6} "
           f"{'exit1':>6} {'detect e2e':>11} {'detect stage':>13}")  # fmt: skip
@@ -196,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for _ in range(args.checks):
                     a, code, d = one_check(
                         cid, base_rec[cid], check_rec[cid], rng, sd, effect / 100,
-                        args.baseline_processes, args.session_sd, not args.no_session_term,
+                        args.baseline_processes, args.session_sd, args.session_term,
                     )  # fmt: skip
                     answers.append(a)
                     exits.append(code)
