@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.decision import answer as answers
 from perfguard.decision import counters
-from perfguard.decision.answer import Answer
+from perfguard.decision.answer import SAME_PROCESSES, Answer
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy
 from perfguard.decision.estimate import PairedEstimate
@@ -295,6 +295,7 @@ def _answer(c: Comparison, verdict: str, same_band: Band, session: float) -> Ans
         slower=verdict == REGRESSION,
         faster=verdict == IMPROVEMENT,
         known=math.sqrt(2.0) * session,
+        enough=c.noise.processes_baseline < 2 or c.noise.processes_current >= SAME_PROCESSES,
     )
 
 
