@@ -121,20 +121,23 @@ def one_check(
     effect: float,
     baseline_processes: int,
     session: float = 0.0,
-    session_term: bool = False,
+    session_term: float | None = None,
 ) -> tuple[str | None, int, dict[str, float]]:
     """One simulated check: its answer, exit code and headline detectable slowdowns.
 
     `session`: the sd of an offset shared by every process of one session (the
     baseline's, and the check's own), which no process of it shows. `session_term`:
-    whether the verdict's interval allows for it (`Profile.session_sd`)."""
+    the sd the verdict's interval allows for it on the large figures (None: the profile's
+    own, `tolerances.SESSION_SD`; 0: none)."""
     chosen = rng.sample(range(len(base_pool)), baseline_processes)
     base_offset = rng.lognormvariate(0.0, session) if session > 0 else 1.0
     check_offset = rng.lognormvariate(0.0, session) if session > 0 else 1.0
     base = _result(cid, [_process(base_pool[i], rng, sd, 0.0, base_offset) for i in chosen])
     baseline = new_baseline({"platform": "cpu", "hardware": "sim"})
-    if session_term:  # the term new profiles no longer carry (tolerances.SESSION_SD)
-        terms = dict(SESSION_SD["cpu"])
+    if session_term is not None:  # another term than the profiles': SESSION_SD's large
+        # figures set to `session_term`, the small stages' scaled with them (0: none)
+        scale = session_term / SESSION_SD["cpu"]["denoise_stage"]
+        terms = {k: v * scale for k, v in SESSION_SD["cpu"].items()} if scale else {}
         baseline = dataclasses.replace(
             baseline,
             profiles={
@@ -180,8 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--session-term",
-        action="store_true",
-        help="judge with the session term of tolerances.SESSION_SD (what the term buys)",
+        type=float,
+        default=None,
+        metavar="SD",
+        help="judge with this session term on the large figures instead of the profile's "
+        "(tolerances.SESSION_SD; 0: none): what a term buys",
     )
     ap.add_argument(
         "--within",
@@ -212,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ("; recorded processes centered" if args.center else "")
         + (f"; within-process sd set to {args.within:g}" if args.within is not None else "")
         + f"; session offset sd {args.session_sd:g}"
-        + ("; with the session term" if args.session_term else "")
+        + ("" if args.session_term is None else f"; session term {args.session_term:g}")
     )
     print(f"{'sd':>5} {'effect':>7} {'checks':>6} {'same':>6} {'slower':>7} {'cant':>6} "
           f"{'exit1':>6} {'detect e2e':>11} {'detect stage':>13}")  # fmt: skip

@@ -55,13 +55,15 @@ from perfguard.storage.reports import Report
 def _relative_from(kwargs: dict[str, Any]) -> RelativeOptions | None:
     """The relative group's flags, popped from `kwargs`: a `RelativeOptions` with
     --against, else None. `--against` names a directory when one of that name exists
-    (a checkout of the base), else a revision of this repository."""
+    or it is written as a path (`./base`, `/src/base`), else a revision of this
+    repository."""
     against, subdir = kwargs.pop("against"), kwargs.pop("against_subdir")
     names = ("budget_s", "min_blocks", "max_blocks", "order_seed", "write_baseline", "timing")
     values = {name: kwargs.pop(name) for name in names}
     if against is None:
         return None
-    directory, ref = (against, None) if os.path.isdir(against) else (None, against)
+    path_like = os.path.isdir(against) or against.startswith((".", os.sep, "~"))
+    directory, ref = (against, None) if path_like else (None, against)
     return RelativeOptions(directory, ref, subdir, **values)
 
 

@@ -12,9 +12,9 @@ The stored check (`perfguard check`, against a committed baseline; `verdict.py`,
  2. Each run is divided by the share of its reference reading fitted on the baseline's
     runs (`normalize.py`), so the runner's speed divides out.
  3. Per timed figure: r = median / baseline median. Its log-scale standard error is the
-    larger of the samples' and the process medians' spread, with Student's t on the
-    processes' degrees of freedom. (A session-offset term, SESSION_SD, is applied only
-    where an older baseline file carries one: it did not earn its keep.)
+    larger of the samples' and the process medians' spread, plus twice the offset one
+    session of the runner leaves (SESSION_SD: 0.7 % on e2e and the denoising figures,
+    4 % on other stages); Student's t on the processes' degrees of freedom.
  4. The minimum effect d (MIN_EFFECT): 3 % for e2e, the denoising stage and the step
     aggregates, 10 % for a step, 20 % for other stages. Bound: max(b (1 + d), b + pad),
     pad = max(f, 3 standard errors of the baseline median) (NOISE_PAD_K), f the timer

@@ -250,7 +250,10 @@ class Noise:
     @property
     def dof(self) -> int:
         """Degrees of freedom of the noise estimate (0: unknown): the between-process
-        spread's whenever one was measured, even when the samples' spread is the larger.
+        spread's whenever one was measured, even when the samples' spread is the larger;
+        with a session term, the Welch-Satterthwaite degrees of freedom of the sum (the
+        term is a constant of the profile, known, not estimated: it does not pay for the
+        few processes of the estimated part).
 
         A median of several processes varies by the spread of process medians; the
         samples' spread is only a floor under it (`se` is the larger of the two). When
@@ -260,9 +263,8 @@ class Noise:
         bound, against a baseline whose three processes agreed, a credible regression
         of unchanged code (the detection runs in docs/verdicts.md).
         """
-        if self.between_dof > 0:
-            return self.between_dof
-        return self.within_dof
+        estimated = self.between_dof if self.between_dof > 0 else self.within_dof
+        return satterthwaite(self.se, math.sqrt(2.0) * self.session, estimated)
 
     @property
     def source(self) -> str:
@@ -368,6 +370,17 @@ interval that wide says what it has to, that nothing is credible, without a cras
 
 
 @functools.lru_cache(maxsize=256)
+def satterthwaite(se: float, known: float, dof: int) -> int:
+    """Welch-Satterthwaite: the degrees of freedom of se^2 = estimated + known^2, the
+    estimated part on `dof` (0: unknown, the normal quantile)."""
+    estimated = se * se - known * known
+    if known <= 0 or dof <= 0:
+        return dof
+    if estimated <= 0:
+        return 0  # all of it known: the normal quantile
+    return min(int(dof * (se * se / estimated) ** 2), 10_001)
+
+
 def t_quantile(alpha: float, dof: int) -> float:
     """The one-sided Student t quantile for `alpha` with `dof` degrees of freedom.
 

@@ -301,40 +301,29 @@ samples jitter by 5 us gets a pad of ~6 us on 20 samples; a 0.18 ms stage that b
 
 
 SESSION_SD: dict[str, dict[str, float]] = {
-    "cpu": {"non_denoise_stage": 0.04, "denoise_stage": 0.01, "denoise_agg": 0.01, "e2e": 0.01}
+    "cpu": {"non_denoise_stage": 0.04, "denoise_stage": 0.007, "denoise_agg": 0.007, "e2e": 0.007}
 }
 """Per platform and metric class, the sd (log scale) of the offset that one session of
 the runner leaves on a figure beyond what the spread of its processes shows: what a
-stored baseline, measured once, shares with no later check. A profile that carries it
-(`Profile.session_sd`, a baseline file written before 7 December) widens the verdict's
-interval by it, once for the baseline's session and once for the check's.
+stored baseline, measured once, shares with no later check. Written into the profiles
+of a baseline measured on that platform; the verdict's interval adds it once for the
+baseline's session and once for the check's.
 
-It is no longer written into new profiles: it did not earn its keep on simulated
-runners (`benchmarks/answers.py`, recorded processes at 2 % between-process spread,
-docs/verdicts.md). With no session offset in the data the term cut the +5 % catches
-from 91 of 100 checks to 13 and the A/A checks answered *same* from 94 to 81; with a
-1 % offset in every session it cut +5 % catches from 69 to 21 and false alarms from 1
-to 0, while calling +5 % *same* in 2 checks instead of 8. The relative check, where the
-offset cancels in each block, is the answer to a session offset, not a wider interval.
+Measured on the project's 2-core CPU runner (docs/measurements/2026-12-05-sessions.md,
+2026-12-04-slow-processes.md): 36 `gen-baselines` commands of 10 processes, as one-way
+analyses of variance, put 0.6-0.8 % on `DenoisingStage` with a server of its own per
+command, as in CI (0.7 % here; the aggregates and e2e move with the stage), and the
+small stages' baselines moved by 2-3.7 % (4 % on `non_denoise_stage`). The steps stay
+at 0: each is judged at alpha / m already (`verdict.rule_of`).
 
-Measured on the project's 2-core CPU runner, with timings normalized (docs/verdicts.md,
-"What one gen-baselines command adds" and "Slow processes and the sessions' offsets"):
-
-- the small stages: from one baseline to the next, the mean log ratio of the checks
-  against it moved by more than the baseline's processes and the checks' scatter
-  explain, by 3.7 % (glm) and 2.0 % (qwen) on `TextEncodingStage` and 1.3-2.0 % on
-  `LatentPreparationStage` (`benchmarks/rejudge.py`, 143 checks, 11 baselines): 4 % on
-  `non_denoise_stage`;
-- the large figures: 36 `gen-baselines` commands of 10 processes, as one-way analyses of
-  variance (`benchmarks/sessions.py`), put 0.4-1.8 % on `DenoisingStage` (0.6-0.8 % with a
-  server of its own per command, as in CI) and 0.9-2.1 % on e2e; `step_avg` and
-  `step_median` move with the stage: 1 % on `denoise_stage`, `denoise_agg` and `e2e`.
-  Replayed on the same kept checks (cold servers, 30 baselines), the A/A failures went
-  from 3 of 79 to none, +5 % caught from 14 of 19 to 11 and +10 % from 18 of 20 to 17.
-
-The steps stay at 0: each is judged at alpha / m already (`verdict.rule_of`), 1.5 % there
-lost 2 of 36 +10 % catches in a replay, and 1 % changed no verdict of the one above.
-Devices have none until one has measured them (`benchmarks/gpu_selfcheck.py`)."""
+What the term buys, on simulated runners (`benchmarks/answers.py`: recorded processes
+at 2 % between-process spread, 1 % within; chosen on one recording, reported on one
+made 13 minutes later, docs/verdicts.md): with sessions that move by 0.7 %, no term
+called unchanged code slower in 2-3.5 % of checks (target: at most 1 %) and caught
++5 % in 83 %; the term at 0.7 % made that 0 % and about 50 %, the rest of +5 % can't
+tell (never same). A false alarm fails a pull request; a can't tell says what would
+resolve it (the relative check, whose blocks cancel the offset). 1 % (this constant
+before 7 December) cost +5 % catches down to 13-30 % for no fewer false alarms."""
 
 
 def pad_scale(platform: str) -> float:
@@ -389,6 +378,7 @@ def default_profiles(platform: str) -> dict[str, Profile]:
             {},
             description=note,
             noise_pad=NOISE_PAD_K,
+            session_sd=dict(SESSION_SD.get(platform, {})),
         )
         for name in PROFILE_NAMES
     }

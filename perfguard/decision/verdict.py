@@ -21,7 +21,6 @@ processes by the gate (`perfguard.decision.gate`) before it can be a regression.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -294,7 +293,7 @@ def _answer(c: Comparison, verdict: str, same_band: Band, session: float) -> Ans
         margin=same_band.bound(c.b) / c.b - 1.0,
         slower=verdict == REGRESSION,
         faster=verdict == IMPROVEMENT,
-        known=math.sqrt(2.0) * session,
+        # `noise.dof` already counts the session term as known (`stats.satterthwaite`)
         enough=c.noise.processes_baseline < 2 or c.noise.processes_current >= SAME_PROCESSES,
     )
 
