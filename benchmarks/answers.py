@@ -122,6 +122,7 @@ def one_check(
     baseline_processes: int,
     session: float = 0.0,
     session_term: float | None = None,
+    max_reruns: int | None = None,
 ) -> tuple[str | None, int, dict[str, float]]:
     """One simulated check: its answer, exit code and headline detectable slowdowns.
 
@@ -154,9 +155,8 @@ def one_check(
         return Results(environment={}, settings={}, cases={cid: res})
 
     case = Case(id=cid, workload="qwen_image", preset="tiny")
-    outcome = run_gate(
-        [case], baseline, JudgeOptions(), measure, adaptive=False, sleep=lambda _s: None
-    )
+    judging = JudgeOptions() if max_reruns is None else JudgeOptions(max_reruns=max_reruns)
+    outcome = run_gate([case], baseline, judging, measure, adaptive=False, sleep=lambda _s: None)
     (verdict,) = outcome.judgement.cases
     detectable = {
         m.metric: m.answer.detectable
@@ -190,6 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(tolerances.SESSION_SD; 0: none): what a term buys",
     )
     ap.add_argument(
+        "--max-reruns",
+        type=int,
+        default=None,
+        help="fresh processes a check may add (default: the gate's; --rigorous: 16)",
+    )
+    ap.add_argument(
         "--within",
         type=float,
         default=None,
@@ -219,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (f"; within-process sd set to {args.within:g}" if args.within is not None else "")
         + f"; session offset sd {args.session_sd:g}"
         + ("" if args.session_term is None else f"; session term {args.session_term:g}")
+        + ("" if args.max_reruns is None else f"; at most {args.max_reruns} fresh processes")
     )
     print(f"{'sd':>5} {'effect':>7} {'checks':>6} {'same':>6} {'slower':>7} {'cant':>6} "
           f"{'exit1':>6} {'detect e2e':>11} {'detect stage':>13}")  # fmt: skip
@@ -232,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     a, code, d = one_check(
                         cid, base_rec[cid], check_rec[cid], rng, sd, effect / 100,
                         args.baseline_processes, args.session_sd, args.session_term,
+                        args.max_reruns,
                     )  # fmt: skip
                     answers.append(a)
                     exits.append(code)
