@@ -7,12 +7,9 @@
     report = check(Selection(tags=("smoke",)), options.replace(processes=1), baseline="b.json")
     raise SystemExit(report.exit_code)
 
-Every function composes the layers below it: `perfguard.measurement` runs cases (the one
-layer that needs torch), `perfguard.decision` judges them, `perfguard.storage` reads and
-writes the files. The CLI (`perfguard.cli`) parses flags, calls one of these, and renders
-what it returns. Measurement modules import torch, so they are imported inside the
-functions that measure: what only reads files runs where torch is not installed. A
-command that starts workers begins their warm server first (`measurement.warm`).
+Every function composes the layers below: `perfguard.measurement` runs cases (it needs
+torch, so it is imported inside the functions that measure), `perfguard.decision` judges,
+`perfguard.storage` reads and writes. The CLI parses flags, calls one, and renders.
 
 Errors the user can fix raise `PerfguardError` (one line, exit 2); progress notes go to
 `echo` (stderr by default), never into the returned values.
@@ -305,6 +302,7 @@ def check(
     platform: Platform | str | None = None,
     echo: Echo = _stderr,
     warm: Any = None,
+    traces_dir: str | None = None,
 ) -> Report:
     """Run the selected cases through the gate and judge them against the baseline.
 
@@ -312,7 +310,8 @@ def check(
     thread count, an unknown profile) fails before anything runs. The gate
     (`perfguard.decision.gate`) measures a case over a bound or that can't tell in
     fresh processes, drops contended runs and stops sampling clear cases early; `out`
-    also writes the results it judged; `judging` (`JudgeOptions`) says how to judge.
+    also writes the results it judged; `judging` (`JudgeOptions`) says how to judge; a
+    timed regression's attribution traces go to `traces_dir`.
     `options.counters_only` (the work check) times nothing: each case runs once and
     once counted, and only what is exact is judged (work, output, CPU tensor memory).
     """
@@ -366,7 +365,8 @@ def check(
     settings["alpha"] = judging.rule.alpha
     report = build_against(outcome.judgement, results, base, path, settings=settings)
     # A timed regression gets its per-op attribution against the baseline's revision.
-    return attribute_regressions(report, cases, options, None, platform=platform.name)
+    return attribute_regressions(report, cases, options, None, platform=platform.name,
+                                 traces_dir=traces_dir)  # fmt: skip
 
 
 def _stored_setup(
@@ -536,15 +536,14 @@ def check_relative(
     out: str | None = None,
     platform: Platform | None = None,
     echo: Echo = _stderr,
+    traces_dir: str | None = None,
 ) -> Report:
     """The relative check: this revision against a base one, side by side, no baseline.
 
-    Base (`against.directory`, or a temporary worktree of `against.ref`) and head run in
-    randomized interleaved blocks of fresh processes, and each metric is judged on their
-    paired per-block ratios (`perfguard.decision.paired`). Everything that can be wrong
-    with the options, the registry, the base checkout or the baseline file to write is
-    checked before the first block runs, so a bad input measures nothing and writes
-    nothing. Of `judging` (default `RELATIVE_JUDGING`), all but the confirmations apply.
+    Base (`against.directory`, or a worktree of `against.ref`) and head run in randomized
+    interleaved blocks of fresh processes, judged on their paired per-block ratios
+    (`perfguard.decision.paired`). Bad options, registry, base or baseline path fail
+    before the first block. `judging` (default `RELATIVE_JUDGING`) less confirmations.
     """
     from perfguard.decision.paired import BASE, HEAD
     from perfguard.storage import baseline as store
@@ -570,7 +569,8 @@ def check_relative(
     report = build_relative(
         outcome.judgement, environment=environment, against=against_info, settings=settings
     )  # then the regressed timings' per-op attribution (measurement/explain.py)
-    report = attribute_regressions(report, cases, options, against, platform=platform.name)
+    report = attribute_regressions(report, cases, options, against, platform=platform.name,
+                                   traces_dir=traces_dir)  # fmt: skip
     if out:
         head = Results(environment=environment, settings=settings)
         head.cases = dict(outcome.pooled[HEAD])

@@ -18,6 +18,7 @@ from perfguard.decision.answer import (
     log_se,
     worst,
 )
+from perfguard.decision.stats import satterthwaite
 
 
 def test_same_needs_the_upper_bound_inside_the_margin() -> None:
@@ -58,7 +59,8 @@ def test_a_known_term_does_not_pay_for_few_degrees_of_freedom() -> None:
     # se^2 = 0.005^2 estimated on 2 dof + 0.0141^2 known: Welch-Satterthwaite gives ~128
     # dof, so the quantile is ~1.66, not t(0.05, 2) = 2.92
     se = math.sqrt(0.005**2 + 0.0141**2)
-    a = assess(1.0, se, 2, alpha=0.001, threshold=1.03, margin=0.03, slower=False, known=0.0141)
+    dof = satterthwaite(se, 0.0141, 2)
+    a = assess(1.0, se, dof, alpha=0.001, threshold=1.03, margin=0.03, slower=False)
     assert a.answer == SAME and a.high == pytest.approx(math.exp(1.657 * se), rel=2e-3)
     b = assess(1.0, se, 2, alpha=0.001, threshold=1.03, margin=0.03, slower=False)
     assert b.answer == CANT_TELL  # the same figures, all of it estimated on 2 dof

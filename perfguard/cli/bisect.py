@@ -11,6 +11,7 @@ from perfguard.cli.common import (
     CONTEXT_SETTINGS,
     console,
     echo_err,
+    json_file_option,
     platform_option,
     selection_options,
 )
@@ -96,13 +97,9 @@ def markdown(report: dict[str, Any]) -> str:
     show_default=True,
     help="Timings: measurement time per commit compared with GOOD.",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write the bisect report (JSON) here; timings also write the first bad "
-    "commit's Chrome traces beside it.",
+@json_file_option(
+    "Write the bisect report (JSON) here; timings also write the first bad "
+    "commit's Chrome traces beside it."
 )
 @click.option(
     "--markdown",
@@ -121,7 +118,7 @@ def bisect_command(
     registry: str | None,
     subdir: str | None,
     budget_s: float,
-    json_path: str | None,
+    json_out: str | None,
     markdown_path: str | None,
 ) -> int:
     """Find the first commit of GOOD..BAD (first parents) where METRIC regressed.
@@ -137,13 +134,13 @@ def bisect_command(
     from perfguard.storage.explained import write_bisect_report
 
     platform = probe(platform_name).name
-    traces = os.path.dirname(os.path.abspath(json_path)) if json_path else None
+    traces = os.path.dirname(os.path.abspath(json_out)) if json_out else None
     options = BisectOptions(
         metric=metric, cases_dir=registry, subdir=subdir, budget_s=budget_s, traces_dir=traces
     )
     report = bisect(good, bad, selection, options, platform=platform, echo=echo_err)
-    if json_path:
-        write_bisect_report(json_path, report)
+    if json_out:
+        write_bisect_report(json_out, report)
     if markdown_path:
         from perfguard.storage.jsonio import write_text_atomic
 

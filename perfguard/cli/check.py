@@ -12,11 +12,10 @@ stored check (`_stored`), the work check (`_counters_only`), the relative check
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -299,23 +298,14 @@ def check(
     """
     if rigorous:
         options, judging = _rigorous_check(options, judging)
-    with _traces_beside(outputs):
-        report = _stored(platform_name, selection, baseline_path, options, judging, outputs)
+    report = _stored(platform_name, selection, baseline_path, options, judging, outputs)
     return _finish(report, outputs)
 
 
-@contextlib.contextmanager
-def _traces_beside(outputs: Outputs) -> Iterator[None]:
-    """The per-op attribution's Chrome traces go beside the JSON report, unless
-    $PERFGUARD_TRACES_DIR says where (`measurement/explain.py`); none without a report."""
-    if outputs.report is None or os.environ.get("PERFGUARD_TRACES_DIR"):
-        yield
-        return
-    os.environ["PERFGUARD_TRACES_DIR"] = os.path.dirname(os.path.abspath(outputs.report))
-    try:
-        yield
-    finally:
-        os.environ.pop("PERFGUARD_TRACES_DIR", None)
+def _traces_dir(outputs: Outputs) -> str | None:
+    """Where the per-op attribution's Chrome traces go: beside the JSON report (none
+    without one; `$PERFGUARD_TRACES_DIR` where the library is told nothing)."""
+    return os.path.dirname(os.path.abspath(outputs.report)) if outputs.report else None
 
 
 def _finish(report: Report, outputs: Outputs) -> int:
@@ -359,8 +349,7 @@ def compare(
             budget_s=relative.budget_s * 3 if not given("budget_s") else relative.budget_s,
             max_blocks=96 if not given("max_blocks") else relative.max_blocks,
         )
-    with _traces_beside(outputs):
-        report = _relative(platform_name, selection, options, judging, relative, outputs)
+    report = _relative(platform_name, selection, options, judging, relative, outputs)
     return _finish(report, outputs)
 
 
@@ -445,6 +434,7 @@ def _stored(
         out=outputs.results,
         platform=platform_name,
         echo=echo_err,
+        traces_dir=_traces_dir(outputs),
     )
 
 
@@ -481,6 +471,7 @@ def _relative(
         out=outputs.results,
         platform=platform,
         echo=echo_err,
+        traces_dir=_traces_dir(outputs),
     )
 
 

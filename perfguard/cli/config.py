@@ -101,8 +101,9 @@ def knobs_of(cmd: click.Command) -> dict[str, click.Option]:
     return out
 
 
-def find_pyproject(start: Path) -> Path | None:
-    """The nearest pyproject.toml at or above `start` that has a [tool.perfguard] table."""
+def find_pyproject(start: Path) -> tuple[Path, Any] | None:
+    """The nearest pyproject.toml at or above `start` that has a [tool.perfguard] table,
+    and that table (read once)."""
     for folder in (start, *start.parents):
         candidate = folder / "pyproject.toml"
         if candidate.is_file():
@@ -111,7 +112,7 @@ def find_pyproject(start: Path) -> Path | None:
             except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
                 raise PerfguardError(f"{candidate}: not valid TOML: {exc}") from None
             if TABLE in data.get("tool", {}):
-                return candidate
+                return candidate, data["tool"][TABLE]
     return None
 
 
@@ -119,10 +120,10 @@ def default_map(group: click.Group, start: Path | None = None) -> dict[str, Any]
     """click's `default_map` for the commands of `group` from the nearest table (None
     when there is none): top-level keys for every command that takes them, a
     sub-table per command for that command only."""
-    path = find_pyproject(start or Path.cwd())
-    if path is None:
+    found = find_pyproject(start or Path.cwd())
+    if found is None:
         return None
-    table = tomllib.loads(path.read_text(encoding="utf-8"))["tool"][TABLE]
+    path, table = found
     if not isinstance(table, dict):
         raise PerfguardError(f"{path}: tool.{TABLE}: must be a table")
     by_name = dict(commands(group))

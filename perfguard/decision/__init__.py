@@ -22,7 +22,9 @@ The stored check (`perfguard check`, against a committed baseline; `verdict.py`,
  5. Slower: the median is over the bound and the one-sided lower bound on r at
     alpha = 0.1 % (STORED_ALPHA) is over 1. Steps share alpha (Bonferroni).
  6. Same: the one-sided 95 % upper bound on r (SAME_ALPHA) is within max(1 + d, 1 + f/b)
-    (the band without its noise pad: a noisy baseline must not make sameness easier).
+    (the band without its noise pad: a noisy baseline must not make sameness easier),
+    the check could have caught 3 d (SAME_PRECISION) and, against a baseline of several
+    processes, has 3 of its own (SAME_PROCESSES; `answer.py`).
     Faster: the same, with the median 20 % or more below the baseline.
  7. Can't tell: neither. Each figure carries the slowdown it would catch with 80 %
     probability (POWER) and the margin that would have made it the same.

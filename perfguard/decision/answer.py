@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from perfguard.decision.stats import MAX_LOG_SPREAD, satterthwaite, t_quantile, z_quantile
+from perfguard.decision.stats import MAX_LOG_SPREAD, t_quantile, z_quantile
 
 SAME = "same"
 FASTER = "faster"
@@ -122,7 +122,6 @@ def assess(
     margin: float,
     slower: bool,
     faster: bool = False,
-    known: float = 0.0,
     enough: bool = True,
 ) -> Answer:
     """The answer on a figure read at `ratio` (median over baseline) with log-scale
@@ -135,22 +134,20 @@ def assess(
     `detectable`: the rule rejects when log(m) > max(log threshold, t_alpha se), so with
     probability `POWER` when the true log ratio is that plus z_power se.
 
-    `known` is the part of `se` that was not estimated from the data (the sessions'
-    offset, a constant of the profile): the equivalence bound's t quantile takes the
-    Welch-Satterthwaite degrees of freedom of the estimated part alone, so that a
-    known term does not pay for the few processes of the estimated one. `enough`: the
-    data may support a *same* (`SAME_PROCESSES`); without it the answer is at best can't
-    tell, and the gate measures more. Nor is it *same* when the check could not have
-    caught a slowdown of `SAME_PRECISION` times the margin.
+    `dof` is the degrees of freedom of `se` (`stats.Noise.dof`: a session term in it
+    counts as known, Welch-Satterthwaite). `enough`: the data may support a *same*
+    (`SAME_PROCESSES`); without it the answer is at best can't tell, and the gate
+    measures more. Nor is it *same* when the check could not have caught a slowdown of
+    `SAME_PRECISION` times the margin.
     """
     if se <= 0:
         # No spread known: the band alone decides, and sameness is the point's.
         high = ratio
         detectable = None
     else:
-        t_same = t_quantile(SAME_ALPHA, satterthwaite(se, known, dof))
+        t_same = t_quantile(SAME_ALPHA, dof)
         high = ratio * math.exp(min(t_same * se, MAX_LOG_SPREAD))
-        reach = max(math.log(threshold), t_quantile(alpha, satterthwaite(se, known, dof)) * se)
+        reach = max(math.log(threshold), t_quantile(alpha, dof) * se)
         detectable = math.exp(min(reach + z_quantile(1.0 - POWER) * se, MAX_LOG_SPREAD)) - 1.0
     precise = detectable is None or detectable <= SAME_PRECISION * margin
     if slower:

@@ -317,13 +317,14 @@ small stages' baselines moved by 2-3.7 % (4 % on `non_denoise_stage`). The steps
 at 0: each is judged at alpha / m already (`verdict.rule_of`).
 
 What the term buys, on simulated runners (`benchmarks/answers.py`: recorded processes
-at 2 % between-process spread, 1 % within; chosen on one recording, reported on one
-made 13 minutes later, docs/verdicts.md): with sessions that move by 0.7 %, no term
-called unchanged code slower in 2-3.5 % of checks (target: at most 1 %) and caught
-+5 % in 83 %; the term at 0.7 % made that 0 % and about 50 %, the rest of +5 % can't
-tell (never same). A false alarm fails a pull request; a can't tell says what would
-resolve it (the relative check, whose blocks cancel the offset). 1 % (this constant
-before 7 December) cost +5 % catches down to 13-30 % for no fewer false alarms."""
+at 2 % between-process spread, 1 % within; chosen on recordings A and B, reported on C,
+recorded later and never used to choose; docs/verdicts.md): on A, with sessions that
+move by 0.7 %, no term called unchanged code slower in 2-3.5 % of checks (target: at
+most 1 %); the term at 0.7 % made that 0 %. On C: 0 % false alarms and +5 % caught in
+67.5 % with the term, 1.5 % and 81.5 % without; the rest of +5 % can't tell (never
+same). A false alarm fails a pull request; a can't tell says what would resolve it (the
+relative check, whose blocks cancel the offset). 1 % (this constant before 7 December)
+cost +5 % catches down to 13-30 % for no fewer false alarms than 0.7 %."""
 
 
 def pad_scale(platform: str) -> float:

@@ -261,7 +261,7 @@ def judge_metric(
         return _judge_on_the_band_alone(metric, measured, baseline, band)
     c = Comparison.of(metric, measured, baseline, band, rule, session)
     verdict, reason = _outcome(c, improvement_threshold, speed)
-    answer = _answer(c, verdict, same_band or band, session)
+    answer = _answer(c, verdict, same_band or band)
     return MetricVerdict(
         metric,
         verdict,
@@ -281,9 +281,10 @@ def judge_metric(
     )
 
 
-def _answer(c: Comparison, verdict: str, same_band: Band, session: float) -> Answer:
+def _answer(c: Comparison, verdict: str, same_band: Band) -> Answer:
     """The figure's answer (`perfguard.decision.answer.assess`) under the regression
-    rule of `c` and the margin of `same_band` (the session offset a known term)."""
+    rule of `c` and the margin of `same_band`. `c.noise.dof` already counts the session
+    term as known (`stats.satterthwaite`)."""
     return answers.assess(
         c.ratio,
         c.noise.se,
@@ -293,7 +294,6 @@ def _answer(c: Comparison, verdict: str, same_band: Band, session: float) -> Ans
         margin=same_band.bound(c.b) / c.b - 1.0,
         slower=verdict == REGRESSION,
         faster=verdict == IMPROVEMENT,
-        # `noise.dof` already counts the session term as known (`stats.satterthwaite`)
         enough=c.noise.processes_baseline < 2 or c.noise.processes_current >= SAME_PROCESSES,
     )
 
@@ -793,7 +793,18 @@ def judge(
 
 
 __all__ = [
-    "CONTENDED", "DEFAULT_RULE", "SEVERITY", "CaseVerdict", "Judgement", "MetricVerdict",
-    "Rule", "contended", "gated_steps", "judge", "judge_case", "judge_metric", "overall",
+    "CONTENDED",
+    "DEFAULT_RULE",
+    "SEVERITY",
+    "CaseVerdict",
+    "Judgement",
+    "MetricVerdict",
+    "Rule",
+    "contended",
+    "gated_steps",
+    "judge",
+    "judge_case",
+    "judge_metric",
+    "overall",
     "worst",
 ]

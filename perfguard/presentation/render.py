@@ -169,17 +169,6 @@ def _against_words(against: Mapping[str, Any]) -> str:
     return f"relative to {where} ({'commit ' + str(commit)[:12] if commit else 'no commit'})"
 
 
-def unresolved(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:
-    """A relative check's metrics that were neither clearly different nor clearly the same
-    when it stopped: they passed, with a note."""
-    return [
-        (c, m)
-        for c in report.cases
-        for m in c.metrics
-        if m.paired is not None and m.paired.decision == UNKNOWN and m.verdict == PASS
-    ]
-
-
 def _rows(report: Report, all_metrics: bool) -> list[tuple[CaseVerdict, MetricVerdict | None]]:
     """(case, metric) rows, worst verdict first; a failed case is one row without a metric."""
     rows: list[tuple[CaseVerdict, MetricVerdict | None]] = []
