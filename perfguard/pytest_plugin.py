@@ -22,12 +22,17 @@ smallest slowdown it could have caught, the same table and JSON report
 session (pytest has no "no verdict" status); a test that fails while measuring is
 already a test failure, and its case is reported as an error.
 
-What `perfguard check` does that the plugin does not: it counts no work (ops, FLOPs,
-bytes, syncs: no counted run), times no reference workload (so no contention screen
-and no normalization: timings are raw), runs in the test's own process (so no
-confirmations in fresh processes, and no between-process spread unless the baseline
-has one), and compares no output. For those, make the pipeline a case and gate it
-with `perfguard check` / `perfguard compare`.
+What the plugin shares with `perfguard check`: `measure` makes one untimed counted run
+after the warm-up (work per stage and step: aten ops, FLOPs, bytes, host syncs, judged
+exactly; on CPU also the tensor memory), every run is bracketed by the reference
+workload (`perfguard.device.reference`: the contention screen and the normalization),
+and the output hash is compared. What it does not do: it runs in the test's own process,
+so there are no confirmations in fresh processes and no between-process spread beyond
+what the baseline holds (a figure with too few processes answers can't tell, never
+same, against a multi-process baseline); a run by hand (`perfguard_timer.run()`) has no
+counted run and no peak memory on CPU (its body cannot be re-run); there is no per-op
+attribution. For those, make the pipeline a case and gate it with `perfguard check` /
+`perfguard compare`.
 `--perfguard-update-baseline` stores the measured cases in the baseline file instead (as
 `perfguard gen-baselines` does), which is how that file is made in the first place.
 
@@ -53,6 +58,7 @@ from perfguard.errors import EXIT_REGRESSION, PerfguardError
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.device.platform import Platform
+    from perfguard.device.reference import Reference
     from perfguard.device.timer import StageTimer
     from perfguard.results import CaseResult, Results
 
@@ -138,9 +144,13 @@ class PerfguardTimer:
         """
         from perfguard.device.timer import StageTimer
 
+        yardstick = self._session.reference()
+        before = yardstick.time_ms()
         track = not self.platform.separate_memory_run
         with StageTimer(self.platform, track_memory=track) as timer:
             yield timer
+        # The yardstick right before and right after the run, as `perfguard run` reads it.
+        self.result.reference.append(max(before, yardstick.time_ms()))
         self.result.add_run(timer.record())
         self.result.repeats += 1
 
@@ -150,8 +160,9 @@ class PerfguardTimer:
         """Call `fn` `warmup` times untimed, then `repeats` times measured; the last output.
 
         The warm-up runs pay one-off costs (lazy initialisation, allocator growth, kernel
-        selection) that a serving process pays once, as in `perfguard run`. On CPU `fn`
-        is called once more after them, untimed, to measure its tensor memory.
+        selection) that a serving process pays once, as in `perfguard run`. Then `fn` is
+        called once more, untimed and counted (`perfguard.measurement.work.counted_run`):
+        its work per stage and step, and on CPU its tensor memory.
         """
         repeats = self.repeats if repeats is None else repeats
         warmup = self.warmup if warmup is None else warmup
@@ -162,13 +173,7 @@ class PerfguardTimer:
         for _ in range(warmup):
             fn()
         self.result.warmup += warmup
-        if self.platform.separate_memory_run:  # CPU: one tracked run, as `perfguard run`
-            from perfguard.measurement.memory import measure_run
-
-            memory = measure_run(fn, self.platform)
-            for name, mb in memory.metrics().items():
-                self.result.samples.setdefault(name, []).append(mb)
-            self.result.memory = memory.to_json()
+        self._count(fn)
         hashes: list[str] = []
         output = None
         for _ in range(repeats):
@@ -180,6 +185,23 @@ class PerfguardTimer:
             self.result.output_hash = hashes[0]
             self.result.deterministic = len(set(hashes)) == 1
         return output
+
+    def _count(self, fn: Callable[[], Any]) -> None:
+        """The counted run, as `perfguard run` makes it (`runner._count_work`): a
+        pipeline the counting mode cannot run loses its counts, not its timings."""
+        from perfguard.measurement.work import counted_run
+
+        try:
+            work, memory = counted_run(fn, self.platform)
+        except Exception as exc:
+            first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+            self.result.work_error = f"the pipeline failed under the counting mode ({first})"
+            return
+        self.result.work = [work.to_json()]
+        if memory is not None:
+            for name, mb in memory.metrics().items():
+                self.result.samples.setdefault(name, []).append(mb)
+            self.result.memory = memory.to_json()
 
     # The ambient helpers, for tests that do not import perfguard.device.timer themselves.
     @staticmethod
@@ -211,6 +233,7 @@ class _Session:
         self.results: dict[str, CaseResult] = {}
         self.nodes: dict[str, str] = {}
         self._platform: Platform | None = None
+        self._reference: Reference | None = None
         self.report: Any = None
         self.updated: list[str] = []
         self.error: str | None = None
@@ -220,6 +243,14 @@ class _Session:
         if value is None and name in ("baseline", "profile"):
             value = self.config.getini(f"perfguard_{name}") or None
         return value
+
+    def reference(self) -> Reference:
+        """The reference workload of this session's platform, built on first use."""
+        if self._reference is None:
+            from perfguard.device.reference import Reference
+
+            self._reference = Reference(self.platform)
+        return self._reference
 
     @property
     def platform(self) -> Platform:
@@ -305,7 +336,7 @@ def check(
     *,
     report_path: str | Path | None = None,
 ) -> Any:
-    """Judge `results` against a baseline file as `perfguard check --results` does
+    """Judge `results` against a baseline file as `perfguard judge --results` does
     (`perfguard.api.judge_results`); the Report, also written to `report_path`."""
     from perfguard import api
     from perfguard.decision.tolerances import DEFAULT_PROFILE

@@ -11,8 +11,10 @@ import pytest
 # The inner sessions run in this process (`runpytest` inline) and restore sys.modules after
 # each; a C extension imported there for the first time cannot be imported again (torch:
 # "bad call flags", then a segfault). Imported here, it stays loaded across them.
+import scipy.special  # noqa: F401  (the verdict's t quantiles: numpy.fft, a C extension)
 import torch  # noqa: F401
 
+import perfguard.measurement.work  # noqa: F401  (the counted run's imports, likewise)
 from perfguard.presentation.render import render_markdown
 from perfguard.storage.reports import read_report, read_results
 
@@ -50,6 +52,16 @@ def test_by_hand(perfguard_timer):
             with perfguard_timer.stage("InputValidationStage"):
                 time.sleep(0.001)
 """
+
+
+@pytest.fixture(autouse=True)
+def _steady_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference workload reads 1 ms in every run: the stages here sleep, which no
+    machine speed scales, so normalizing them by a busy runner's reading would only add
+    noise (the screen itself: `test_a_slow_reference_reading_is_a_contended_runner`)."""
+    from perfguard.device.reference import Reference
+
+    monkeypatch.setattr(Reference, "time_ms", lambda self: 1.0)
 
 
 @pytest.fixture
@@ -159,3 +171,70 @@ def test_a_session_that_measures_nothing_is_left_alone(pytester: pytest.Pytester
     assert out.ret == 0
     assert "perfguard:" not in out.stdout.str()
     assert not (pytester.path / "missing.json").exists()
+
+
+WORK_TESTS = """
+import os
+
+import pytest
+import torch
+
+from perfguard.device.timer import stage
+
+EXTRA = os.environ.get("PG_EXTRA_MATMUL") == "1"
+
+
+def pipeline():
+    x = torch.ones(16, 16)
+    with stage("DenoisingStage"):
+        x = x @ x
+        if EXTRA:
+            x = x @ x
+    return x.sum()
+
+
+@pytest.mark.perfguard(case="counted", repeats=3)
+def test_counted(perfguard_timer):
+    perfguard_timer.measure(pipeline)
+"""
+
+
+def test_measure_counts_work_and_reads_the_reference_as_perfguard_run_does(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(test_counted_user=WORK_TESTS)
+    cpu = ("--perfguard-platform", "cpu", "--perfguard-baseline", "base.json")
+    made = pytester.runpytest(*cpu, "--perfguard-update-baseline", "--perfguard-results", "r.json")
+    made.assert_outcomes(passed=1)
+    case = read_results(pytester.path / "r.json").cases["counted"]
+    assert len(case.reference) == case.repeats == 3  # one reading per timed run
+    (work,) = case.work
+    assert "DenoisingStage" in json.dumps(work) and case.work_error is None
+
+    monkeypatch.setenv("PG_EXTRA_MATMUL", "1")  # one more matmul: work, exactly
+    slow = pytester.runpytest(*cpu, "--perfguard-report", "slow.json")
+    assert slow.ret == 1
+    report = read_report(pytester.path / "slow.json")
+    (verdict,) = report.cases
+    answers = {m.metric: m.answer.answer for m in verdict.metrics}
+    # The extra matmul is counted in its stage, exactly: never can't tell.
+    assert answers["ops:DenoisingStage"] == answers["flops:DenoisingStage"] == "slower"
+    assert answers["syncs:DenoisingStage"] == "same"
+    assert verdict.answer == "slower"
+
+
+def test_a_slow_reference_reading_is_a_contended_runner(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin screens contention as `perfguard check` does: a session whose reference
+    workload reads twice its baseline's gets no verdict on time, and says so."""
+    from perfguard.device.reference import Reference
+
+    pytester.makepyfile(test_counted_user=WORK_TESTS)
+    cpu = ("--perfguard-platform", "cpu", "--perfguard-baseline", "base.json")
+    pytester.runpytest(*cpu, "--perfguard-update-baseline").assert_outcomes(passed=1)
+    monkeypatch.setattr(Reference, "time_ms", lambda self: 2.0)
+    busy = pytester.runpytest(*cpu, "--perfguard-report", "busy.json")
+    busy.stdout.fnmatch_lines(["*perfguard CONTENDED*contended runner*"])
+    assert read_report(pytester.path / "busy.json").exit_code == 4
+    assert busy.ret == 0  # the tests passed; no verdict is not a failure of the session
