@@ -106,9 +106,7 @@ def _process(
 
 
 def _result(cid: str, procs: Sequence[dict[str, list[float]]]) -> CaseResult:
-    parts = [
-        CaseResult(case_id=cid, samples=p, repeats=len(next(iter(p.values())))) for p in procs
-    ]
+    parts = [CaseResult(case_id=cid, samples=p, repeats=len(next(iter(p.values())))) for p in procs]
     return pool(parts, True) if len(parts) > 1 else parts[0]
 
 
@@ -209,9 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every cell's counts here")
     args = ap.parse_args(argv)
     base_rec = processes(args.recording, args.center, args.within)
-    check_rec = (
-        processes(args.report_on, args.center, args.within) if args.report_on else base_rec
-    )
+    check_rec = processes(args.report_on, args.center, args.within) if args.report_on else base_rec
     cases = sorted(set(base_rec) & set(check_rec))
     if not cases:
         print("no case with recorded processes in both files", file=sys.stderr)

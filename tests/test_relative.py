@@ -618,8 +618,14 @@ def test_an_unknown_case_field_names_both_versions_and_writes_nothing(
 ) -> None:
     base = fake_perfguard(tmp_path / "old", drop="estimated_time_s")
     code, _out, err = pg(
-        "compare", *QUICK, "--against", str(base), "--report", "r.json",
-        "--write-baseline", "b.json",
+        "compare",
+        *QUICK,
+        "--against",
+        str(base),
+        "--report",
+        "r.json",
+        "--write-baseline",
+        "b.json",
     )
     line = one_line_error(code, err)
     assert "sets estimated_time_s = 0.3" in line and "0.0.9" in line and "0.1.0" in line

@@ -154,7 +154,9 @@ def test_a_session_offset_widens_the_interval_once_for_each_side() -> None:
     plain, wide = log_ratio_noise(base, cur), log_ratio_noise(base, cur, session=0.04)
     assert wide.se == pytest.approx(math.sqrt(plain.se**2 + 2 * 0.04**2))
     assert (wide.within, wide.between, wide.between_dof) == (
-        plain.within, plain.between, plain.between_dof
+        plain.within,
+        plain.between,
+        plain.between_dof,
     )
     # the term is known, not estimated: Welch-Satterthwaite gives the sum more degrees
     # of freedom than the processes alone (stats.satterthwaite)

@@ -175,9 +175,7 @@ def judge_relative_metric(
     )
 
 
-def answer_of(
-    est: PairedEstimate, slower: bool, faster: bool, margin: float
-) -> answers.Answer:
+def answer_of(est: PairedEstimate, slower: bool, faster: bool, margin: float) -> answers.Answer:
     """A figure's answer from its paired estimate (the relative check's, `perfguard ab`'s):
     the stored check's rule (`perfguard.decision.answer.assess`), the standard error
     read off the interval."""

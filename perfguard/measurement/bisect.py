@@ -152,9 +152,7 @@ def commit_range(good: str, bad: str, repo: Path) -> list[Commit]:
             f"bisect: GOOD {good[:12]} is not an ancestor of BAD {bad[:12]}: "
             "name the older revision first"
         )
-    listed = git(
-        ["log", "--first-parent", "--reverse", "--format=%H %s", f"{good}..{bad}"], repo
-    )
+    listed = git(["log", "--first-parent", "--reverse", "--format=%H %s", f"{good}..{bad}"], repo)
     commits = []
     for line in listed.stdout.splitlines():
         sha, _, subject = line.partition(" ")

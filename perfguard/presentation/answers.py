@@ -60,7 +60,8 @@ def detectable_line(report: Report) -> str:
     worst_case, worst = max(figures, key=lambda cm: cm[1].answer.detectable or 0.0)
     assert worst.answer is not None and worst.answer.detectable is not None
     return (
-        "This check catches a slowdown with 80 % probability from: " + ", ".join(parts)
+        "This check catches a slowdown with 80 % probability from: "
+        + ", ".join(parts)
         + f" (the least sensitive: {worst_case.case_id} {worst.metric})."
     )
 

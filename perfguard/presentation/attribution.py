@@ -192,7 +192,7 @@ def _html_table(rows: Sequence[OpRow]) -> str:
 def standalone_html(data: Mapping[str, Any], title: str) -> str:
     """A page of its own for `perfguard explain` (no report around it)."""
     return (
-        "<!doctype html><html><head><meta charset=\"utf-8\">"
+        '<!doctype html><html><head><meta charset="utf-8">'
         f"<title>{html_text(title)}</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;font-size:12px}"
         "tr.noise{color:#888}</style></head><body>"
