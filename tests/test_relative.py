@@ -531,7 +531,7 @@ def test_both_sides_fork_from_one_server_and_import_their_own_code(
 
 
 def test_a_head_slowed_by_a_few_percent_fails_against_its_merge_base(project: Path, pg: PG) -> None:
-    """--against-ref: a temporary worktree of HEAD is the base; the working tree (8 %
+    """--against REF: a temporary worktree of HEAD is the base; the working tree (8 %
     slower in its denoising steps) is the head. The worktree is gone afterwards. (At
     5 %, a noncentral t, computed by hand, put a miss by four blocks of the virtual
     pipelines' noise near 0.3 %.)"""
@@ -665,7 +665,7 @@ def test_options_of_the_stored_gate_are_not_options_of_compare(project: Path, pg
         code, _, err = pg("compare", *QUICK, "--against", ".", flag, value)
         assert code == 2 and f"No such option '{flag}'" in err
     code, _, err = pg("check", *QUICK, "--timing", "raw")
-    assert code == 2 and "No such option '--timing'" in err
+    assert code == 2 and "--timing moved: use `perfguard compare --timing" in err
     code, _, err = pg("compare", *QUICK, "--against", ".", "--timing", "scaled")
     assert code == 2 and "--timing" in err
     code, _, err = pg("compare", *QUICK)

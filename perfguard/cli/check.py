@@ -179,9 +179,7 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             help="Write the Markdown report (a PR comment) here.",
         ),
-        click.option(
-            "--out", type=file, default=None, help="Also write the results of the cases run here."
-        ),
+        click.option("--out", type=file, default=None, help="Also write the results judged here."),
         click.option(
             "--all-metrics", is_flag=True, help="Show passing step metrics in the table too."
         ),
@@ -216,6 +214,7 @@ MOVED_FROM_CHECK = {
     "--against-subdir": "compare --against-subdir SUB",
     "--settle": "compare --against REF (the relative check) where the stored check can't tell",
     "--budget-s": "compare --budget-s",
+    "--timing": "compare --timing (a stored check follows its baseline's)",
     "--write-baseline": "compare --write-baseline",
     "--counters-only": "check-work",
     "--results": "judge --results FILE",
@@ -446,7 +445,7 @@ def _counters_only(
     judging: JudgeOptions,
     outputs: Outputs,
 ) -> Report:
-    """`--counters-only`: one counted run per case, judged on what is exact."""
+    """`check-work`: one counted run per case, judged on what is exact."""
     counted = options.replace(counters_only=True)
     return _stored(platform_name, selection, baseline_path, counted, judging, outputs)
 

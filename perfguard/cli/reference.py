@@ -134,7 +134,7 @@ def markdown(group: click.Group | None = None) -> str:
                     shown.append(f"`[{g}]`")
                 continue
             shown.append(f"`{_cell(_usage(p))}`")
-        what = (command.get_short_help_str(limit=200) or "").rstrip(".")
+        what = (command.get_short_help_str(limit=1000) or "").rstrip(".")
         lines.append(f"| `{path}` | {_cell(what)} | {' '.join(shown)} |")
     lines += ["", *_knob_table(commands), "", END]
     return "\n".join(lines) + "\n"
@@ -142,25 +142,24 @@ def markdown(group: click.Group | None = None) -> str:
 
 def _knob_table(commands: list[tuple[str, click.Command]]) -> list[str]:
     """The knobs (`perfguard.cli.config`): a `[tool.perfguard]` key per hidden option,
-    the commands that take it and what it does; also settable on the command line."""
-    knobs: dict[str, tuple[click.Option, list[str]]] = {}
+    the commands that take it and what it does; also settable on the command line. A key
+    whose help or default differs between commands gets a row for each."""
+    knobs: dict[tuple[str, str, str], list[str]] = {}
     for path, command in commands:
         for p in command.params:
             if isinstance(p, click.Option) and p.hidden and p.expose_value and p.help:
-                key = p.opts[0].lstrip("-")
-                knobs.setdefault(key, (p, []))[1].append(path.removeprefix("perfguard "))
+                value = p.default
+                shown = isinstance(value, (int, float, str)) and not isinstance(value, bool)
+                default = f" (default: {value})" if shown and "default" not in p.help else ""
+                row = (p.opts[0].lstrip("-"), p.help, default)
+                knobs.setdefault(row, []).append(path.removeprefix("perfguard "))
     lines = [
         "| `[tool.perfguard]` key (or `--key` on the command line) | commands | what it sets |",
         "|---|---|---|",
     ]
-    for key in sorted(knobs):
-        option, where = knobs[key]
-        value = option.default
-        shown = isinstance(value, (int, float, str)) and not isinstance(value, bool)
-        default = f" (default: {value})" if shown and "default" not in (option.help or "") else ""
+    for (key, text, default), where in sorted(knobs.items()):
         lines.append(
-            f"| `{key}` | {', '.join(f'`{w}`' for w in where)} | {_cell(option.help or '')}"
-            f"{_cell(default)} |"
+            f"| `{key}` | {', '.join(f'`{w}`' for w in where)} | {_cell(text)}{_cell(default)} |"
         )
     return lines
 

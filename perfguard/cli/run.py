@@ -38,7 +38,7 @@ from perfguard.storage.cases import Selection
     "--out",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Write every sample to this results file (input of `check --results`).",
+    help="Write every sample to this results file (input of `judge --results`).",
 )
 def run_command(
     platform_name: str | None, selection: Selection, options: MeasureOptions, out: str | None

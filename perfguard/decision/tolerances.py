@@ -103,7 +103,7 @@ MIN_EFFECT: dict[str, float] = {
 
 A regression must be at least this much slower in its point estimate *and* credibly
 slower at the rule's confidence; the stored-baseline gate and the relative check
-(`check --against`) share these figures, so "how big must it be" has one answer.
+(`compare --against`) share these figures, so "how big must it be" has one answer.
 """
 
 
@@ -280,7 +280,7 @@ segments: 64 MB, about one rounding step on a large model."""
 
 
 def relative_pad(metric: str, platform: str) -> float:
-    """The floor a difference must clear in a relative check (`check --against`), in the
+    """The floor a difference must clear in a relative check (`compare --against`), in the
     metric's unit: the stored gate's smallest pad on `platform` (`MEASURED_FLOOR_MS` for
     a time, `MEASURED_MEMORY_PAD_MB` for peak memory); 0 for anything else."""
     where = "cpu" if platform == "cpu" else "device"

@@ -1,7 +1,7 @@
 """The base revision's checkout: a temporary `git worktree` of a ref, always removed.
 
 A relative check (`perfguard.measurement.relative`) measures a base revision beside this
-one. With `--against-ref REF` the base is checked out here, in a temporary detached
+one. With `compare --against REF` the base is checked out here, in a temporary detached
 worktree that is removed on every way out; with `--against DIR` it is a directory the
 caller checked out. `base_exists` lets a command refuse a base that cannot be found
 before it measures anything (`check --settle` runs a stored check first).
@@ -48,11 +48,11 @@ def resolve_ref(ref: str, repo: str | os.PathLike[str] | None = None) -> tuple[P
     where = Path(repo) if repo is not None else Path.cwd()
     top = git(["rev-parse", "--show-toplevel"], where)
     if top.returncode != 0:
-        raise PerfguardError(f"--against-ref {ref}: {where} is not inside a git repository")
+        raise PerfguardError(f"--against {ref}: {where} is not inside a git repository")
     toplevel = Path(top.stdout.strip())
     sha = git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], toplevel)
     if sha.returncode != 0 or not sha.stdout.strip():
-        raise PerfguardError(f"--against-ref {ref}: no such commit in {toplevel}")
+        raise PerfguardError(f"--against {ref}: no such commit in {toplevel}")
     return toplevel, sha.stdout.strip()
 
 
@@ -106,7 +106,7 @@ def temporary_worktree(ref: str, repo: str | os.PathLike[str] | None = None) -> 
             added = git(["worktree", "add", "--detach", str(path), sha], toplevel)
             if added.returncode != 0:
                 last = [ln for ln in added.stderr.splitlines() if ln.strip()][-1:] or ["?"]
-                raise PerfguardError(f"--against-ref {ref}: git worktree add failed: {last[0]}")
+                raise PerfguardError(f"--against {ref}: git worktree add failed: {last[0]}")
             yield path
         finally:
             with contextlib.suppress(OSError, subprocess.SubprocessError):

@@ -158,7 +158,7 @@ def base_directory(directory: str | None, ref: str | None) -> Iterator[Path]:
     elif directory is not None:
         yield Path(directory).resolve()
     else:
-        raise PerfguardError("an attribution needs a base: --against DIR or --against-ref REF")
+        raise PerfguardError("an attribution needs a base: --against DIR|REF")
 
 
 def attribute_report(

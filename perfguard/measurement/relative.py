@@ -1,4 +1,4 @@
-"""The relative check (`perfguard check --against DIR`): head and base measured side by side.
+"""The relative check (`perfguard compare --against DIR|REF`): head and base measured side by side.
 
 A stored baseline compares two moments, often on two machines; on shared or pooled
 runners that difference alone can exceed the slowdown a PR introduces. The relative
@@ -107,7 +107,7 @@ every block costs two process starts."""
 
 @dataclass(frozen=True)
 class RelativeOptions:
-    """What to compare with and how long to measure: `check --against` and friends.
+    """What to compare with and how long to measure: `compare --against` and its knobs.
 
     `directory` (a checkout of the base revision) or `ref` (a revision of this
     repository, checked out in a temporary worktree); `subdir` is the base's import
@@ -130,9 +130,9 @@ class RelativeOptions:
 
     def __post_init__(self) -> None:
         if self.directory is not None and self.ref is not None:
-            raise PerfguardError("use either --against DIR or --against-ref REF, not both")
+            raise PerfguardError("use either a directory or a revision as --against, not both")
         if self.directory is None and self.ref is None:
-            raise PerfguardError("a relative check needs --against DIR or --against-ref REF")
+            raise PerfguardError("a relative check needs --against DIR|REF")
         if self.max_blocks < self.min_blocks:
             raise PerfguardError("--max-blocks must be at least --min-blocks")
 

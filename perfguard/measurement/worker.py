@@ -25,7 +25,7 @@ from perfguard.device.pinning import die_with_parent, narrow_visible_devices, pi
 
 WORKER_PROTOCOL = 1
 """The version of the request / result messages above. A relative check
-(`perfguard check --against`) runs the base revision's worker with the head's cases and
+(`perfguard compare --against`) runs the base revision's worker with the head's cases and
 refuses a base whose protocol differs; a worker too old to say (no `protocol` in its
 `ready` message, no `WORKER_PROTOCOL`) speaks version 1. Bump it with any change a worker
 of the other version would misread."""
