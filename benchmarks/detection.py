@@ -14,10 +14,13 @@ order, so a slow spell of the machine hits every condition alike:
 - load: `quiet`, `one-busy` (another process spinning on one of the two cores), and
   optionally `two-busy` (both cores: a contended verdict is the right answer).
 
-A check "alarms" when it exits 1; a case is "caught" when its verdict is regression.
-False alarms are given with their 95 % upper confidence bound (Clopper-Pearson), and
-every rate with its count. The baselines are regenerated every `--checks-per-baseline`
-checks, so the trials do not all share one baseline's luck.
+Each check answers same (exit 0), slower (exit 1) or can't tell (exit 4), and so does
+each case; the table counts the answers, the median `DenoisingStage` ratio and the
+median slowdown each case's stage could have caught (`detectable`). A false alarm is a
+check of unchanged code that answers slower, given with its 95 % upper confidence bound
+(Clopper-Pearson); a miss is a slowed check that answers same. The baselines are
+regenerated every `--checks-per-baseline` checks, so the trials do not all share one
+baseline's luck.
 
 `--revision NAME=DIR` (repeatable) compares checkouts: `python -m perfguard` runs with
 DIR as its working directory, each revision keeps baselines of its own (made by its own
@@ -56,10 +59,6 @@ STAGE = "stage:DenoisingStage"
 def upper95(k: int, n: int) -> float:
     """One-sided 95 % Clopper-Pearson upper bound of a rate seen k times in n."""
     return 1.0 if k >= n else float(beta.ppf(0.95, k + 1, n - k))
-
-
-def lower95(k: int, n: int) -> float:
-    return 0.0 if k == 0 else float(beta.ppf(0.05, k, n - k + 1))
 
 
 def spinner() -> subprocess.Popen:
@@ -152,6 +151,8 @@ def one_check(
                 "verdict": case["verdict"],
                 "answer": case.get("answer"),
                 "stage_verdict": m.get("verdict"),
+                "stage_answer": (m.get("answer") or {}).get("answer"),
+                "detectable": (m.get("answer") or {}).get("detectable"),
                 "ratio": m.get("ratio"),
                 "confirmations": (case.get("sampling") or {}).get("confirmations", 0),
                 "regressed": sorted(
@@ -165,17 +166,6 @@ def one_check(
         else:
             report.unlink()
     return out
-
-
-def stored_alone(trial: dict) -> dict:
-    """`trial` as the stored check alone judged it: its cases' verdicts before settling
-    (a settled case was open: it passed) and the exit code they give."""
-    settled = trial.get("settled") or {}
-    if trial["exit"] not in (0, 1) or not settled:
-        return trial
-    cases = {c: {**v, "verdict": settled.get(c, v["verdict"])} for c, v in trial["cases"].items()}
-    failed = any(v["verdict"] == "regression" for v in cases.values())
-    return {**trial, "cases": cases, "exit": 1 if failed else 0, "settled": None}
 
 
 def main() -> None:
@@ -305,40 +295,36 @@ def main() -> None:
         groups[(t["variant"], t["load"], t["method"], t["pct"])].append(t)
     print()
     print(
-        "| variant | load | slowdown | method | checks | exit 1 (any case) | qwen caught "
-        "| glm caught | exit 4 (contended) | other exits | median DenoisingStage ratio "
-        "(qwen / glm) |"
+        "| variant | load | slowdown | method | checks | slower | same | can't tell "
+        "| other exits | qwen slower / same / can't tell | glm slower / same / can't tell "
+        "| median DenoisingStage ratio (qwen / glm) | median detectable (qwen / glm) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    rows = sorted(groups.items())
-    if any(t.get("settled") for t in trials):
-        # The same checks as the stored check alone judged them: a variant of its own.
-        alone = [((f"{v} (stored alone)", *rest), ts) for (v, *rest), ts in rows]
-        rows += [(k, [stored_alone(t) for t in ts]) for k, ts in alone]
-    for (variant, load, method, pct), ts in rows:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (variant, load, method, pct), ts in sorted(groups.items()):
         n = len(ts)
-        k = sum(t["exit"] == 1 for t in ts)
-        caught = {
-            c: sum(t["cases"].get(c, {}).get("verdict") == "regression" for t in ts) for c in CASES
-        }
-        contended = sum(t["exit"] == 4 for t in ts)
-        other = sum(t["exit"] not in (0, 1, 4) for t in ts)
+        said = {a: sum(t.get("answer") == a for t in ts) for a in ("slower", "same", "cant_tell")}
+        other = n - sum(said.values())
 
-        def med(c: str, ts: list[dict] = ts) -> str:
-            rs = sorted(
-                t["cases"][c]["ratio"]
-                for t in ts
-                if c in t["cases"] and t["cases"][c]["ratio"] is not None
+        def per_case(c: str, ts: list[dict] = ts) -> str:
+            got = [t["cases"].get(c, {}).get("answer") for t in ts]
+            return "/".join(str(got.count(a)) for a in ("slower", "same", "cant_tell"))
+
+        def med(c: str, key: str, ts: list[dict] = ts, fmt: str = "{:.3f}") -> str:
+            vs = sorted(
+                t["cases"][c][key] for t in ts if t["cases"].get(c, {}).get(key) is not None
             )
-            return f"{rs[len(rs) // 2]:.3f}" if rs else "-"
+            return fmt.format(vs[len(vs) // 2]) if vs else "-"
 
-        if pct == 0:
-            rate = f"{k}/{n} = {k / n:.1%} (95 % upper {upper95(k, n):.1%})"
-        else:
-            rate = f"{k}/{n} = {k / n:.0%} (95 % lower {lower95(k, n):.0%})"
+        k = said["slower"] if pct == 0 else said["same"]
+        bound = f"{k}/{n} (95 % upper {upper95(k, n):.0%})"
+        slower = bound if pct == 0 else f"{said['slower']}/{n}"
+        same = f"{said['same']}/{n}" if pct == 0 else bound
         print(
-            f"| {variant} | {load} | +{pct} % | {method} | {n} | {rate} | {caught[CASES[0]]}/{n} | "
-            f"{caught[CASES[1]]}/{n} | {contended} | {other} | {med(CASES[0])} / {med(CASES[1])} |"
+            f"| {variant} | {load} | +{pct} % | {method} | {n} | {slower} | {same} | "
+            f"{said['cant_tell']}/{n} | {other} | {per_case(CASES[0])} | {per_case(CASES[1])} | "
+            f"{med(CASES[0], 'ratio')} / {med(CASES[1], 'ratio')} | "
+            f"{med(CASES[0], 'detectable', fmt='+{:.0%}')} / "
+            f"{med(CASES[1], 'detectable', fmt='+{:.0%}')} |"
         )
     false_alarms: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for t in trials:
@@ -349,18 +335,6 @@ def main() -> None:
     for name, counts in sorted(false_alarms.items()):
         most = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         print(f"A/A regressions ({name}): " + ", ".join(f"{m} x{k}" for m, k in most))
-    under = [t for t in trials if t.get("under")]
-    if under:
-        print(
-            f"settled as passes under the stored reading: {len(under)} check(s): "
-            + ", ".join(f"+{t['pct']} % {'/'.join(t['under'])} (exit {t['exit']})" for t in under)
-        )
-    stood = [t for t in trials if t.get("unresolved")]
-    if stood:
-        print(
-            f"settled side by side but unresolved (the stored verdict stood): {len(stood)} "
-            "check(s): " + ", ".join(f"+{t['pct']} % {'/'.join(t['unresolved'])}" for t in stood)
-        )
 
 
 if __name__ == "__main__":

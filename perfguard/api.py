@@ -149,7 +149,7 @@ def run(
 ) -> Results:
     """Measure the selected cases; every sample of every metric, errors kept per case.
 
-    `out` also writes the results file (the input of `check --results`).
+    `out` also writes the results file (the input of `judge --results`).
     """
     from perfguard.storage.reports import write_results
 
@@ -199,14 +199,14 @@ def gen_baselines(
     """Measure the selected cases and store them in the baseline file.
 
     Only the selected cases are updated; the others, their notes and overrides are kept.
-    A case measured on a busy runner (`_busy`) is not written unless `allow_busy`. The
+    A case measured on a busy runner (`busy_against`) is not written unless `allow_busy`. The
     file is saved after each case, under a lock. Refuses fault injection and a file it
     cannot read, before measuring. `say` hears each case's outcome; `timing` is how the
     timed runs are stored (`perfguard.decision.normalize`; None: the platform's default).
     Over the house limits because each keyword is one of the command's flags.
     """
     _refuse_injection(options)
-    from perfguard.decision.contention import screen
+    from perfguard.decision.contention import busy_against, screen
     from perfguard.decision.normalize import timing_of
     from perfguard.device.platform import fingerprint
     from perfguard.storage import baseline as store
@@ -226,11 +226,13 @@ def gen_baselines(
         if result.status != "ok":
             say(f"{result.case_id}: error, baseline not updated: {result.error}")
             return
-        busy = None if allow_busy else _busy(result, earlier)
-        if busy:
+        busy = busy_against(result, earlier.scenarios.get(result.case_id))
+        if busy and not allow_busy:
             update.busy.append(result.case_id)
             say(f"{result.case_id}: the runner was busy ({busy}): baseline not updated")
             return
+        if busy:
+            say(f"{result.case_id}: warning: the runner was busy ({busy}); stored, marked busy")
         # Runs that the reference workload saw contended (against this measurement's own
         # lower quartile) are not part of a baseline.
         quiet, scr = screen(result, None)
@@ -241,7 +243,13 @@ def gen_baselines(
         else:
             result = quiet
         store.record_case(
-            path, result, environment, tighten=tighten, dropped_runs=scr.dropped, timing=timing
+            path,
+            result,
+            environment,
+            tighten=tighten,
+            dropped_runs=scr.dropped,
+            timing=timing,
+            busy=busy,
         )
         update.saved.append(result.case_id)
         say(_saved_line(result))
@@ -263,17 +271,6 @@ def _refuse_injection(options: MeasureOptions) -> None:
             f"gen-baselines refuses fault injection ({source} is set): "
             "a baseline must never contain injected time"
         )
-
-
-def _busy(result: CaseResult, earlier: Baseline) -> str | None:
-    """Why `result`'s session is no baseline (`contention.busy_session`: every later
-    check meets it), given the baseline it replaces; None for a quiet one or nothing
-    timed (work is exact)."""
-    from perfguard.decision.contention import busy_session
-
-    before = earlier.scenarios.get(result.case_id)
-    ref = before.reference.median if before and before.reference else None
-    return busy_session(result, ref) if "e2e" in result.samples else None
 
 
 def _saved_line(result: CaseResult) -> str:
@@ -401,7 +398,7 @@ def _check_counters(
     selection: Selection,
     out: str | None,
 ) -> Report:
-    """`check --counters-only`: one counted run per case, judged on what is exact."""
+    """`check-work`: one counted run per case, judged on what is exact."""
     from perfguard.measurement.work import refuse_another_context
     from perfguard.storage.reports import build_against, write_results
 

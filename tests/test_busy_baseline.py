@@ -12,7 +12,7 @@ import pytest
 import perfguard.decision.contention
 from perfguard.decision.contention import BUSY_SPREAD, busy_session
 from perfguard.results import CaseResult
-from tests.fake_pipeline import BEHAVIOUR, GEN
+from tests.fake_pipeline import BEHAVIOUR, CHECK, GEN
 from tests.helpers import PG, noisy
 
 
@@ -62,6 +62,15 @@ def test_gen_baselines_does_not_write_a_busy_case_and_exits_4(
     assert after["scenarios"]["alpha"] == old["scenarios"]["alpha"]  # kept as it was
     new_beta = after["scenarios"]["beta"]["stages"]["DecodingStage"]["median"]
     assert new_beta > 1.5 * old["scenarios"]["beta"]["stages"]["DecodingStage"]["median"]
-    code, _, _ = pg(*GEN, "--allow-busy")
-    assert code == 0
-    assert json.loads(fake.read_text())["scenarios"]["alpha"] != old["scenarios"]["alpha"]
+    code, out, _ = pg(*GEN, "--allow-busy")
+    assert code == 0 and "alpha: warning: the runner was busy" in out and "marked busy" in out
+    stored = json.loads(fake.read_text())["scenarios"]
+    assert stored["alpha"] != old["scenarios"]["alpha"]
+    # Stored anyway, and marked: every later check says so in the case's notes.
+    assert stored["alpha"]["busy"].startswith("its processes' e2e medians spread by 9.0%")
+    assert "busy" not in stored["beta"]
+    report = fake.parent / "r.json"
+    pg(*CHECK, "--report", str(report))
+    cases = json.loads(report.read_text())["cases"]
+    assert cases["alpha"]["notes"].startswith("baseline measured on a busy runner (its")
+    assert not cases["beta"].get("notes")

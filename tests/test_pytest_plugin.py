@@ -115,9 +115,10 @@ def test_baseline_gate_passes_then_fails_a_slowdown_like_perfguard_check(
         scenario["tolerance_overrides"] = wide
     (user.path / "base.json").write_text(json.dumps(data))
     same = user.runpytest(*cpu, "--perfguard-report", "ok.json")
-    assert same.ret == 0
-    same.stdout.fnmatch_lines(["*perfguard PASS*"])
-    assert read_report(user.path / "ok.json").exit_code == 0
+    assert same.ret == 0  # never slower; on a loaded runner a sleep's jitter may be can't tell
+    ok = read_report(user.path / "ok.json")
+    assert ok.exit_code in (0, 4)
+    same.stdout.fnmatch_lines(["*perfguard PASS*" if ok.exit_code == 0 else "*CAN'T TELL*"])
 
     monkeypatch.setenv("PG_DELAY_S", "0.08")  # DecodingStage 5 ms -> 80 ms
     slow = user.runpytest(*cpu, "--perfguard-report", "slow.json")

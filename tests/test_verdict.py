@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perfguard.decision.comparison import Rule
-from perfguard.decision.tolerances import Band, Profile, sglang_profiles
+from perfguard.decision.tolerances import Band, Profile, default_profiles, sglang_profiles
 from perfguard.decision.verdict import (
     Summary,
     gated_steps,
@@ -76,6 +76,17 @@ def test_long_term_is_tighter_than_pr_test() -> None:
     profiles = sglang_profiles("cuda")
     for cls, rel in profiles["long_term"].rel.items():
         assert rel <= profiles["pr_test"].rel[cls]
+
+
+def test_on_a_measured_baseline_the_two_profiles_judge_alike() -> None:
+    """sglang's profiles differ (its bands stand in for noise it never measured); a
+    measured baseline's bands are the minimum effects and its noise, the same for a PR
+    and a nightly: the nightly differs by sampling more (`--rigorous`), not by profile."""
+    for platform in ("cpu", "cuda"):
+        measured = default_profiles(platform)
+        pr, nightly = measured["pr_test"].to_json(), measured["long_term"].to_json()
+        assert pr == nightly
+    assert sglang_profiles("cuda")["pr_test"].rel != sglang_profiles("cuda")["long_term"].rel
 
 
 def test_the_baselines_override_wins_over_the_registrys() -> None:

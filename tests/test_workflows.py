@@ -164,10 +164,32 @@ def test_ci_runs_the_work_check_on_every_push_and_pull_request() -> None:
 # ---- perf.yml ------------------------------------------------------------------------------
 
 
-def test_perf_runs_on_pull_requests_and_nightly_with_the_long_term_profile() -> None:
+def test_perf_runs_on_pull_requests_and_a_rigorous_nightly_without_a_profile() -> None:
+    """The nightly differs from a PR by its gate (stored baselines, not the merge base)
+    and by sampling more, not by a profile: on a measured baseline `long_term` and
+    `pr_test` judge alike (tests/test_verdict.py)."""
     perf = load("perf.yml")
     assert "pull_request" in perf["on"] and perf["on"]["schedule"]
-    assert "schedule' && 'long_term'" in perf["env"]["PROFILE"]
+    scripts = "\n".join(run_scripts(perf))
+    assert "perfguard check --rigorous --isolate" in scripts and "--profile" not in scripts
+    assert "PROFILE" not in perf.get("env", {})
+
+
+@pytest.mark.parametrize(
+    ("codes", "overall"),
+    [((0, 0), 0), ((4, 0), 4), ((4, 3), 3), ((3, 4), 3), ((4, 1, 3), 1), ((2, 4), 2), ((1, 2), 1)],
+)
+def test_perf_merges_shard_codes_in_perfguards_order(codes: tuple[int, ...], overall: int) -> None:
+    """1 (slower) over 3 (a failure) over 4 (can't tell) over 0, as `verdict.overall`."""
+    perf = load("perf.yml")
+    (script,) = [s for s in run_scripts(perf) if "worse()" in s]
+    start = script.index("status=0")
+    functions = script[start : script.index("gate=", start)]
+    calls = "".join(f"worse {c}\n" for c in codes)
+    out = subprocess.run(
+        ["bash", "-c", functions + calls + 'echo "$status"'], capture_output=True, text=True
+    )
+    assert out.stdout.strip() == str(overall), out.stderr
 
 
 def test_perf_shards_runners_and_labels_agree() -> None:
@@ -231,7 +253,7 @@ def test_pull_requests_check_against_the_merge_base_and_the_nightly_keeps_histor
     assert 'git merge-base HEAD "origin/$BASE_REF"' in script
     gates = re.findall(r"^\s*perfguard (compare|check) (.*)$", script, flags=re.M)
     assert [g[0] for g in gates] == ["compare", "check"]
-    assert gates[0][1].startswith('--against "$base"') and "--profile" in gates[1][1]
+    assert gates[0][1].startswith('--against "$base"') and "--rigorous" in gates[1][1]
     report = {s.get("name"): s for s in perf["jobs"]["report"]["steps"]}
     add = report["Add the nightly reports to the history"]
     assert add["if"] == "github.event_name == 'schedule'" and "perfguard history add" in add["run"]

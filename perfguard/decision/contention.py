@@ -218,3 +218,10 @@ def busy_session(result: Any, earlier_reference: float | None) -> str | None:
                 f"(over {CONTENDED_RATIO:g}x)"
             )
     return None
+
+
+def busy_against(result: Any, replaced: Any) -> str | None:
+    """`busy_session` of a gen-baselines session against the scenario it replaces (None
+    for a new case); None when nothing was timed (work is exact)."""
+    ref = replaced.reference.median if replaced is not None and replaced.reference else None
+    return busy_session(result, ref) if "e2e" in result.samples else None

@@ -600,7 +600,7 @@ def _case_fields(result: CaseResult, scenario: Scenario | None) -> dict[str, Any
         "output_hash": result.output_hash,
         "deterministic": result.deterministic,
         "baseline_output_hash": scenario.output_hash if scenario else None,
-        "notes": scenario.notes if scenario else None,
+        "notes": scenario.check_notes if scenario else None,
         "components": result.components,
         "counters": result.counters,
         "arguments": result.arguments,
@@ -793,18 +793,7 @@ def judge(
 
 
 __all__ = [
-    "CONTENDED",
-    "DEFAULT_RULE",
-    "SEVERITY",
-    "CaseVerdict",
-    "Judgement",
-    "MetricVerdict",
-    "Rule",
-    "contended",
-    "gated_steps",
-    "judge",
-    "judge_case",
-    "judge_metric",
-    "overall",
+    "CONTENDED", "DEFAULT_RULE", "SEVERITY", "CaseVerdict", "Judgement", "MetricVerdict",
+    "Rule", "contended", "gated_steps", "judge", "judge_case", "judge_metric", "overall",
     "worst",
-]
+]  # fmt: skip

@@ -110,6 +110,10 @@ class Scenario:
     timing: str | None = None
     """`normalized`: the timed metrics are at the runner speed of `reference.median`
     (`perfguard.decision.normalize`); `raw` or None (a file from before it): wall times."""
+    busy: str | None = None
+    """Why the runner was busy when these figures were made, stored anyway under
+    `--allow-busy` (`perfguard.decision.contention.busy_session`); a check's case notes
+    say so. None for a quiet session: a fresh measurement clears it."""
     groups: tuple[int, ...] | None = None
     """Runs of each process, in the order of the samples (those the screen kept): a
     check re-weighs the reference's share per metric and needs the processes
@@ -118,6 +122,12 @@ class Scenario:
     @property
     def normalized(self) -> bool:
         return self.timing == NORMALIZED and self.reference is not None
+
+    @property
+    def check_notes(self) -> str | None:
+        """What a check says of this scenario: that a busy runner made it, its notes."""
+        busy = f"baseline measured on a busy runner ({self.busy})" if self.busy else None
+        return "; ".join(x for x in (busy, self.notes) if x) or None
 
     @property
     def step_count(self) -> int:
@@ -159,6 +169,7 @@ class Scenario:
             "dropped_runs": self.dropped_runs,
             "timing": self.timing,
             "groups": None if self.groups is None else list(self.groups),
+            "busy": self.busy,
             "source": self.source,
             "components": None
             if self.components is None
@@ -210,6 +221,7 @@ class Scenario:
             dropped_runs=data.get("dropped_runs"),
             timing=data.get("timing"),
             groups=None if data.get("groups") is None else tuple(data["groups"]),
+            busy=data.get("busy"),
             source=data.get("source"),
             components=data.get("components"),
             work=None if data.get("work") is None else WorkCounts.from_json(data["work"]),
@@ -515,6 +527,7 @@ def scenario_from_result(
     reference_version: str | None = None,
     dropped_runs: int | None = None,
     timing: str | None = None,
+    busy: str | None = None,
 ) -> Scenario:
     """The scenario a successful run gives: each metric summarized, samples kept.
 
@@ -561,6 +574,7 @@ def scenario_from_result(
         output_sketch=dict(result.output_sketch) if result.output_sketch else None,
         timing=timing,
         groups=tuple(result.groups) if result.groups and result.reference else None,
+        busy=busy,
     )
 
 
@@ -627,12 +641,14 @@ def record_case(
     keep_samples: bool = True,
     dropped_runs: int | None = None,
     timing: str | None = None,
+    busy: str | None = None,
 ) -> Baseline:
     """Store one case's fresh measurement in the baseline at `path` (locked, atomic).
 
     The reference workload's version comes from `environment` (the fingerprint records
     it as `reference_workload`): a later check compares like with like. `timing` None is
-    the platform's default (`perfguard.decision.normalize.default_timing`).
+    the platform's default (`perfguard.decision.normalize.default_timing`). `busy`:
+    why the runner was busy, for a session stored anyway (`Scenario.busy`).
     """
     version = environment.get("reference_workload")
     scenario = scenario_from_result(
@@ -641,6 +657,7 @@ def record_case(
         reference_version=str(version) if version else None,
         dropped_runs=dropped_runs,
         timing=timing_of(environment, timing),
+        busy=busy,
     )
     with lock(path):
         current = open_for_update(path, environment)
