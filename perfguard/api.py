@@ -199,14 +199,14 @@ def gen_baselines(
     """Measure the selected cases and store them in the baseline file.
 
     Only the selected cases are updated; the others, their notes and overrides are kept.
-    A case measured on a busy runner (`busy_against`) is not written unless `allow_busy`. The
-    file is saved after each case, under a lock. Refuses fault injection and a file it
-    cannot read, before measuring. `say` hears each case's outcome; `timing` is how the
-    timed runs are stored (`perfguard.decision.normalize`; None: the platform's default).
+    A case measured on a busy runner (`store.record_measured`) is not written unless
+    `allow_busy`. The file is saved after each case, under a lock. Refuses fault
+    injection and a file it cannot read, before measuring. `say` hears each case's
+    outcome; `timing` is how the timed runs are stored (`perfguard.decision.normalize`;
+    None: the platform's default).
     Over the house limits because each keyword is one of the command's flags.
     """
     _refuse_injection(options)
-    from perfguard.decision.contention import busy_against, screen
     from perfguard.decision.normalize import timing_of
     from perfguard.device.platform import fingerprint
     from perfguard.storage import baseline as store
@@ -226,33 +226,21 @@ def gen_baselines(
         if result.status != "ok":
             say(f"{result.case_id}: error, baseline not updated: {result.error}")
             return
-        busy = busy_against(result, earlier.scenarios.get(result.case_id))
-        if busy and not allow_busy:
+        done = store.record_measured(
+            path, result, environment, earlier.scenarios.get(result.case_id),
+            allow_busy=allow_busy, tighten=tighten, timing=timing,
+        )  # fmt: skip
+        if done.stored is None:
             update.busy.append(result.case_id)
-            say(f"{result.case_id}: the runner was busy ({busy}): baseline not updated")
+            say(f"{result.case_id}: the runner was busy ({done.busy}): baseline not updated")
             return
-        if busy:
-            say(f"{result.case_id}: warning: the runner was busy ({busy}); stored, marked busy")
-        # Runs that the reference workload saw contended (against this measurement's own
-        # lower quartile) are not part of a baseline.
-        quiet, scr = screen(result, None)
-        if scr.contended:
+        if done.busy:
+            say(f"{result.case_id}: warning: the runner was busy ({done.busy}); marked busy")
+        if done.contended:
             update.contended.append(result.case_id)
-            say(f"{result.case_id}: warning: {scr.reason}; kept every run (--allow-busy)")
-            scr = dataclasses.replace(scr, dropped=0)
-        else:
-            result = quiet
-        store.record_case(
-            path,
-            result,
-            environment,
-            tighten=tighten,
-            dropped_runs=scr.dropped,
-            timing=timing,
-            busy=busy,
-        )
+            say(f"{result.case_id}: warning: {done.contended}; kept every run (--allow-busy)")
         update.saved.append(result.case_id)
-        say(_saved_line(result))
+        say(_saved_line(done.stored))
 
     update.results = run_cases(cases, platform, options, on_case=on_case, warm=warm)
     if prune:

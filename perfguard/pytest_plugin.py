@@ -26,15 +26,16 @@ What the plugin shares with `perfguard check`: `measure` makes one untimed count
 after the warm-up (work per stage and step: aten ops, FLOPs, bytes, host syncs, judged
 exactly; on CPU also the tensor memory), every run is bracketed by the reference
 workload (`perfguard.device.reference`: the contention screen and the normalization),
-and the output hash is compared. What it does not do: it runs in the test's own process,
-so there are no confirmations in fresh processes and no between-process spread beyond
-what the baseline holds (a figure with too few processes answers can't tell, never
-same, against a multi-process baseline); a run by hand (`perfguard_timer.run()`) has no
-counted run and no peak memory on CPU (its body cannot be re-run); there is no per-op
-attribution. For those, make the pipeline a case and gate it with `perfguard check` /
-`perfguard compare`.
-`--perfguard-update-baseline` stores the measured cases in the baseline file instead (as
-`perfguard gen-baselines` does), which is how that file is made in the first place.
+and the output is compared (hash, then sketch). What it does not do: it runs in the
+test's own process, so there are no confirmations in fresh processes and no
+between-process spread beyond what the baseline holds (a figure with too few processes
+answers can't tell, never same, against a multi-process baseline); a run by hand
+(`perfguard_timer.run()`) has no counted run and no peak memory on CPU (its body cannot
+be re-run); there is no per-op attribution. For those, make the pipeline a case and
+gate it with `perfguard check` / `perfguard compare`.
+`--perfguard-update-baseline` stores the measured cases in the baseline file instead, as
+`perfguard gen-baselines` does (contended runs left out, a busy session marked busy),
+which is how that file is made in the first place.
 
 Why a judgement at session end rather than per test: a verdict is on the run as a whole
 (the missing-baseline and advisory rules look at every case), and one report per session
@@ -115,7 +116,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(case=None, repeats=None, warmup=None, tolerance_overrides=None): "
+        f"{MARKER}(case=None, repeats=None, warmup=None, tolerance_overrides=None, "
+        "output_may_change=False): "
         "the perfguard case this test measures with the perfguard_timer fixture",
     )
     config.stash[_STATE] = _Session(config)
@@ -168,7 +170,7 @@ class PerfguardTimer:
         warmup = self.warmup if warmup is None else warmup
         if repeats < 1 or warmup < 0:
             raise PerfguardError("perfguard_timer.measure: repeats must be >= 1, warmup >= 0")
-        from perfguard.measurement.runner import tensor_hash
+        from perfguard.measurement.runner import output_sketch, tensor_hash
 
         for _ in range(warmup):
             fn()
@@ -181,6 +183,8 @@ class PerfguardTimer:
                 output = fn()
             if _is_tensor(output):
                 hashes.append(tensor_hash(output))
+                if self.result.output_sketch is None:  # as `perfguard run`: the first one's
+                    self.result.output_sketch = output_sketch(output)
         if hashes:
             self.result.output_hash = hashes[0]
             self.result.deterministic = len(set(hashes)) == 1
@@ -198,9 +202,9 @@ class PerfguardTimer:
             self.result.work_error = f"the pipeline failed under the counting mode ({first})"
             return
         self.result.work = [work.to_json()]
-        if memory is not None:
+        if memory is not None:  # one counted run's figures, as `runner._count_work`
             for name, mb in memory.metrics().items():
-                self.result.samples.setdefault(name, []).append(mb)
+                self.result.samples[name] = [mb]
             self.result.memory = memory.to_json()
 
     # The ambient helpers, for tests that do not import perfguard.device.timer themselves.
@@ -236,6 +240,7 @@ class _Session:
         self._reference: Reference | None = None
         self.report: Any = None
         self.updated: list[str] = []
+        self.warnings: list[str] = []
         self.error: str | None = None
 
     def option(self, name: str) -> Any:
@@ -275,6 +280,8 @@ class _Session:
         definition: dict[str, Any] = {"id": case_id, "source": item.nodeid}
         if kwargs.get("tolerance_overrides"):
             definition["tolerance_overrides"] = dict(kwargs["tolerance_overrides"])
+        if kwargs.get("output_may_change"):
+            definition["output_may_change"] = True
         from perfguard.results import CaseResult
 
         result = CaseResult(case_id=case_id, case=definition)
@@ -289,6 +296,24 @@ class _Session:
         result.status = "error"
         lines = message.strip().splitlines()
         result.error = lines[0][:500] if lines else "the test failed"
+
+    def _store(self, path: str, results: Results) -> None:
+        """Store the measured cases as `perfguard gen-baselines` does (runs the reference
+        saw contended left out; a busy session stored marked busy, and said)."""
+        from perfguard.storage import baseline as store
+
+        with store.lock(path):
+            earlier = store.open_for_update(path, results.environment)
+        for cid, result in self.results.items():
+            if result.status != "ok":
+                continue
+            done = store.record_measured(
+                path, result, results.environment, earlier.scenarios.get(cid), allow_busy=True
+            )
+            self.updated.append(cid)
+            why = done.busy or done.contended
+            if why:
+                self.warnings.append(f"{cid}: the runner was busy ({why}); marked busy")
 
     def to_results(self) -> Results:
         from perfguard.device.platform import fingerprint
@@ -316,12 +341,7 @@ class _Session:
         if not baseline_path:
             return None
         if self.option("update-baseline"):
-            from perfguard.storage.baseline import record_case
-
-            for result in self.results.values():
-                if result.status == "ok":
-                    record_case(baseline_path, result, results.environment)
-            self.updated = sorted(r for r, res in self.results.items() if res.status == "ok")
+            self._store(baseline_path, results)
             return None
         self.report = check(
             results, baseline_path, self.option("profile"), report_path=self.option("report")
@@ -410,6 +430,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.section("perfguard")
         path = state.option("baseline")
         terminalreporter.write_line(f"perfguard: stored {len(state.updated)} case(s) in {path}")
+        for line in state.warnings:
+            terminalreporter.write_line(f"perfguard: warning: {line}")
     if state.report is None:
         return
     from rich.console import Console

@@ -99,3 +99,15 @@ def test_rigorous_samples_more_with_the_same_rule(fake: Path, pg: PG) -> None:
     assert pg(*CHECK, "--report", "f.json")[0] == 0
     fast = json.loads(Path("f.json").read_text())["settings"]
     assert fast["max_repeats"] != 40 and fast["alpha"] == settings["alpha"]
+
+
+def test_attribution_traces_go_where_the_variable_says_else_beside_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfguard.cli.check import Outputs, _traces_dir
+
+    monkeypatch.delenv("PERFGUARD_TRACES_DIR", raising=False)
+    assert _traces_dir(Outputs()) is None  # no report, no variable: no traces
+    assert _traces_dir(Outputs(report=str(tmp_path / "r.json"))) == str(tmp_path)
+    monkeypatch.setenv("PERFGUARD_TRACES_DIR", str(tmp_path / "traces"))
+    assert _traces_dir(Outputs(report=str(tmp_path / "r.json"))) == str(tmp_path / "traces")

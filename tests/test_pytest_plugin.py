@@ -84,6 +84,7 @@ def test_fixture_records_stages_and_e2e_as_a_results_file(user: pytest.Pytester)
     assert len(mine.samples["e2e"]) == 3
     assert {"stage:TextEncodingStage", "stage:DecodingStage"} <= set(mine.samples)
     assert mine.output_hash and mine.deterministic is True
+    assert mine.output_sketch  # compared by PSNR where the hash differs, as in `check`
     assert mine.case["source"].endswith("test_user.py::test_pipeline_speed")
     by_hand = results.cases["test_by_hand"]  # no marker: the test's name is the case id
     assert len(by_hand.samples["stage:InputValidationStage"]) == 2
@@ -239,3 +240,22 @@ def test_a_slow_reference_reading_is_a_contended_runner(
     busy.stdout.fnmatch_lines(["*perfguard CONTENDED*contended runner*"])
     assert read_report(pytester.path / "busy.json").exit_code == 4
     assert busy.ret == 0  # the tests passed; no verdict is not a failure of the session
+
+
+def test_a_baseline_stored_from_a_busy_session_is_marked_busy_and_said(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--perfguard-update-baseline stores as gen-baselines does: a session whose reference
+    readings say the runner was busy is stored marked busy (the plugin has no refusal
+    of its own), and the session's summary says so."""
+    from perfguard.device.reference import Reference
+
+    readings = iter([1.0, 1.0])
+    monkeypatch.setattr(Reference, "time_ms", lambda self: next(readings, 3.0))
+    pytester.makepyfile(test_counted_user=WORK_TESTS)
+    cpu = ("--perfguard-platform", "cpu", "--perfguard-baseline", "base.json")
+    made = pytester.runpytest(*cpu, "--perfguard-update-baseline")
+    made.assert_outcomes(passed=1)
+    made.stdout.fnmatch_lines(["*perfguard: warning: counted: the runner was busy*marked busy"])
+    stored = json.loads((pytester.path / "base.json").read_text())["scenarios"]["counted"]
+    assert stored["busy"] and stored["dropped_runs"] == 0  # kept whole: most runs were slow

@@ -11,6 +11,7 @@ PERFGUARD_BENCH_DOUBLE_LINEAR=1 instead makes every `torch.nn.Linear` do its wor
 (the README's own example of a slowdown the gate must catch).
 """
 
+import functools
 import os
 import time
 
@@ -31,6 +32,7 @@ if torch is not None:
     # DenoisingStage 1.28x, not about 1.08x, at 12 %).
 
     def _slowed(forward):
+        @functools.wraps(forward)
         def forward_then_wait(self, *args, **kwargs):
             fraction = _fraction()
             if fraction <= 0:

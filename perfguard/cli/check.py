@@ -302,8 +302,12 @@ def check(
 
 
 def _traces_dir(outputs: Outputs) -> str | None:
-    """Where the per-op attribution's Chrome traces go: beside the JSON report (none
-    without one; `$PERFGUARD_TRACES_DIR` where the library is told nothing)."""
+    """Where the per-op attribution's Chrome traces go: `$PERFGUARD_TRACES_DIR` when set,
+    else beside the JSON report (none without one)."""
+    from perfguard.measurement.explain import ENV_TRACES_DIR
+
+    if os.environ.get(ENV_TRACES_DIR):
+        return os.environ[ENV_TRACES_DIR]
     return os.path.dirname(os.path.abspath(outputs.report)) if outputs.report else None
 
 

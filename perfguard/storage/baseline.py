@@ -667,6 +667,50 @@ def record_case(
     return updated
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What `record_measured` did with a session: the result it stored (None: not
+    stored), why the runner was busy (`contention.busy_session`) and why its runs were
+    all kept (the screen's reason)."""
+
+    stored: CaseResult | None
+    busy: str | None = None
+    contended: str | None = None
+
+
+def record_measured(
+    path: str | os.PathLike[str],
+    result: CaseResult,
+    environment: Mapping[str, Any],
+    replaced: Scenario | None,
+    *,
+    allow_busy: bool = False,
+    tighten: bool = False,
+    timing: str | None = None,
+) -> Recorded:
+    """Store a fresh session of a case as gen-baselines does: not at all when the runner
+    was busy (unless `allow_busy`: then marked busy), without the runs the reference saw
+    contended against the session's own level (all of them kept, when most were)."""
+    from perfguard.decision.contention import busy_against, screen
+
+    busy = busy_against(result, replaced)
+    if busy and not allow_busy:
+        return Recorded(None, busy)
+    quiet, scr = screen(result, None)
+    contended = scr.reason if scr.contended else None
+    kept = result if contended else quiet
+    record_case(
+        path,
+        kept,
+        environment,
+        tighten=tighten,
+        dropped_runs=0 if contended else scr.dropped,
+        timing=timing,
+        busy=busy,
+    )
+    return Recorded(kept, busy, contended)
+
+
 def prune(path: str | os.PathLike[str], keep: Iterable[str]) -> list[str]:
     """Drop the scenarios whose case id is not in `keep`; returns the dropped ids."""
     keep = set(keep)
