@@ -21,11 +21,13 @@ import contextlib
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.gate import RELATIVE_JUDGING, JudgeOptions
+from perfguard.device.load import LoadMeter
 from perfguard.errors import PerfguardError
 from perfguard.measurement.explain import attribute_regressions, explain  # noqa: F401
 from perfguard.measurement.options import MeasureOptions
@@ -128,10 +130,13 @@ def run_cases(
     warm: Any = None,
 ) -> Results:
     """Run `cases` here or in worker processes, as `options` say (`workers.execute`);
-    `warm` (a `workers.WarmPool`) keeps warm servers for later calls."""
+    `warm` (a `workers.WarmPool`) keeps warm servers for later calls. Server cases run
+    here, their rounds being their processes (`perfguard.measurement.serving.case`)."""
+    from perfguard.measurement.serving.case import with_server_cases
     from perfguard.measurement.workers import execute
 
-    return execute(cases, platform, options, on_case=on_case, until_for=until_for, warm=warm)
+    return with_server_cases(execute, cases, platform, options, on_case=on_case,
+                             until_for=until_for, warm=warm)  # fmt: skip
 
 
 # ---- run and gen-baselines ------------------------------------------------------------------
@@ -221,28 +226,33 @@ def gen_baselines(
     cases = shard(cases, selection.shard, path, echo=echo)
     update = BaselineUpdate(path=path, results=Results({}, {}), selected=len(cases))
     update.tightened = tighten
+    meter = LoadMeter().start()
+    waiting: dict[str, str] = {}  # case id -> why its session was busy
 
     def on_case(result: CaseResult) -> None:
+        load = meter.read()
         if result.status != "ok":
             say(f"{result.case_id}: error, baseline not updated: {result.error}")
             return
         done = store.record_measured(
             path, result, environment, earlier.scenarios.get(result.case_id),
-            allow_busy=allow_busy, tighten=tighten, timing=timing,
+            allow_busy=allow_busy, tighten=tighten, timing=timing, foreign_load=load,
         )  # fmt: skip
         if done.stored is None:
-            update.busy.append(result.case_id)
-            say(f"{result.case_id}: the runner was busy ({done.busy}): baseline not updated")
+            waiting[result.case_id] = done.busy or "busy"
             return
+        waiting.pop(result.case_id, None)
         if done.busy:
             say(f"{result.case_id}: warning: the runner was busy ({done.busy}); marked busy")
         if done.contended:
             update.contended.append(result.case_id)
             say(f"{result.case_id}: warning: {done.contended}; kept every run (--allow-busy)")
         update.saved.append(result.case_id)
-        say(_saved_line(done.stored))
+        say(_saved_line(done.stored, done.scenario))
 
     update.results = run_cases(cases, platform, options, on_case=on_case, warm=warm)
+    _wait_out_contention(cases, waiting, update, say, lambda todo: run_cases(
+        todo, platform, options, on_case=on_case, warm=warm), meter)  # fmt: skip
     if prune:
         known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
         update.pruned = store.prune(path, known)
@@ -261,14 +271,52 @@ def _refuse_injection(options: MeasureOptions) -> None:
         )
 
 
-def _saved_line(result: CaseResult) -> str:
-    """What gen-baselines says of a case it stored: its median e2e, or (`counters_only`)
-    that only the work and output were."""
+def _wait_out_contention(
+    cases: Sequence[Case],
+    waiting: dict[str, str],
+    update: BaselineUpdate,
+    say: Echo,
+    measure: Callable[[Sequence[Case]], Results],
+    meter: Any,
+) -> None:
+    """Measure the cases whose session was busy again, after `ContentionPolicy.wait_s`,
+    at most `waits` times (contention passes: a neighbour's job ends); a case still busy
+    is not written. Noise is not contention: a spread runner is recorded, never waited
+    out (`perfguard.decision.contention.busy_session`)."""
+    from perfguard.decision import contention
+
+    policy = contention.DEFAULT_POLICY
+    for attempt in range(1, policy.waits + 1):
+        if not waiting:
+            break
+        for cid, why in sorted(waiting.items()):
+            say(
+                f"{cid}: the runner was busy ({why}): waiting {policy.wait_s:g} s and "
+                f"measuring again ({attempt} of {policy.waits})"
+            )
+        time.sleep(policy.wait_s)
+        meter.read()  # the wait is not the session's
+        again = measure([c for c in cases if c.id in waiting])
+        update.results.cases.update(again.cases)
+    for cid, why in sorted(waiting.items()):
+        update.busy.append(cid)
+        waited = f" after waiting {policy.waits} x {policy.wait_s:g} s" if policy.waits else ""
+        say(f"{cid}: the runner was busy ({why}){waited}: baseline not updated")
+
+
+def _saved_line(result: CaseResult, scenario: Any = None) -> str:
+    """What gen-baselines says of a case it stored: its median e2e and what a check
+    against it resolves, or (`counters_only`) that only the work and output were."""
+    from perfguard.decision.resolution import describe
+
     if "e2e" not in result.samples:
         return f"{result.case_id}: work and output saved (nothing timed)"
     e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
     where = f", {len(result.groups)} processes" if result.groups else ""
-    return f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved"
+    resolves = ""
+    if scenario is not None and scenario.resolution:
+        resolves = f"; a check resolves {describe(scenario.resolution)}"
+    return f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved{resolves}"
 
 
 # ---- check ----------------------------------------------------------------------------------

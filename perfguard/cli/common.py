@@ -19,6 +19,7 @@ from rich.console import Console
 
 from perfguard.decision.comparison import DEFAULT_RULE, RELATIVE_ALPHA, STORED_ALPHA, Rule
 from perfguard.decision.gate import DEFAULT_CONFIRM_GAP_S, DEFAULT_MAX_RERUNS, JudgeOptions
+from perfguard.decision.resolution import DEFAULT_TIMING_GATE, TIMING_GATES
 from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.device.inject import inject_from
 from perfguard.measurement.launch import START_METHODS
@@ -399,6 +400,18 @@ alpha_option = click.option(
 )
 
 
+timing_gate_option = click.option(
+    "--timing-gate",
+    type=click.Choice(TIMING_GATES),
+    default=DEFAULT_TIMING_GATE,
+    show_default=True,
+    help="Which timed figures get all three answers: auto (those this runner resolves, "
+    "by the baseline's recorded noise; the others are judged only for slower), gate "
+    "(every one), advise (none: timing fails only when credibly slower). Work and "
+    "output always decide (docs/verdicts.md).",
+)
+
+
 def judge_options(
     max_reruns_help: str, *, relative: bool = False, exact: bool = False, files: bool = False
 ) -> Decorator:
@@ -422,6 +435,7 @@ def judge_options(
                 max_reruns=kwargs.pop("max_reruns", DEFAULT_MAX_RERUNS),
                 confirm_gap_s=kwargs.pop("confirm_gap_s", DEFAULT_CONFIRM_GAP_S),
                 rule=DEFAULT_RULE if alpha is None else Rule(alpha),
+                timing_gate=kwargs.pop("timing_gate", DEFAULT_TIMING_GATE),
             )
             return fn(**kwargs)
 
@@ -444,6 +458,8 @@ def judge_options(
             options.append(alpha_option)
         if not relative:
             options.append(profile_option)
+        if not (relative or exact):
+            options.append(timing_gate_option)
         options += [click.option(name, is_flag=True, help=text) for name, text in flags]
         return _apply(wrapper, options)
 

@@ -66,6 +66,7 @@ KNOBS = frozenset(
         "advisory",
         "fail_on_missing",
         "allow_busy",
+        "timing_gate",
     }
 )
 """Parameter names of the options that are knobs: hidden from `--help`, set in the table

@@ -13,6 +13,8 @@ slowdown can fail a check) and the size of the slowdown the check could have cau
   slower).
 - **can't tell**: neither. The figure carries the smallest slowdown the check could have
   caught (`detectable`) and the margin it would take to call it the same (`needs`).
+- **below resolution**: not slower, on a runner too noisy for this figure's minimum
+  effect (`perfguard.decision.resolution`): neither *same* nor a reason to measure more.
 
 Work counters and the output are exact: they are *same* or *slower*, never can't tell.
 
@@ -33,10 +35,19 @@ SAME = "same"
 FASTER = "faster"
 SLOWER = "slower"
 CANT_TELL = "cant_tell"
-ANSWERS = (SLOWER, CANT_TELL, SAME, FASTER)
+UNRESOLVED = "unresolved"
+"""Not slower, and the runner cannot resolve the figure's minimum effect: the check
+decides on it only whether it is slower (`perfguard.decision.resolution`)."""
+ANSWERS = (SLOWER, CANT_TELL, UNRESOLVED, SAME, FASTER)
 """Worst first. A case's answer is its worst figure's, with faster counted as same."""
 
-LABELS = {SAME: "same", FASTER: "faster", SLOWER: "slower", CANT_TELL: "can't tell"}
+LABELS = {
+    SAME: "same",
+    FASTER: "faster",
+    SLOWER: "slower",
+    CANT_TELL: "can't tell",
+    UNRESOLVED: "below resolution",
+}
 
 SAME_ALPHA = 0.05
 """The level of the equivalence statement: the chance of calling a figure *same* when it
@@ -75,12 +86,15 @@ class Answer:
     `detectable`: the smallest slowdown (ratio - 1) the regression rule catches with
     `POWER` at this noise; None when the noise is unknown.
     `needs`: the margin that would have made the figure *same* (high - 1), for can't tell.
+    `resolution`: for a figure below resolution, the smallest slowdown a check against
+    its baseline could catch on this runner (`perfguard.decision.resolution`).
     """
 
     answer: str
     margin: float
     high: float | None
     detectable: float | None
+    resolution: float | None = None
 
     @property
     def needs(self) -> float | None:
@@ -96,6 +110,8 @@ class Answer:
             out["high"] = round(self.high, 4)
         if self.detectable is not None:
             out["detectable"] = round(self.detectable, 4)
+        if self.resolution is not None:
+            out["resolution"] = round(self.resolution, 4)
         return out
 
     @classmethod
@@ -103,7 +119,13 @@ class Answer:
         def opt(key: str) -> float | None:
             return None if data.get(key) is None else float(data[key])
 
-        return cls(str(data["answer"]), float(data["margin"]), opt("high"), opt("detectable"))
+        return cls(
+            str(data["answer"]),
+            float(data["margin"]),
+            opt("high"),
+            opt("detectable"),
+            opt("resolution"),
+        )
 
 
 def log_se(ratio: float, low: float, alpha: float, dof: int) -> float:
@@ -131,8 +153,7 @@ def assess(
     the point estimate must exceed (the band's bound over the baseline, or 1 + the
     minimum effect side by side). `slower` / `faster` are what the rule decided.
 
-    `detectable`: the rule rejects when log(m) > max(log threshold, t_alpha se), so with
-    probability `POWER` when the true log ratio is that plus z_power se.
+    `detectable`: `catches(se, dof)`.
 
     `dof` is the degrees of freedom of `se` (`stats.Noise.dof`: a session term in it
     counts as known, Welch-Satterthwaite). `enough`: the data may support a *same*
@@ -143,12 +164,9 @@ def assess(
     if se <= 0:
         # No spread known: the band alone decides, and sameness is the point's.
         high = ratio
-        detectable = None
     else:
-        t_same = t_quantile(SAME_ALPHA, dof)
-        high = ratio * math.exp(min(t_same * se, MAX_LOG_SPREAD))
-        reach = max(math.log(threshold), t_quantile(alpha, dof) * se)
-        detectable = math.exp(min(reach + z_quantile(1.0 - POWER) * se, MAX_LOG_SPREAD)) - 1.0
+        high = ratio * math.exp(min(t_quantile(SAME_ALPHA, dof) * se, MAX_LOG_SPREAD))
+    detectable = catches(se, dof, alpha=alpha, threshold=threshold)
     precise = detectable is None or detectable <= SAME_PRECISION * margin
     if slower:
         answer = SLOWER
@@ -157,6 +175,25 @@ def assess(
     else:
         answer = CANT_TELL
     return Answer(answer, margin, high, detectable)
+
+
+def catches(se: float, dof: int, *, alpha: float, threshold: float) -> float | None:
+    """The smallest slowdown (ratio - 1) the regression rule catches with `POWER` at a
+    log-scale standard error `se` on `dof` degrees of freedom: the rule rejects when
+    log(m) > max(log threshold, t_alpha se), so with probability `POWER` when the true log
+    ratio is that plus z_power se. None when the noise is unknown (`se` 0)."""
+    if se <= 0:
+        return None
+    reach = max(math.log(threshold), t_quantile(alpha, dof) * se)
+    return math.exp(min(reach + z_quantile(1.0 - POWER) * se, MAX_LOG_SPREAD)) - 1.0
+
+
+def below_resolution(answer: Answer, resolution: float | None) -> Answer:
+    """`answer` on a figure the runner cannot resolve (`resolution`: what it could catch):
+    slower stays slower, anything else is `UNRESOLVED` (never *same* without the
+    precision the card asks for)."""
+    kind = SLOWER if answer.answer == SLOWER else UNRESOLVED
+    return Answer(kind, answer.margin, answer.high, answer.detectable, resolution)
 
 
 def exact(grew: bool) -> Answer:

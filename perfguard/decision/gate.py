@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.comparison import RELATIVE_RULE
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
+from perfguard.decision.resolution import DEFAULT_TIMING_GATE, TIMING_GATES
 from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -109,6 +110,8 @@ class JudgeOptions:
     - `max_reruns`: fresh confirmation processes for a case over its bound.
     - `confirm_gap_s`: seconds to wait before each confirmation (0: none).
     - `rule`, `policy`: the evidence a verdict needs and the contention screen.
+    - `timing_gate`: which timed figures get all three answers on this runner
+      (`perfguard.decision.resolution`: auto, gate or advise).
 
     A relative check (`perfguard.measurement.relative`) uses `fail_on_missing`,
     `advisory`, `allow_output_change` and the rule's alpha (`RELATIVE_RULE` unless
@@ -123,8 +126,13 @@ class JudgeOptions:
     rule: Rule = DEFAULT_RULE
     policy: ContentionPolicy = DEFAULT_POLICY
     confirm_gap_s: float = DEFAULT_CONFIRM_GAP_S
+    timing_gate: str = DEFAULT_TIMING_GATE
 
     def __post_init__(self) -> None:
+        if self.timing_gate not in TIMING_GATES:
+            raise ValueError(
+                f"timing gate must be one of {', '.join(TIMING_GATES)}, not {self.timing_gate!r}"
+            )
         if self.max_reruns < 0:
             raise ValueError("max_reruns must be >= 0")
         if not self.confirm_gap_s >= 0:
@@ -147,6 +155,7 @@ class JudgeOptions:
             rule=self.rule,
             policy=self.policy,
             allow_output_change=self.allow_output_change,
+            timing_gate=self.timing_gate,
         )
 
 
@@ -241,6 +250,7 @@ class _Gate:
             rule=self.judging.rule,
             policy=self.judging.policy,
             allow_output_change=self.judging.allow_output_change,
+            timing_gate=self.judging.timing_gate,
         )
 
     def until_for(self, case: Case) -> Until | None:

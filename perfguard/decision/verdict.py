@@ -37,6 +37,13 @@ from perfguard.decision.normalize import (
     scaled_runs,
     screened_runs,
 )
+from perfguard.decision.resolution import (
+    DEFAULT_TIMING_GATE,
+    GATE,
+    RESOLVED_CLASSES,
+    judged_in_full,
+    resolution,
+)
 from perfguard.decision.stats import (
     Noise,
     Summary,
@@ -507,6 +514,7 @@ def judge_case(
     rule: Rule = DEFAULT_RULE,
     policy: ContentionPolicy = DEFAULT_POLICY,
     allow_output_change: bool = False,
+    timing_gate: str = DEFAULT_TIMING_GATE,
 ) -> CaseVerdict:
     """Judge every metric of one case's result against its baseline scenario.
 
@@ -522,6 +530,8 @@ def judge_case(
 
     Work counters and output are judged by `perfguard.decision.counters` (exact): a grown
     counter or a changed output not allowed fails the case whatever the timings say.
+    `timing_gate` says which timed figures get all three answers
+    (`perfguard.decision.resolution`).
     """
     common = _case_fields(result, scenario)
     if result.status != "ok":
@@ -555,18 +565,29 @@ def judge_case(
             exponents[metric] = round(exponent, 3)
         own = profile.band(metric, overrides)
         band = profile.noise_band(own, summary)
+        figure_rule = rule_of(metric, judged, rule)
+        judged_metric = judge_metric(
+            metric,
+            samples,
+            summary,
+            band,
+            improvement_threshold=improvement_threshold,
+            rule=figure_rule,
+            groups=result.groups,
+            speed=speed,
+            session=profile.session(metric),
+            same_band=own,
+        )
+        stored = base.get(metric)
+        stored_band = band if stored is summary else profile.noise_band(own, stored)
         out.append(
-            judge_metric(
-                metric,
-                samples,
-                summary,
-                band,
-                improvement_threshold=improvement_threshold,
-                rule=rule_of(metric, judged, rule),
-                groups=result.groups,
-                speed=speed,
-                session=profile.session(metric),
-                same_band=own,
+            _at_resolution(
+                judged_metric,
+                stored,
+                stored_band,
+                figure_rule,
+                profile.session(metric),
+                timing_gate,
             )
         )
     if exponents:
@@ -575,6 +596,29 @@ def judge_case(
     kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
     verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=runner, **common)
     return contended(verdict, scr.reason) if scr.contended else verdict
+
+
+def _at_resolution(
+    m: MetricVerdict,
+    stored: Summary | None,
+    band: Band,
+    rule: Rule,
+    session: float,
+    timing_gate: str,
+) -> MetricVerdict:
+    """`m` with its answer below resolution where `timing_gate` does not judge it in full
+    on this baseline's runner (`perfguard.decision.resolution`): slower stays slower.
+    The resolution is the stored figure's (`stored`, under its own `band`), as
+    gen-baselines recorded it, not the figure rescaled to this check's runner speed."""
+    a = m.answer
+    if a is None or stored is None or m.metric_class not in RESOLVED_CLASSES:
+        return m
+    if timing_gate == GATE:
+        return m
+    res = resolution(stored, band, alpha=rule.alpha, session=session)
+    if judged_in_full(timing_gate, res, a.margin):
+        return m
+    return dataclasses.replace(m, answer=answers.below_resolution(a, res))
 
 
 def _exact(counter: counters.CounterVerdict) -> MetricVerdict:
@@ -739,6 +783,7 @@ def judge_against(
     rule: Rule = DEFAULT_RULE,
     policy: ContentionPolicy = DEFAULT_POLICY,
     allow_output_change: bool = False,
+    timing_gate: str = DEFAULT_TIMING_GATE,
 ) -> CaseVerdict:
     """`judge_case` with the case's scenario, improvement threshold and step fractions
     taken from `baseline`: what `judge` does per case, and the gate after each look."""
@@ -753,6 +798,7 @@ def judge_against(
         rule=rule,
         policy=policy,
         allow_output_change=allow_output_change,
+        timing_gate=timing_gate,
     )
 
 
@@ -767,6 +813,7 @@ def judge(
     rule: Rule = DEFAULT_RULE,
     policy: ContentionPolicy = DEFAULT_POLICY,
     allow_output_change: bool = False,
+    timing_gate: str = DEFAULT_TIMING_GATE,
 ) -> Judgement:
     """Judge every case of `results` against `baseline` under its profile `profile_name`.
 
@@ -785,6 +832,7 @@ def judge(
             rule=rule,
             policy=policy,
             allow_output_change=allow_output_change,
+            timing_gate=timing_gate,
         )
         for cid, res in sorted(results.cases.items())
     )

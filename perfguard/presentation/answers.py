@@ -4,7 +4,7 @@ renderers escape it). The answers themselves are `perfguard.decision.answer`'s."
 
 from __future__ import annotations
 
-from perfguard.decision.answer import CANT_TELL, LABELS, SAME, SLOWER
+from perfguard.decision.answer import CANT_TELL, LABELS, SAME, SLOWER, UNRESOLVED
 from perfguard.decision.verdict import CaseVerdict, MetricVerdict
 from perfguard.metrics import metric_class
 from perfguard.storage.reports import Report
@@ -16,7 +16,7 @@ about first ("is the request slower? is the denoising loop?")."""
 
 def counts(report: Report) -> dict[str, int]:
     """Timed figures by answer (faster counted with same)."""
-    out = {SAME: 0, SLOWER: 0, CANT_TELL: 0}
+    out = {SAME: 0, SLOWER: 0, CANT_TELL: 0, UNRESOLVED: 0}
     for case in report.cases:
         for m in case.metrics:
             if m.answer is not None and m.measured is not None and m.answer.margin > 0:
@@ -31,10 +31,44 @@ def answer_phrase(report: Report) -> str:
     answer = report.judgement.answer
     if answer is None:
         return ""
+    if answer == UNRESOLVED:
+        return f" ({unresolved_phrase(report)})"
     if answer != CANT_TELL:
         return f" ({LABELS[answer]})"
     n = counts(report)
     return f" (can't tell: {n[CANT_TELL]} of {sum(n.values())} timed figures)"
+
+
+def _below(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:
+    return [
+        (case, m)
+        for case in report.cases
+        for m in case.metrics
+        if m.answer is not None and m.answer.answer == UNRESOLVED
+    ]
+
+
+def _has_work(report: Report) -> bool:
+    return any(
+        m.answer is not None and m.answer.margin == 0 for c in report.cases for m in c.metrics
+    )
+
+
+def unresolved_phrase(report: Report) -> str:
+    """`work: same (exact); timing: this runner resolves about +38 % (qwen DenoisingStage),
+    not judged below that`: a check whose timing the runner could not resolve."""
+    below = _below(report)
+    headline = [cm for cm in below if metric_class(cm[1].metric) in HEADLINE_CLASSES] or below
+    case, m = max(headline, key=lambda cm: cm[1].answer.resolution or 0.0)  # type: ignore[union-attr]
+    assert m.answer is not None
+    res = m.answer.resolution
+    where = f"{case.case_id} {m.metric}"
+    timing = (
+        f"timing: this runner resolves about +{res:.0%} ({where}), not judged below that"
+        if res is not None
+        else f"timing: not resolvable on this runner ({where})"
+    )
+    return f"work: same (exact); {timing}" if _has_work(report) else timing
 
 
 def _headline_figures(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:
@@ -93,6 +127,28 @@ def resolve_line(report: Report) -> str:
     )
 
 
+def resolution_line(report: Report) -> str:
+    """Which timed figures were below this runner's resolution, and what would judge them."""
+    below = _below(report)
+    if not below:
+        return ""
+    shown = []
+    for case, m in below[:4]:
+        assert m.answer is not None
+        res = "?" if m.answer.resolution is None else f"+{m.answer.resolution:.0%}"
+        shown.append(
+            f"{case.case_id} {m.metric} resolves {res} (minimum effect +{m.answer.margin:.0%})"
+        )
+    more = f" and {len(below) - 4} more" if len(below) > 4 else ""
+    return (
+        f"Below resolution ({len(below)} timed figure(s), judged only for slower): "
+        f"{'; '.join(shown)}{more}. The baseline's runner spreads too much between "
+        "processes for them to be called the same; a quieter runner, a GPU, the relative "
+        "check (perfguard compare --against REF) or --timing-gate gate judge them in full."
+    )
+
+
 def answer_lines(report: Report) -> list[str]:
     """The lines under the first one: what the check could see, what is open."""
-    return [line for line in (detectable_line(report), resolve_line(report)) if line]
+    lines = (detectable_line(report), resolution_line(report), resolve_line(report))
+    return [line for line in lines if line]

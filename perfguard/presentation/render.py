@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfguard.decision.answer import UNRESOLVED
 from perfguard.decision.changes import BaselineDiff, DiffRow
 from perfguard.decision.counters import is_counter
 from perfguard.decision.paired import UNKNOWN
@@ -481,6 +482,8 @@ def fmt_answer(m: MetricVerdict) -> str:
     """`same`, `slower`, `can't tell` with the slowdown the check could catch: `(>= +8%)`."""
     if m.answer is None:
         return "-"
+    if m.answer.resolution is not None and m.answer.answer == UNRESOLVED:
+        return f"{m.answer.label} (resolves +{m.answer.resolution:.0%})"
     if m.answer.detectable is None:
         return m.answer.label
     return f"{m.answer.label} (catches +{m.answer.detectable:.0%})"

@@ -118,6 +118,10 @@ class Scenario:
     """Runs of each process, in the order of the samples (those the screen kept): a
     check re-weighs the reference's share per metric and needs the processes
     (`perfguard.decision.normalize.adjusted`). None in files from before it."""
+    resolution: Mapping[str, float] | None = None
+    """Per timed class, the smallest slowdown a default check against these figures
+    catches on the runner that made them (`perfguard.decision.resolution`); a check
+    computes each figure's own from its summary. None in files from before it."""
 
     @property
     def normalized(self) -> bool:
@@ -170,6 +174,7 @@ class Scenario:
             "timing": self.timing,
             "groups": None if self.groups is None else list(self.groups),
             "busy": self.busy,
+            "resolution": None if self.resolution is None else dict(self.resolution),
             "source": self.source,
             "components": None
             if self.components is None
@@ -222,6 +227,7 @@ class Scenario:
             timing=data.get("timing"),
             groups=None if data.get("groups") is None else tuple(data["groups"]),
             busy=data.get("busy"),
+            resolution=None if data.get("resolution") is None else dict(data["resolution"]),
             source=data.get("source"),
             components=data.get("components"),
             work=None if data.get("work") is None else WorkCounts.from_json(data["work"]),
@@ -662,9 +668,22 @@ def record_case(
     with lock(path):
         current = open_for_update(path, environment)
         merged = merge_scenario(current.scenarios.get(result.case_id), scenario, tighten)
+        merged = with_resolution(merged, current)
         updated = current.with_scenario(result.case_id, merged).touched(environment)
         save(path, updated)
     return updated
+
+
+def with_resolution(scenario: Scenario, baseline: Baseline) -> Scenario:
+    """`scenario` with the resolution of its timed classes under the baseline's default
+    profile (`perfguard.decision.resolution.of_scenario`)."""
+    from perfguard.decision.resolution import of_scenario
+    from perfguard.decision.tolerances import DEFAULT_PROFILE
+
+    if DEFAULT_PROFILE not in baseline.profiles:
+        return scenario
+    found = of_scenario(scenario, baseline.profile(DEFAULT_PROFILE))
+    return dataclasses.replace(scenario, resolution=found or None)
 
 
 @dataclass(frozen=True)
@@ -676,6 +695,8 @@ class Recorded:
     stored: CaseResult | None
     busy: str | None = None
     contended: str | None = None
+    scenario: Scenario | None = None
+    """The scenario as stored (with its resolution)."""
 
 
 def record_measured(
@@ -687,19 +708,22 @@ def record_measured(
     allow_busy: bool = False,
     tighten: bool = False,
     timing: str | None = None,
+    foreign_load: float | None = None,
 ) -> Recorded:
     """Store a fresh session of a case as gen-baselines does: not at all when the runner
     was busy (unless `allow_busy`: then marked busy), without the runs the reference saw
-    contended against the session's own level (all of them kept, when most were)."""
+    contended against the session's own level (all of them kept, when most were).
+    `foreign_load`: the cores other processes used while it measured
+    (`perfguard.device.load`)."""
     from perfguard.decision.contention import busy_against, screen
 
-    busy = busy_against(result, replaced)
+    busy = busy_against(result, replaced, foreign_load)
     if busy and not allow_busy:
         return Recorded(None, busy)
     quiet, scr = screen(result, None)
     contended = scr.reason if scr.contended else None
     kept = result if contended else quiet
-    record_case(
+    updated = record_case(
         path,
         kept,
         environment,
@@ -708,7 +732,7 @@ def record_measured(
         timing=timing,
         busy=busy,
     )
-    return Recorded(kept, busy, contended)
+    return Recorded(kept, busy, contended, updated.scenarios.get(result.case_id))
 
 
 def prune(path: str | os.PathLike[str], keep: Iterable[str]) -> list[str]:

@@ -1,0 +1,161 @@
+"""What a runner can resolve, and how much of the timing a check judges on it.
+
+A baseline records its runner's noise. From it follows the *resolution* of each timed
+figure: the smallest slowdown a check against that baseline catches with 80 % probability
+(`answer.POWER`), were the check's processes as spread as the baseline's and as many as
+a default check may take (`CHECK_PROCESSES`). On a quiet CPU runner the denoising stage
+resolves 5-7 %; on a 2-core VM whose fresh processes of the same code spread 13-29 %
+(docs/measurements/2026-12-07-noisy-runner.md) it resolves +40 % or worse.
+
+*Same* needs a check that could have caught `SAME_PRECISION` (3) times the figure's
+minimum effect. Where the resolution is far wider than that (`RESOLVABLE`), no default
+check reaches *same*: the figure would be *can't tell* on every check, and a gate that
+is yellow on every PR is one people turn off. The timing gate (`[tool.perfguard]`
+`timing-gate`) says what a check does then:
+
+- `auto` (the default): a figure the runner resolves gets the three answers; one it
+  does not is judged only for *slower* (a credible slowdown fails on any runner) and
+  otherwise reads *below resolution*, which neither fails nor asks for more processes;
+- `gate`: every figure gets the three answers, whatever the runner resolves;
+- `advise`: every timed figure is judged only for *slower*, as `auto` does below
+  resolution.
+
+Work counters and the output are exact on every runner and always decide.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from perfguard.decision.answer import SAME_PRECISION, catches
+from perfguard.decision.stats import (
+    MEDIAN_SE_FACTOR,
+    Summary,
+    log_spread,
+    process_spread,
+    satterthwaite,
+)
+from perfguard.decision.tolerances import Band
+from perfguard.metrics import metric_class
+
+AUTO, GATE, ADVISE = "auto", "gate", "advise"
+TIMING_GATES = (AUTO, GATE, ADVISE)
+DEFAULT_TIMING_GATE = AUTO
+
+RESOLVABLE = 2.0 * SAME_PRECISION
+"""A figure is judged in full when its resolution is within this many times its minimum
+effect (6: +18 % on the 3 % figures). Twice what *same* itself needs, because a check
+pools its own processes' spread with the baseline's and divides by the reference
+workload, and often resolves more than the baseline alone promises: on a quiet hour of
+the 2-core runner a baseline whose denoising stage resolved +9-11 % gave checks of
+unchanged code that caught +6-7 % and answered *same*; on a noisy day the same stage
+resolved +33-69 % and no check reached *same*
+(docs/measurements/2026-12-07-noisy-runner.md)."""
+
+CHECK_PROCESSES = 9
+"""The processes a default stored check may take on one case: its first measurement and
+`gate.DEFAULT_MAX_RERUNS` (8) fresh ones. The resolution is what that many reach."""
+
+RESOLVED_CLASSES = ("e2e", "denoise_stage", "denoise_agg", "denoise_step", "non_denoise_stage")
+"""The timed classes a baseline records a resolution for (memory is a count of bytes)."""
+
+
+def resolution(
+    baseline: Summary,
+    band: Band,
+    *,
+    alpha: float,
+    session: float = 0.0,
+    processes: int = CHECK_PROCESSES,
+) -> float | None:
+    """The smallest slowdown (ratio - 1) a check of `processes` fresh processes catches
+    with `POWER` against `baseline` under `band` and the one-sided level `alpha`, its
+    processes spread as the baseline's. The noise model is the check's own
+    (`stats.log_ratio_noise`), with the check's side assumed, not measured. None when
+    the baseline shows no spread (one sample, a count)."""
+    b = baseline.median
+    if b <= 0:
+        return None
+    own = log_spread(baseline)
+    kb = len(baseline.processes) if baseline.processes else 1
+    within, dof = 0.0, 0
+    if own is not None:
+        per_process = max(1.0, baseline.n / kb)
+        within = MEDIAN_SE_FACTOR * own * math.sqrt(1 / baseline.n + 1 / (per_process * processes))
+        dof = baseline.n - 1
+    between = 0.0
+    spread = process_spread(baseline)
+    if spread is not None:
+        sd, between_dof = spread
+        between = sd * math.sqrt(1 / kb + 1 / processes)
+        dof = between_dof + processes - 1
+    if within <= 0 and between <= 0:
+        return None
+    se = math.sqrt(max(within, between) ** 2 + 2.0 * session**2)
+    dof = satterthwaite(se, math.sqrt(2.0) * session, dof)
+    return catches(se, dof, alpha=alpha, threshold=band.bound(b) / b)
+
+
+def resolvable(figure_resolution: float | None, margin: float) -> bool:
+    """Whether a check may say *same* of a figure with minimum effect `margin`: its
+    resolution is within `RESOLVABLE` times the margin (unknown counts as yes)."""
+    return figure_resolution is None or figure_resolution <= RESOLVABLE * margin
+
+
+def judged_in_full(timing_gate: str, figure_resolution: float | None, margin: float) -> bool:
+    """Whether a timed figure gets all three answers under `timing_gate`."""
+    if timing_gate not in TIMING_GATES:
+        raise ValueError(
+            f"timing gate must be one of {', '.join(TIMING_GATES)}, not {timing_gate!r}"
+        )
+    if timing_gate == GATE:
+        return True
+    return timing_gate == AUTO and resolvable(figure_resolution, margin)
+
+
+def by_class(figures: Iterable[tuple[str, float | None]]) -> dict[str, float]:
+    """Per timed class, the median resolution of its figures (e2e and the denoising stage
+    are one figure each): what `baselines show` and a check's first lines quote."""
+    found: dict[str, list[float]] = {}
+    for metric, value in figures:
+        cls = metric_class(metric)
+        if value is not None and cls in RESOLVED_CLASSES:
+            found.setdefault(cls, []).append(value)
+    return {
+        cls: round(statistics.median(found[cls]), 4) for cls in RESOLVED_CLASSES if cls in found
+    }
+
+
+def describe(classes: Mapping[str, Any]) -> str:
+    """`e2e +12%, denoise_stage +38%, ...` in class order."""
+    return ", ".join(
+        f"{cls} +{float(classes[cls]):.0%}" for cls in RESOLVED_CLASSES if cls in classes
+    )
+
+
+def of_scenario(scenario: Any, profile: Any) -> dict[str, float]:
+    """Per timed class, what a default check against `scenario` resolves under `profile`
+    (`by_class`): the figure `gen-baselines` records and `baselines show` prints. The
+    steps share the stored level as the check's do (Bonferroni over the steps)."""
+    from perfguard.decision.comparison import STORED_ALPHA
+
+    metrics: Mapping[str, Summary] = scenario.metrics
+    steps = sum(1 for name in metrics if metric_class(name) == "denoise_step")
+    overrides = [scenario.tolerance_overrides or {}]
+    figures = []
+    for name, summary in metrics.items():
+        if metric_class(name) not in RESOLVED_CLASSES:
+            continue
+        alpha = (
+            STORED_ALPHA / steps
+            if metric_class(name) == "denoise_step" and steps > 1
+            else STORED_ALPHA
+        )
+        band = profile.noise_band(profile.band(name, overrides), summary)
+        figures.append(
+            (name, resolution(summary, band, alpha=alpha, session=profile.session(name)))
+        )
+    return by_class(figures)
