@@ -34,6 +34,26 @@ The bare name is the whole run (work between stages included). The per-op histog
 each stage is kept beside them in results and baselines (`work.op_counts`); it is not a
 metric. The verdict on counters is `perfguard.decision.counters`: exact by default, a
 growth is a regression whatever the timings say.
+
+Server figures (`workload = "server"`, docs/serving.md): one sample per round of the load
+scenario, per concurrency level N. They are stages of the level, `stage:c<N>/<figure>`,
+so that a baseline file keeps its one schema (`stages` by name) and every rule applies
+unchanged:
+
+| name                        | unit | class               | what                          |
+|-----------------------------|------|---------------------|-------------------------------|
+| `stage:c4/latency_p50`      | ms   | `e2e`               | median request latency        |
+| `stage:c4/latency_p90`, `stage:c4/latency_p99` | ms | `non_denoise_stage` | tail latency |
+| `stage:c4/inv_throughput`   | ms   | `e2e`               | 1000 / throughput (req/s)     |
+| `stage:c4/queue_time`       | ms   | `non_denoise_stage` | median time queued            |
+| `stage:c4/<Stage>`          | ms   | as `stage:<Stage>`  | median of the requests' stage times |
+| `stage:c4/step_avg`         | ms   | `denoise_agg`       | median of the requests' mean step |
+| `peak_memory:c4`            | MB   | `peak_memory`       | the server's reported peak    |
+
+Throughput is judged as its inverse, so that lower is better as for every other figure.
+Tails are judged at 20 % (a p99 of 16 requests is their slowest), the median and the
+throughput at 3 %. Failed requests are exact: they are the case's output
+(`perfguard.measurement.serving.case`).
 """
 
 from __future__ import annotations
@@ -71,6 +91,36 @@ _METRIC_RE = re.compile(
     r"|stage:[A-Za-z0-9_./-]+|step:\d+)$"
 )
 _WORK_RE = re.compile(r"^(ops|flops|alloc|syncs)(_per_step|:[A-Za-z0-9_./-]+)?$")
+SERVER_FIGURES = (
+    "latency_p50",
+    "latency_p90",
+    "latency_p99",
+    "inv_throughput",
+    "queue_time",
+    "step_avg",
+)
+"""The server figures of a concurrency level other than its stages, in report order."""
+_SERVER_CLASSES = {"latency_p50": "e2e", "inv_throughput": "e2e", "step_avg": "denoise_agg"}
+_SERVER_RE = re.compile(r"^(?:stage:|peak_memory:)c([0-9]+)(?:/([A-Za-z0-9_./-]+))?$")
+
+
+def server_metric(concurrency: int, figure: str) -> str:
+    """`stage:c4/latency_p99` for a server figure (or a stage) at a concurrency level."""
+    return f"stage:c{concurrency}/{figure}"
+
+
+def server_peak_metric(concurrency: int) -> str:
+    """`peak_memory:c4`: the server's reported peak memory at a concurrency level."""
+    return f"{STAGE_PEAK_PREFIX}c{concurrency}"
+
+
+def parse_server_metric(name: str) -> tuple[int, str] | None:
+    """(4, `latency_p99`) for `stage:c4/latency_p99`, (4, `peak_memory`) for
+    `peak_memory:c4`; None for a name that is not a server figure."""
+    m = _SERVER_RE.match(name)
+    if m is None or (name.startswith("stage:") != (m.group(2) is not None)):
+        return None
+    return int(m.group(1)), m.group(2) or "peak_memory"
 
 
 def work_metric(kind: str, stage: str | None = None, *, step: bool = False) -> str:
@@ -113,6 +163,9 @@ def metric_class(name: str) -> str:
         return "denoise_agg"
     if name.startswith("step:"):
         return "denoise_step"
+    server = parse_server_metric(name)
+    if server is not None and server[1] in _SERVER_CLASSES:
+        return _SERVER_CLASSES[server[1]]
     if name.startswith("stage:"):
         # Model-specific denoisers (sglang's `Ideogram4DenoisingStage`) count as denoise.
         return "denoise_stage" if name.endswith(DENOISING_STAGE) else "non_denoise_stage"
@@ -129,6 +182,11 @@ def metric_sort_key(name: str) -> tuple[int, int, str]:
     """e2e, stages, aggregates, steps in order, memory."""
     if name == "e2e":
         return (0, 0, name)
+    server = parse_server_metric(name)
+    if server is not None:  # by level, then the figures before the stages
+        level, figure = server
+        known = SERVER_FIGURES.index(figure) if figure in SERVER_FIGURES else len(SERVER_FIGURES)
+        return (1, level, f"{known:02d}{figure}")
     if name.startswith("stage:"):
         return (1, 0, name)
     if name in ("step_avg", "step_median"):

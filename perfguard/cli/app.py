@@ -27,6 +27,7 @@ from perfguard.cli import (
 from perfguard.cli.bisect import bisect_command
 from perfguard.cli.common import CONTEXT_SETTINGS
 from perfguard.cli.explain import explain_command
+from perfguard.cli.serve import serve_command
 from perfguard.errors import (
     EXIT_CODES_HELP,
     EXIT_INTERNAL,
@@ -77,6 +78,7 @@ for _command in (
     server.server_group,
     explain_command,
     bisect_command,
+    serve_command,
 ):
     cli.add_command(_command)
 config.hide_knobs(cli)

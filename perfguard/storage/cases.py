@@ -47,6 +47,25 @@ REGISTRY_PLATFORMS = PLATFORM_NAMES
 TOGGLES = ("glm_prior_drop_inplace", "qwen_modulation_cache", "qwen_varlen_host_meta")
 DIFFUSERS = "diffusers"
 """The workload that runs a user's diffusers pipeline (`perfguard.interop.diffusers`)."""
+SERVER = "server"
+"""The workload that drives a running server over HTTP (`perfguard.measurement.serving`)."""
+SERVER_FIELDS = (
+    "url",
+    "launch",
+    "ready",
+    "api",
+    "request",
+    "concurrency",
+    "requests",
+    "warmup",
+    "rate",
+    "perf_log",
+    "metrics",
+    "rounds",
+    "ready_timeout_s",
+    "request_timeout_s",
+)
+"""A server case's own fields (docs/serving.md); no other case has them."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,14 @@ class Case:
     `guidance_scale` only when the case sets it (else None: the pipeline's own default),
     and its `options` are further `__call__` arguments, passed as written
     (`perfguard.interop.diffusers.call_arguments`).
+
+    A `server` case measures a server over HTTP (docs/serving.md): a running one at `url`
+    or one perfguard starts from `launch` (an argv with `{port}`, ready when `GET
+    /health` answers or its log shows `ready`). Each of `rounds` rounds sends `warmup`
+    untimed requests, then `requests` requests at each level of `concurrency` (closed
+    loop; Poisson arrivals at `rate` per second when set), each one `request` as its
+    body to the `api` (`images` or `videos`). `perf_log` (sglang's `performance.log`)
+    and `metrics` (Prometheus `/metrics`) add stage times where the server has them.
     """
 
     id: str
@@ -95,6 +122,20 @@ class Case:
     prompt: str = ""
     negative_prompt: str | None = None
     dit: str = "diffusers"
+    url: str = ""
+    launch: tuple[str, ...] = ()
+    ready: str = ""
+    api: str = "images"
+    request: dict[str, Any] = field(default_factory=dict)
+    concurrency: tuple[int, ...] = (1,)
+    requests: int = 16
+    warmup: int = 2
+    rate: float | None = None
+    perf_log: str = ""
+    metrics: bool = False
+    rounds: int = 5
+    ready_timeout_s: float = 300.0
+    request_timeout_s: float = 120.0
     source: str = field(default="", compare=False)
 
     def __hash__(self) -> int:
@@ -134,6 +175,11 @@ class Case:
         if self.workload != DIFFUSERS:  # keep built-in cases' definitions as they were
             for key in ("model", "prompt", "negative_prompt", "dit"):
                 data.pop(key)
+        if self.workload != SERVER:
+            for key in SERVER_FIELDS:
+                data.pop(key)
+        else:
+            data["launch"], data["concurrency"] = list(self.launch), list(self.concurrency)
         return data
 
     def to_json(self) -> dict[str, Any]:
@@ -183,6 +229,8 @@ def parse_case(raw: dict[str, Any], source: str) -> Case:
         )
     data["prompt_lengths"] = tuple(lengths)
     data["tags"] = tuple(data.get("tags", ()))
+    if data.get("workload") == SERVER:
+        _server_fields(data, f"{source}: case {case_id!r}")
     if data.get("workload") == DIFFUSERS and "guidance_scale" not in data:
         # Not set: not passed, so the pipeline's own default applies (Flux's distilled
         # guidance 3.5, Qwen-Image's None), rather than perfguard's built-in 4.0.
@@ -207,6 +255,18 @@ def parse_case(raw: dict[str, Any], source: str) -> Case:
                 f"{data.get('width', 1024)} target grid"
             )
     return Case(**data, source=source)
+
+
+def _server_fields(data: dict[str, Any], where: str) -> None:
+    """A server case's fields as the `Case` holds them; what the schema cannot say is an
+    error naming the field."""
+    if bool(data.get("url")) == bool(data.get("launch")):
+        raise PerfguardError(f"{where}: give exactly one of url (a running server) or launch")
+    launch = data.get("launch") or []
+    if launch and not any("{port}" in arg for arg in launch):
+        raise PerfguardError(f"{where}: launch: no argument holds {{port}}")
+    data["launch"] = tuple(launch)
+    data["concurrency"] = tuple(data.get("concurrency", (1,)))
 
 
 def _not_finite(raw: Any, where: str = "") -> tuple[str, float] | None:

@@ -1,0 +1,269 @@
+"""A `workload = "server"` case measured into a `CaseResult`: rounds of a load scenario.
+
+Why rounds: the verdict's noise model is built on processes (`CaseResult.groups`: the
+spread of per-process medians, Student's t on their degrees of freedom). A round of a
+server case is one such group: `warmup` untimed requests, then `requests` at each
+concurrency level, and one sample of each figure per level (`perfguard.metrics`: p50, p90,
+p99, inverse throughput, queue time, stages, steps, peak memory). The rule then applies
+unchanged, and a check's confirmation measures one more round. A measurement takes the
+case's `rounds` (gen-baselines and a check's first measurement alike), a confirmation one.
+
+Why failures are the output: a failed request is a fact, not a noisy figure, and one the
+baseline did not have must fail the check whatever the timings say. The case's output is
+what the server answered, the count of each kind of answer per level (`c4: 64 ok, 16 HTTP
+500`), compared exactly like a pipeline's output hash (`perfguard.decision.counters`): an
+answer the baseline did not give fails the case (exit 1; `output_may_change` allows it).
+
+What the figures come from, best first: sglang's `performance.log` joined by request id,
+the answer's own `stage_durations` (vLLM-Omni, `perfguard serve`), Prometheus `/metrics`
+(means over the level). A server that speaks only the API is gated on latency,
+throughput and its answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from perfguard.measurement.serving import scrape
+from perfguard.measurement.serving.launch import LaunchFailed, forget, server_for
+from perfguard.measurement.serving.load import Client, LevelRun, Unreachable, run_level, warm_up
+from perfguard.metrics import server_metric, server_peak_metric
+from perfguard.results import CaseResult, Results
+from perfguard.storage.cases import SERVER, Case
+
+Echo = Callable[[str], None]
+JOIN_WAIT_S = 2.0
+"""How long a level waits for the perf-log lines of its requests (sglang writes a line
+after it answers)."""
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile with linear interpolation between order statistics (numpy's default)."""
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def answer_kind(error: str | None) -> str:
+    """`ok`, `HTTP 500`, `malformed answer`, ...: how the answers of a level are counted."""
+    if error is None:
+        return "ok"
+    head = error.split(":", 1)[0]
+    return head if head.startswith("HTTP") else head.replace("_", " ")
+
+
+class ServerRun:
+    """The rounds of one server case against one server, and what they measured."""
+
+    def __init__(self, case: Case, url: str, echo: Echo) -> None:
+        self.case, self.url, self.echo = case, url, echo
+        self.rounds: list[dict[str, float]] = []
+        self.answers: dict[int, Counter[str]] = {c: Counter() for c in case.concurrency}
+        self.first_error: dict[int, str] = {}
+        self.throughput: dict[int, list[float]] = {c: [] for c in case.concurrency}
+        self.perf_log = scrape.PerfLog(Path(case.perf_log)) if case.perf_log else None
+        self.problems: list[str] = []
+
+    async def measure(self, rounds: int) -> None:
+        client = Client(self.url, self.case.api, self.case.request, self.case.request_timeout_s)
+        try:
+            for r in range(rounds):
+                await warm_up(client, self.case.warmup)
+                figures: dict[str, float] = {}
+                for level in self.case.concurrency:
+                    figures.update(await self._level(client, level, r))
+                self.rounds.append(figures)
+        finally:
+            await client.close()
+
+    async def _level(self, client: Client, level: int, round_: int) -> dict[str, float]:
+        if self.perf_log is not None:
+            self.perf_log.read_new()  # what earlier requests (warm-up) left
+        before = await self._metrics()
+        run = await run_level(client, level, self.case.requests, self.case.rate, seed=round_)
+        after = await self._metrics()
+        for o in run.outcomes:
+            self.answers[level][answer_kind(o.error)] += 1
+            if o.error and level not in self.first_error:
+                self.first_error[level] = o.error
+        ok = [o for o in run.outcomes if o.ok]
+        if not ok:
+            return {}
+        self.throughput[level].append(len(ok) / (run.wall_ms / 1e3))
+        lines = await self._perf_lines(ok)
+        return self._figures(level, run, lines, (before, after))
+
+    async def _metrics(self) -> scrape.Samples | None:
+        if not self.case.metrics:
+            return None
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            resp = await http.get(f"{self.url.rstrip('/')}/metrics")
+        if resp.status_code != 200:
+            self._problem(f"/metrics: HTTP {resp.status_code}")
+            return None
+        return scrape.parse_metrics(resp.text, self.problems)
+
+    async def _perf_lines(self, ok: list[Any]) -> dict[str, scrape.PerfLine]:
+        if self.perf_log is None:
+            return {}
+        wanted = {o.request_id for o in ok if o.request_id}
+        found: dict[str, scrape.PerfLine] = {}
+        for _ in range(int(JOIN_WAIT_S / 0.05)):
+            found.update(self.perf_log.read_new())
+            if wanted <= set(found):
+                break
+            await asyncio.sleep(0.05)
+        missing = len(wanted - set(found))
+        if missing:
+            self._problem(f"{self.perf_log.path}: no line for {missing} request id(s)")
+        return found
+
+    def _figures(
+        self, level: int, run: LevelRun, lines: dict[str, scrape.PerfLine], reads: tuple[Any, Any]
+    ) -> dict[str, float]:
+        """One round's figures of one level (`perfguard.metrics`, server figures)."""
+        ok = [o for o in run.outcomes if o.ok]
+        latencies = [o.latency_ms for o in ok]
+        out = {
+            server_metric(level, "latency_p50"): quantile(latencies, 0.5),
+            server_metric(level, "latency_p90"): quantile(latencies, 0.9),
+            server_metric(level, "latency_p99"): quantile(latencies, 0.99),
+            server_metric(level, "inv_throughput"): run.wall_ms / len(ok),
+        }
+        before, after = reads
+        stages: dict[str, list[float]] = {}
+        steps: list[float] = []
+        for o in ok:
+            line = lines.get(o.request_id or "")
+            for name, ms in (line.stages_ms if line else o.stages_ms).items():
+                stages.setdefault(name, []).append(ms)
+            if line and line.steps_ms:
+                steps.append(statistics.fmean(line.steps_ms))
+        if not stages and before is not None and after is not None:
+            for name in scrape.stages_of(after):
+                mean = scrape.mean_ms(before, after, scrape.STAGE, stage=name)
+                if mean is not None:
+                    stages[name] = [mean]
+        for name, values in stages.items():
+            out[server_metric(level, name)] = statistics.median(values)
+        if steps:
+            out[server_metric(level, "step_avg")] = statistics.median(steps)
+        queued = [o.queue_ms for o in ok if o.queue_ms is not None]
+        if before is not None and after is not None:
+            mean = scrape.mean_ms(before, after, scrape.QUEUE)
+            queued = [mean] if mean is not None else queued
+        if queued:
+            out[server_metric(level, "queue_time")] = statistics.median(queued)
+        peaks = [o.peak_memory_mb for o in ok if o.peak_memory_mb is not None]
+        if peaks:
+            out[server_peak_metric(level)] = max(peaks)
+        return out
+
+    def _problem(self, message: str) -> None:
+        self.problems.append(message)
+
+    def result(self, result: CaseResult) -> CaseResult:
+        """`result` with the rounds' samples (the figures every round has), the answers as
+        its output, and the level summary under `observed.server`."""
+        if self.perf_log is not None:
+            self.problems.extend(self.perf_log.problems)
+        for message in dict.fromkeys(self.problems):
+            self.echo(f"perfguard: {self.case.id}: {message}")
+        common = set.intersection(*(set(r) for r in self.rounds)) if self.rounds else set()
+        result.samples = {m: [r[m] for r in self.rounds] for m in sorted(common)}
+        result.repeats = len(self.rounds)
+        result.groups = [1] * len(self.rounds) if len(self.rounds) > 1 else None
+        result.output_hash = answers_line(self.answers)
+        result.deterministic = True
+        result.observed = {"server": self.summary()}
+        return result
+
+    def summary(self) -> dict[str, Any]:
+        levels = {}
+        for level in self.case.concurrency:
+            tp = self.throughput[level]
+            levels[f"c{level}"] = {
+                "answers": dict(sorted(self.answers[level].items())),
+                "throughput_rps": round(statistics.median(tp), 4) if tp else None,
+                **({"first_error": self.first_error[level]} if level in self.first_error else {}),
+            }
+        return {"url": self.url, "levels": levels, "problems": len(self.problems)}
+
+
+def answers_line(answers: dict[int, Counter[str]]) -> str:
+    """`c1: 16 ok; c4: 13 ok, 3 HTTP 500`: the case's output (at most 200 characters)."""
+    parts = []
+    for level, kinds in sorted(answers.items()):
+        told = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: kv[0] != "ok"))
+        parts.append(f"c{level}: {told or 'none'}")
+    return "; ".join(parts)[:200]
+
+
+def rounds_for(case: Case, options: Any) -> int:
+    """A measurement's rounds: the case's, or one for a check's confirmation (which, as
+    one more process of a pipeline case, does not count work) and for a work check."""
+    if options.counters_only or not options.count_work:
+        return 1
+    return case.rounds
+
+
+def run_server_case(case: Case, options: Any, *, echo: Echo = _stderr) -> CaseResult:
+    """Measure one server case; a server that cannot be reached, that never gets ready or
+    that dies mid-run makes the case an error (exit 3) naming it, and nothing else."""
+    result = CaseResult(case_id=case.id, warmup=case.warmup, repeats=0, case=case.definition())
+    try:
+        url = case.url or server_for(case.launch, case.ready, case.ready_timeout_s).url
+        run = ServerRun(case, url, echo)
+        asyncio.run(run.measure(rounds_for(case, options)))
+        return run.result(result)
+    except (Unreachable, LaunchFailed) as exc:
+        if case.launch:
+            forget(case.launch)
+        result.status = "error"
+        where = f" at {case.url}" if case.url else ""
+        result.error = f"server{where} unreachable or gone: {exc}"[:2000]
+        return result
+
+
+def with_server_cases(
+    execute: Callable[..., Results],
+    cases: Sequence[Case],
+    platform: Any,
+    options: Any,
+    *,
+    on_case: Callable[[CaseResult], None] | None = None,
+    **others: Any,
+) -> Results:
+    """`execute(cases, ...)` for the pipeline cases, and the server cases measured here, in
+    this process: a server case's processes are its rounds, never worker processes."""
+    servers = [c for c in cases if c.workload == SERVER]
+    rest = [c for c in cases if c.workload != SERVER]
+    if not servers:
+        return execute(rest, platform, options, on_case=on_case, **others)
+    if rest:
+        results = execute(rest, platform, options, on_case=on_case, **others)
+    else:
+        from perfguard.device.platform import fingerprint
+
+        results = Results(environment=fingerprint(platform), settings=options.settings())
+    for case in servers:
+        res = run_server_case(case, options)
+        results.cases[case.id] = res
+        if on_case is not None:
+            on_case(res)
+    return results
