@@ -10,7 +10,10 @@ from pathlib import Path
 import perfguard.decision as decision
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ("answer", "comparison", "contention", "gate", "paired", "stats", "tolerances", "verdict")
+MODULES = (
+    "answer", "comparison", "contention", "gate", "paired", "resolution", "stats", "tolerances",
+    "verdict",
+)  # fmt: skip
 
 
 def card() -> str:

@@ -28,12 +28,23 @@ The stored check (`perfguard check`, against a committed baseline; `verdict.py`,
     Faster: the same, with the median 20 % or more below the baseline.
  7. Can't tell: neither. Each figure carries the slowdown it would catch with 80 %
     probability (POWER) and the margin that would have made it the same.
- 8. A case over a bound or that can't tell is measured in fresh processes, one at a
+ 8. Below resolution (`resolution.py`, timing gate `auto`): the baseline records what a
+    check of 9 processes (CHECK_PROCESSES) could catch on its runner. A figure whose
+    resolution is over 3 times its minimum effect (RESOLVABLE, the precision 6. asks:
+    +9 % on the 3 % figures) cannot be same there: it is judged only for slower (5.),
+    else reads below resolution, which neither fails nor measures more; so is a figure
+    that still can't tell at the last look because its check never got that precise.
+    `gate` judges every figure in full, `advise` none.
+ 9. A case over a bound or that can't tell is measured in fresh processes, one at a
     time, at most 8 (DEFAULT_MAX_RERUNS), pooled; it stops once nothing is either.
- 9. Work (aten ops, FLOPs, bytes allocated, host syncs per stage and step) and the
+10. Work (aten ops, FLOPs, bytes allocated, host syncs per stage and step) and the
     output hash are exact: any growth, or a changed output, is slower.
-10. A case answers its worst figure's answer, the check its worst case's: slower exits 1,
-    can't tell (or a contended runner) 4, same 0; a case that failed to run exits 3.
+11. A case answers its worst figure's answer, the check its worst case's: slower exits 1,
+    can't tell (or a contended runner) 4, same or below resolution 0; a case that
+    failed to run exits 3.
+12. gen-baselines refuses a contended session (1., other processes using over half a
+    core: FOREIGN_LOAD, or the reference over 1.3x the baseline it replaces) after
+    waiting 10 s and measuring again, twice; never a noisy one.
 
 The relative check (`perfguard compare --against DIR|REF`; `paired.py`):
 
@@ -47,7 +58,7 @@ The relative check (`perfguard compare --against DIR|REF`; `paired.py`):
  4. Slower: the ratio is over 1 + d (and f) and its lower bound over 1. Same: its
     interval lies within +-d. It stops once every figure is one or the other.
  5. Past 50 s of measuring (DEFAULT_BUDGET_S) or 24 blocks a figure still open is can't
-    tell (exit 4). Work and output as 9.; exits as 10.
+    tell (exit 4). Work and output as 10.; exits as 11.
 
 `--rigorous` measures more before it answers can't tell; it never changes the rule.
 Held-out figures for every constant: docs/verdicts.md.

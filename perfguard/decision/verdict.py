@@ -43,6 +43,7 @@ from perfguard.decision.resolution import (
     RESOLVED_CLASSES,
     judged_in_full,
     resolution,
+    settled,
 )
 from perfguard.decision.stats import (
     Noise,
@@ -621,6 +622,24 @@ def _at_resolution(
     return dataclasses.replace(m, answer=answers.below_resolution(a, res))
 
 
+def _settle(case: CaseVerdict, timing_gate: str) -> CaseVerdict:
+    """`case` at its last look: a figure it still can't tell because the check never
+    reached the precision *same* needs is below the resolution it did reach
+    (`perfguard.decision.resolution.settled`); one it measured precisely stays can't tell."""
+    metrics = []
+    for m in case.metrics:
+        a = m.answer
+        if (
+            a is not None
+            and a.answer == answers.CANT_TELL
+            and m.metric_class in RESOLVED_CLASSES
+            and not settled(timing_gate, a.detectable, a.margin)
+        ):
+            m = dataclasses.replace(m, answer=answers.below_resolution(a, a.detectable))
+        metrics.append(m)
+    return dataclasses.replace(case, metrics=tuple(metrics))
+
+
 def _exact(counter: counters.CounterVerdict) -> MetricVerdict:
     """A work counter's verdict, with its exact answer."""
     return MetricVerdict(**vars(counter), answer=answers.exact(counter.verdict == REGRESSION))
@@ -818,7 +837,8 @@ def judge(
     """Judge every case of `results` against `baseline` under its profile `profile_name`.
 
     The run is advisory when `advisory` is passed, when the profile says so, or when the
-    baseline's metadata marks its platform advisory.
+    baseline's metadata marks its platform advisory. This is the last look of a check:
+    a figure it could not resolve is settled below resolution (`_settle`).
     """
     profile = baseline.profile(profile_name)
     ignored = tuple(ignore_missing)
@@ -836,6 +856,7 @@ def judge(
         )
         for cid, res in sorted(results.cases.items())
     )
+    cases = tuple(_settle(case, timing_gate) for case in cases)
     advisory = advisory or profile.advisory or bool(baseline.metadata.get("advisory", False))
     return Judgement(profile_name, cases, fail_on_missing, advisory)
 

@@ -201,10 +201,31 @@ def baseline_tables(baseline: Baseline, case_ids: list[str]) -> list[Table]:
                 f(summ.max),
                 escape(json.dumps(ov)) if ov else "",
             )
+        table.caption = escape(resolution_caption(b, s))
         tables.append(table)
         if s.work is not None:
             tables.append(_work_table(cid, s))
     return tables
+
+
+def resolution_caption(baseline: Baseline, scenario: Any) -> str:
+    """What a default check against `scenario` resolves per timed class, and which classes
+    it judges in full (`perfguard.decision.resolution`; computed for older files)."""
+    from perfguard.decision.resolution import RESOLVED_CLASSES, of_scenario, resolvable
+    from perfguard.decision.tolerances import DEFAULT_PROFILE
+
+    if DEFAULT_PROFILE not in baseline.profiles:
+        return ""
+    profile = baseline.profile(DEFAULT_PROFILE)
+    found = scenario.resolution or of_scenario(scenario, profile)
+    if not found:
+        return "resolution: no timed figure with a spread"
+    parts = []
+    for cls in RESOLVED_CLASSES:
+        if cls in found:
+            full = resolvable(found[cls], float(profile.rel[cls]))
+            parts.append(f"{cls} +{found[cls]:.0%}{'' if full else ' (below: slower only)'}")
+    return "a check resolves " + ", ".join(parts)
 
 
 def _work_table(cid: str, s: Any) -> Table:
