@@ -88,9 +88,11 @@ def run_command(
     "--allow-busy",
     is_flag=True,
     envvar="PERFGUARD_ALLOW_BUSY",
-    help="Store a case measured on a busy runner anyway (its processes spread over 5 %, "
-    "most runs contended, or its reference workload over 1.3x the baseline's): by "
-    "default it is not written and the command exits 4 (env: PERFGUARD_ALLOW_BUSY).",
+    help="Store a case measured on a contended runner anyway, marked busy (most runs "
+    "beside a slow reference, other processes using over half a core, or its reference "
+    "workload over 1.3x the baseline's): by default it is measured again after 10 s, "
+    "twice, then not written and the command exits 4 (env: PERFGUARD_ALLOW_BUSY). A "
+    "noisy runner is never refused: its spread is recorded as what a check resolves.",
 )
 @click.option("--inject", default=None, hidden=True)
 def gen_baselines(
@@ -112,8 +114,9 @@ def gen_baselines(
     so an interrupt loses at most the case in flight. Refuses fault injection and
     refuses to touch a baseline it cannot read. With --processes K each metric also
     keeps the median of each of the K processes, which the verdict uses as the
-    between-process noise (see docs/verdicts.md). A case measured on a busy runner is
-    not written (exit 4: measure again on a quiet runner).
+    between-process noise (see docs/verdicts.md), and each case records what a check
+    against it resolves on this runner. A case measured while another process kept the
+    runner busy is measured again after a wait, and not written if it stays so (exit 4).
     """
     if given("inject"):  # the library refuses $PERFGUARD_INJECT itself
         raise PerfguardError(
@@ -146,8 +149,9 @@ def gen_baselines(
     if update.busy:
         out.print(
             escape(
-                f"{len(update.busy)} case(s) measured on a busy runner and not written: "
-                f"{', '.join(update.busy)}; measure them again on a quiet runner (exit 4)"
+                f"{len(update.busy)} case(s) measured on a contended runner and not written: "
+                f"{', '.join(update.busy)}; measure them again when nothing else runs on it "
+                "(exit 4)"
             )
         )
         return EXIT_CONTENDED
