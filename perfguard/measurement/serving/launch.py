@@ -67,6 +67,11 @@ class Launched:
     def start(self) -> str:
         """Start the server and wait until it is ready; its URL. `LaunchFailed` otherwise,
         with the server stopped."""
+        self.spawn()
+        return self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start the server's process (in a session of its own), without waiting."""
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdout=self._out, stderr=subprocess.STDOUT,
@@ -74,6 +79,10 @@ class Launched:
             )  # fmt: skip
         except OSError as exc:
             raise LaunchFailed(f"cannot start {' '.join(self.argv)}: {exc}") from exc
+
+    def wait_ready(self) -> str:
+        """Wait until the spawned server is ready; its URL (`LaunchFailed`: stopped)."""
+        assert self.proc is not None
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

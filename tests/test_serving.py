@@ -1,0 +1,201 @@
+"""Server cases against real processes: `perfguard serve` on 127.0.0.1, driven by the
+official OpenAI client as sglang's tests drive sglang, and gated by gen-baselines + check.
+
+The servers start once per module, side by side (a plain one and three slowed ones), so
+the whole file pays about one server's start."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from perfguard import api
+from perfguard.decision.gate import JudgeOptions
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.serving import scrape
+from perfguard.measurement.serving.launch import Launched, LaunchFailed
+from perfguard.measurement.serving.load import Client, run_level
+from perfguard.storage.cases import Selection
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+SERVE = [sys.executable, "-m", "perfguard", "serve", "--platform", "cpu", "--port", "{port}"]
+SLOWED = {
+    "plain": [],
+    "denoise": ["--inject", "DenoisingStage=+300%"],
+    "encode": ["--encode-delay-ms", "120"],
+    "fail": ["--fail-every", "5"],
+}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launched]]:
+    logs = tmp_path_factory.mktemp("perf")
+    started = {
+        name: Launched([*SERVE, *extra, "--perf-log-dir", str(logs / name)], timeout_s=180)
+        for name, extra in SLOWED.items()
+    }
+    try:
+        for server in started.values():  # start them all, then wait: the starts overlap
+            server.spawn()
+        for server in started.values():
+            server.wait_ready()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def write_case(root: Path, url: str, **extra: object) -> Path:
+    fields = {
+        "id": "served",
+        "workload": "server",
+        "url": url,
+        "concurrency": [1],
+        "requests": 4,
+        "warmup": 1,
+        "rounds": 3,
+        **extra,
+    }
+    lines = ["[[case]]"]
+    for key, value in fields.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    lines.append('request = {prompt = "a red fox", response_format = "b64_json"}')
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "cpu.toml").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base: str, head: str, **extra: object):
+    """gen-baselines against the `base` server, check against `head`: the report."""
+    monkeypatch.setenv("PERFGUARD_ATTRIBUTION", "0")
+    baseline = str(tmp_path / "b.json")
+    options = MeasureOptions(repeats=1, warmup=0)
+    cases = write_case(tmp_path / "cases", base, **extra)
+    api.gen_baselines(Selection(cases_dir=str(cases)), options, baseline=baseline,
+                      platform="cpu", say=lambda _m: None)  # fmt: skip
+    write_case(tmp_path / "cases", head, **extra)
+    return api.check(Selection(cases_dir=str(cases)), options, judging=JudgeOptions(max_reruns=2),
+                     baseline=baseline, platform="cpu")  # fmt: skip
+
+
+def test_the_openai_client_drives_perfguard_serve(servers: dict[str, Launched]) -> None:
+    url = servers["plain"].url
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["qwen_image"]
+    image = client.images.generate(model="qwen_image", prompt="a fox", response_format="b64_json")
+    assert base64.b64decode(image.data[0].b64_json).startswith(b"\x89PNG")
+    extra = image.model_extra or {}
+    assert "DenoisingStage" in extra["stage_durations"] and extra["inference_time_s"] > 0
+    log = Path(servers["plain"].argv[-1]) / "performance.log"
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert extra["id"] in {x["request_id"] for x in lines}
+    assert {"stages", "steps", "total_duration_ms"} <= set(lines[-1])
+    metrics = httpx.get(f"{url}/metrics").text
+    for name in ("request_latency", "queue_time", "stage_host_latency", "requests_total"):
+        assert f"sglang:diffusion_{name}" in metrics
+    job = httpx.post(f"{url}/v1/videos", json={"prompt": "a fox"}).json()
+    while job["status"] not in ("completed", "failed"):
+        time.sleep(0.05)
+        job = httpx.get(f"{url}/v1/videos/{job['id']}").json()
+    assert job["status"] == "completed"
+    gif = httpx.get(f"{url}/v1/videos/{job['id']}/content")
+    assert gif.content.startswith(b"GIF8")
+    bad = httpx.post(f"{url}/v1/images/generations", json={"size": "64x64"})
+    assert bad.status_code == 400 and "prompt" in bad.json()["error"]["message"]
+
+
+def test_concurrency_queues_in_front_of_one_worker(servers: dict[str, Launched]) -> None:
+    async def level(c: int) -> tuple[float, float, float]:
+        client = Client(servers["plain"].url, "images", {"prompt": "a fox"}, 60)
+        try:
+            run = await run_level(client, c, 8, None, 0)
+        finally:
+            await client.close()
+        lat = sorted(o.latency_ms for o in run.outcomes)
+        return lat[len(lat) // 2], lat[-1], len(lat) / (run.wall_ms / 1e3)
+
+    p50_1, _, tp_1 = asyncio.run(level(1))
+    p50_4, p99_4, tp_4 = asyncio.run(level(4))
+    assert p99_4 > p50_4 > 1.5 * p50_1, (p50_1, p50_4, p99_4)  # up to three ahead of each
+    assert 0.4 < tp_4 / tp_1 < 2.5, (tp_1, tp_4)  # one worker: queueing adds no throughput
+
+
+def test_check_names_the_denoising_stage_of_a_server_slowed_inside_it(
+    servers: dict[str, Launched], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = gate(tmp_path, monkeypatch, servers["plain"].url, servers["denoise"].url)
+    assert report.exit_code == 1
+    slower = {m.metric for c in report.cases for m in c.metrics if m.verdict == "regression"}
+    assert "stage:c1/DenoisingStage" in slower
+    assert "stage:c1/DecodingStage" not in slower
+
+
+def test_check_catches_a_server_slowed_outside_its_stages_on_latency(
+    servers: dict[str, Launched], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = gate(tmp_path, monkeypatch, servers["plain"].url, servers["encode"].url)
+    assert report.exit_code == 1
+    slower = {m.metric for c in report.cases for m in c.metrics if m.verdict == "regression"}
+    assert slower & {"stage:c1/latency_p50", "stage:c1/inv_throughput"}
+    assert not any(m.endswith("Stage") for m in slower)
+
+
+def test_failed_requests_the_baseline_did_not_have_fail_the_check(
+    servers: dict[str, Launched], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = gate(tmp_path, monkeypatch, servers["plain"].url, servers["fail"].url)
+    assert report.exit_code == 1
+    (case,) = report.cases
+    assert "HTTP 500" in (case.output_hash or "") and case.output_failed
+    assert "HTTP 500" not in (case.baseline_output_hash or "")
+
+
+def test_an_unreachable_url_is_a_case_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfguard.storage import baseline as store
+
+    dead = f"http://127.0.0.1:{Launched(['x', '{port}']).port}"
+    cases = write_case(tmp_path / "cases", dead)
+    t0 = time.monotonic()
+    update = api.gen_baselines(Selection(cases_dir=str(cases)), MeasureOptions(repeats=1),
+                               baseline=str(tmp_path / "b.json"), platform="cpu",
+                               say=lambda _m: None)  # fmt: skip
+    result = update.results.cases["served"]
+    assert result.status == "error" and dead in (result.error or "")
+    assert time.monotonic() - t0 < 30 and update.failed
+    assert (
+        not (tmp_path / "b.json").exists()
+        or "served" not in store.load(tmp_path / "b.json").scenarios
+    )
+
+
+def test_a_launch_that_never_gets_ready_says_its_last_lines(tmp_path: Path) -> None:
+    script = "import time; print('loading weights', flush=True); time.sleep(60)"
+    server = Launched([sys.executable, "-c", script, "{port}"], timeout_s=2)
+    with pytest.raises(LaunchFailed, match="loading weights") as err:
+        server.start()
+    assert "not ready after 2 s" in str(err.value) and server.proc is None
+
+
+def test_a_malformed_perf_log_line_is_counted_and_named(tmp_path: Path) -> None:
+    path = tmp_path / "performance.log"
+    good = {"request_id": "a", "stages": [{"name": "DenoisingStage", "execution_time_ms": 5}]}
+    bad = {"request_id": "b", "stages": [{"name": "DenoisingStage", "execution_time_ms": "x"}]}
+    path.write_text(f"{json.dumps(good)}\n{json.dumps(bad)}\nnot json\n")
+    log = scrape.PerfLog(path)
+    assert set(log.read_new()) == {"a"}
+    assert len(log.problems) == 2 and "stages[0].execution_time_ms" in log.problems[0]
+    problems: list[str] = []
+    samples = scrape.parse_metrics("a_count 2\na_sum 0.5\nbroken{ x\n", problems)
+    assert scrape.mean_ms({}, samples, "a") == 250.0 and len(problems) == 1
