@@ -51,6 +51,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Laun
             server.wait_ready()
         yield started
     finally:
+        for server in started.values():  # stop them all, then reap: the stops overlap
+            if server.proc is not None:
+                server.proc.terminate()
         for server in started.values():
             server.stop()
 
