@@ -34,8 +34,9 @@ from typing import Any
 from perfguard.decision.gate import JudgeOptions, run_gate
 from perfguard.decision.tolerances import SESSION_SD
 from perfguard.results import CaseResult, Results, pool
-from perfguard.storage.baseline import new_baseline, scenario_from_result
+from perfguard.storage.baseline import new_baseline
 from perfguard.storage.cases import Case
+from perfguard.storage.refresh import scenario_from_result
 
 LOOP = ("stage:DenoisingStage", "step_avg", "step_median")
 HEADLINE = ("e2e", "stage:DenoisingStage")

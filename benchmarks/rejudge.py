@@ -57,6 +57,7 @@ from perfguard.decision.contention import PROCESS_RATIO, ContentionPolicy
 from perfguard.decision.gate import JudgeOptions
 from perfguard.decision.normalize import is_timed
 from perfguard.decision.tolerances import SESSION_SD
+from perfguard.decision.verdict import judge_with
 from perfguard.results import CaseResult, Results
 from perfguard.storage.reports import read_results
 
@@ -351,7 +352,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         for i, (alpha, reruns, spec, pr) in enumerate(settings):
             policy = ContentionPolicy(process_ratio=pr)
             judging = JudgeOptions(rule=Rule(alpha=alpha), max_reruns=reruns, policy=policy)
-            judgement = judging.judge(capped(results, reruns), with_sessions(base, sessions[spec]))
+            judgement = judge_with(
+                judging, capped(results, reruns), with_sessions(base, sessions[spec])
+            )
             code = judgement.exit_code
             if i == 0 and t["exit"] in (0, 1) and code != t["exit"]:
                 mismatches += 1

@@ -216,3 +216,38 @@ def metrics_of_run(run: Mapping[str, Any]) -> dict[str, float]:
     for stage, mb in (run.get("stage_peak_memory_mb") or {}).items():
         out[STAGE_PEAK_PREFIX + stage] = float(mb)
     return out
+
+
+# ---- how timed figures are stored: raw or normalized ---------------------------------------
+
+RAW = "raw"
+NORMALIZED = "normalized"
+TIMINGS = (RAW, NORMALIZED)
+"""A timed figure is stored as measured (`raw`) or at the runner speed of the reference
+workload beside it (`normalized`; `perfguard.decision.normalize` does the scaling)."""
+
+TIMED_CLASSES = frozenset(
+    {"e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg"}
+)
+
+
+def is_timed(metric: str) -> bool:
+    """A time that the runner's speed scales (not memory, not a work counter)."""
+    try:
+        return metric_class(metric) in TIMED_CLASSES
+    except ValueError:
+        return False
+
+
+def default_timing(platform: str) -> str:
+    """`normalized` on CPU, `raw` on the devices (`perfguard.decision.normalize` says why)."""
+    return NORMALIZED if platform == "cpu" else RAW
+
+
+def timing_of(environment: Mapping[str, Any], timing: str | None) -> str:
+    """`timing` if given, else the default of the platform `environment` names."""
+    if timing is None:
+        return default_timing(str(environment.get("platform", "cpu")))
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {', '.join(TIMINGS)}, not {timing!r}")
+    return timing

@@ -301,13 +301,14 @@ class _Session:
         """Store the measured cases as `perfguard gen-baselines` does (runs the reference
         saw contended left out; a busy session stored marked busy, and said)."""
         from perfguard.storage import baseline as store
+        from perfguard.storage import refresh
 
         with store.lock(path):
             earlier = store.open_for_update(path, results.environment)
         for cid, result in self.results.items():
             if result.status != "ok":
                 continue
-            done = store.record_measured(
+            done = refresh.record_measured(
                 path, result, results.environment, earlier.scenarios.get(cid), allow_busy=True
             )
             self.updated.append(cid)

@@ -24,7 +24,8 @@ from perfguard.decision.tolerances import default_profiles
 from perfguard.decision.verdict import judge
 from perfguard.results import CaseResult, Results
 from perfguard.storage import reports as rep
-from perfguard.storage.baseline import Baseline, Scenario, new_baseline, scenario_from_result
+from perfguard.storage.baseline import Baseline, Scenario, new_baseline
+from perfguard.storage.refresh import scenario_from_result
 from perfguard.storage.reports import build, write_report
 
 PG = Callable[..., tuple[int, str, str]]

@@ -17,6 +17,7 @@ import pytest
 from perfguard.cli import cli, reference
 from perfguard.results import CaseResult, Results
 from perfguard.storage import baseline as store
+from perfguard.storage import refresh
 from perfguard.storage.reports import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,10 +256,10 @@ def files(tmp_path: Path) -> dict[str, Path]:
     write_results(out["results"], results)
     base = store.new_baseline(env)
     for res in results.cases.values():
-        base = base.with_scenario(res.case_id, store.scenario_from_result(res))
+        base = base.with_scenario(res.case_id, refresh.scenario_from_result(res))
     store.save(out["baseline"], base)
     other = tmp_path / "other.json"
-    store.save(other, base.with_scenario("b", store.scenario_from_result(_result("b", 30.0))))
+    store.save(other, base.with_scenario("b", refresh.scenario_from_result(_result("b", 30.0))))
     out["other"] = other
     return out
 

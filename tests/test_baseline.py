@@ -13,6 +13,7 @@ from perfguard.decision import changes
 from perfguard.errors import PerfguardError
 from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
+from perfguard.storage import refresh
 from tests.helpers import measured
 
 ENV = {"platform": "cpu", "hardware": "test-cpu", "git_commit": "a" * 40, "hostname": "h"}
@@ -45,7 +46,7 @@ def test_default_path_is_platform_then_hardware_slug() -> None:
 
 
 def test_first_case_creates_a_valid_file_with_the_platforms_profiles(path: Path) -> None:
-    store.record_case(path, ok("a"), ENV)
+    refresh.record_case(path, ok("a"), ENV)
     b = store.load(path)
     assert (b.platform, b.hardware) == ("cpu", "test-cpu")
     assert set(b.profiles) == {"pr_test", "long_term"}
@@ -60,7 +61,7 @@ def test_first_case_creates_a_valid_file_with_the_platforms_profiles(path: Path)
 
 
 def test_file_is_deterministic_sorted_rounded_with_a_trailing_newline(path: Path) -> None:
-    store.record_case(path, ok("a"), ENV)
+    refresh.record_case(path, ok("a"), ENV)
     text = path.read_text()
     data = json.loads(text)
     assert text.endswith("}\n")
@@ -73,14 +74,14 @@ def test_file_is_deterministic_sorted_rounded_with_a_trailing_newline(path: Path
 
 
 def test_regenerating_one_case_keeps_the_others_and_the_human_fields(path: Path) -> None:
-    store.record_case(path, ok("a"), ENV)
-    store.record_case(path, ok("b"), ENV)
+    refresh.record_case(path, ok("a"), ENV)
+    refresh.record_case(path, ok("b"), ENV)
     data = json.loads(path.read_text())
     data["scenarios"]["a"]["notes"] = "measured on a quiet runner"
     data["scenarios"]["a"]["tolerance_overrides"] = {"e2e": {"rel": 0.5}}
     write(path, data)
     created = data["metadata"]["created"]
-    store.record_case(path, ok("a", scale=2.0), ENV)
+    refresh.record_case(path, ok("a", scale=2.0), ENV)
     b = store.load(path)
     assert b.scenarios["a"].notes == "measured on a quiet runner"
     assert b.scenarios["a"].tolerance_overrides == {"e2e": {"rel": 0.5}}
@@ -90,11 +91,11 @@ def test_regenerating_one_case_keeps_the_others_and_the_human_fields(path: Path)
 
 
 def test_tighten_only_ever_lowers_figures(path: Path) -> None:
-    store.record_case(path, ok("a"), ENV)
+    refresh.record_case(path, ok("a"), ENV)
     slower = ok("a", scale=2.0)
     slower.samples["e2e"] = [8.0, 8.4, 8.2]  # credibly faster: taken, at its median
     del slower.samples["step_avg"]  # and this one was not measured
-    store.record_case(path, slower, ENV, tighten=True)
+    refresh.record_case(path, slower, ENV, tighten=True)
     m = store.load(path).scenarios["a"].metrics
     assert m["e2e"].median == 8.2
     assert m["stage:DenoisingStage"].median == 8.1  # slower: kept
@@ -104,24 +105,24 @@ def test_tighten_only_ever_lowers_figures(path: Path) -> None:
 def test_tighten_ignores_a_lower_median_that_noise_explains(path: Path) -> None:
     # Keeping the lower of two medians walks a baseline into the lucky tail of the noise
     # one refresh at a time; only a credible improvement moves it.
-    store.record_case(path, ok("a"), ENV)
+    refresh.record_case(path, ok("a"), ENV)
     for lucky in ([10.1, 10.5, 9.7], [10.0, 10.3, 9.9], [9.9, 10.6, 10.1]):
         again = ok("a")
         again.samples["e2e"] = lucky
-        store.record_case(path, again, ENV, tighten=True)
+        refresh.record_case(path, again, ENV, tighten=True)
     assert store.load(path).scenarios["a"].metrics["e2e"].median == 10.2
 
 
 def test_prune_drops_scenarios_whose_case_is_gone(path: Path) -> None:
     for cid in ("a", "b", "c"):
-        store.record_case(path, ok(cid), ENV)
+        refresh.record_case(path, ok(cid), ENV)
     assert store.prune(path, {"a", "c", "z"}) == ["b"]
     assert set(store.load(path).scenarios) == {"a", "c"}
 
 
 def test_concurrent_writers_of_different_cases_lose_nothing(path: Path) -> None:
     ids = [f"case{i}" for i in range(6)]
-    threads = [threading.Thread(target=store.record_case, args=(path, ok(i), ENV)) for i in ids]
+    threads = [threading.Thread(target=refresh.record_case, args=(path, ok(i), ENV)) for i in ids]
     for t in threads:
         t.start()
     for t in threads:
@@ -130,15 +131,15 @@ def test_concurrent_writers_of_different_cases_lose_nothing(path: Path) -> None:
 
 
 def test_a_baseline_for_another_platform_is_refused_and_left_alone(path: Path) -> None:
-    store.record_case(path, ok("a"), {**ENV, "platform": "cuda", "hardware": "h100"})
+    refresh.record_case(path, ok("a"), {**ENV, "platform": "cuda", "hardware": "h100"})
     before = path.read_bytes()
     with pytest.raises(PerfguardError, match="for platform 'cuda', not 'cpu'"):
-        store.record_case(path, ok("b"), ENV)
+        refresh.record_case(path, ok("b"), ENV)
     assert path.read_bytes() == before
 
 
 def test_an_invalid_baseline_is_never_written(path: Path) -> None:
-    store.record_case(path, ok("a"), ENV)
+    refresh.record_case(path, ok("a"), ENV)
     before = path.read_bytes()
     b = store.load(path)
     bad = store.Scenario(metrics={"e2e": store.Summary(median=-1.0, n=1)})
@@ -151,7 +152,7 @@ def test_an_invalid_baseline_is_never_written(path: Path) -> None:
 
 
 def _valid(path: Path) -> dict[str, Any]:
-    store.record_case(path, ok("a"), ENV)
+    refresh.record_case(path, ok("a"), ENV)
     return json.loads(path.read_text())
 
 
@@ -219,10 +220,10 @@ def test_an_sglang_file_is_recognized_and_the_import_command_suggested(tmp_path:
 
 def test_diff_lists_added_removed_changed_and_tolerance_changes(tmp_path: Path) -> None:
     a_path, b_path = tmp_path / "a.json", tmp_path / "b.json"
-    store.record_case(a_path, ok("keep"), ENV)
-    store.record_case(a_path, ok("gone"), ENV)
-    store.record_case(b_path, ok("keep", scale=1.1), ENV)
-    store.record_case(b_path, ok("new"), ENV)
+    refresh.record_case(a_path, ok("keep"), ENV)
+    refresh.record_case(a_path, ok("gone"), ENV)
+    refresh.record_case(b_path, ok("keep", scale=1.1), ENV)
+    refresh.record_case(b_path, ok("new"), ENV)
     data = json.loads(b_path.read_text())
     data["tolerances"]["pr_test"]["rel"]["e2e"] = 0.1
     write(b_path, data)

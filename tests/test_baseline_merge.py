@@ -30,6 +30,7 @@ from perfguard.presentation.render import render_baseline_diff_markdown
 from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
 from perfguard.storage import baseline_merge as bm
+from perfguard.storage import refresh
 from tests.helpers import measured
 
 PG = Callable[..., tuple[int, str, str]]
@@ -49,7 +50,7 @@ def ok(case_id: str, scale: float = 1.0) -> CaseResult:
 def make(path: Path, **cases: float) -> Path:
     """A baseline at `path` with one scenario per keyword (case id = figures' scale)."""
     for cid, scale in cases.items():
-        store.record_case(path, ok(cid, scale), ENV)
+        refresh.record_case(path, ok(cid, scale), ENV)
     return path
 
 
@@ -109,7 +110,7 @@ def test_disjoint_files_merge_and_each_scenario_names_its_file(tmp_path: Path) -
 def test_a_regenerated_scenario_drops_its_merge_source(tmp_path: Path) -> None:
     out = tmp_path / "c.json"
     bm.merge_files([make(tmp_path / "a.json", x=1.0), make(tmp_path / "b.json", y=1.0)], out)
-    store.record_case(out, ok("x", 1.5), ENV)
+    refresh.record_case(out, ok("x", 1.5), ENV)
     after = store.load(out)
     assert after.scenarios["x"].source is None and after.scenarios["y"].source is not None
 

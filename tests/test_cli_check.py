@@ -470,10 +470,11 @@ def test_smoke_case_gen_baselines_then_check_passes_and_an_injected_slowdown_fai
 
     code, out, err = measured("--report", "pass.json")
     # Unchanged code is never slower; with three baseline processes on a shared host the
-    # check may not be able to say the same within 3 % either (can't tell, exit 4), and
-    # says so with the figures (perfguard/decision/answer.py).
+    # check may not be able to say the same within 3 % either (can't tell, exit 4, or,
+    # where the baseline's runner cannot resolve 3 %, below resolution, exit 0), and says
+    # so with the figures (perfguard/decision/answer.py, resolution.py).
     passed = json.loads(Path("pass.json").read_text())
-    assert code in (0, 4) and passed["answer"] in ("same", "cant_tell"), out + err
+    assert code in (0, 4) and passed["answer"] in ("same", "cant_tell", "unresolved"), out + err
     assert (code == 4) == (passed["answer"] == "cant_tell" or passed["verdict"] == "contended")
     code, out, err = measured("--inject", "DenoisingStage=+50%", "--report", "slow.json")
     report = json.loads(Path("slow.json").read_text())

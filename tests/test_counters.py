@@ -28,6 +28,7 @@ from perfguard.decision.counters import (
     judge_work,
 )
 from perfguard.decision.tolerances import default_profiles
+from perfguard.decision.verdict import JudgeOptions
 from perfguard.device.timer import stage, step
 from perfguard.results import CaseResult
 
@@ -142,7 +143,7 @@ def _result(ops: int, output: float = 1.0) -> CaseResult:
 
 
 def _scenario(ops: int = 8) -> Any:
-    from perfguard.storage.baseline import scenario_from_result
+    from perfguard.storage.refresh import scenario_from_result
 
     return scenario_from_result(_result(ops))
 
@@ -174,7 +175,11 @@ def test_a_changed_output_fails_unless_allowed() -> None:
     assert case.output is not None and case.output["verdict"] == CHANGED
     assert case.output_failed and verdict.overall([case])[1] == 1
     allowed = verdict.judge_case(
-        "c", _result(8, output=1.5), _scenario(8), PROFILE, allow_output_change=True
+        "c",
+        _result(8, output=1.5),
+        _scenario(8),
+        PROFILE,
+        judging=JudgeOptions(allow_output_change=True),
     )
     assert not allowed.output_failed and verdict.overall([allowed])[1] == 0
     same = verdict.judge_case("c", _result(8), _scenario(8), PROFILE)

@@ -296,7 +296,8 @@ def _result() -> CaseResult:
 
 
 def test_stage_peaks_are_stored_in_the_baseline_and_read_back() -> None:
-    from perfguard.storage.baseline import new_baseline, scenario_from_result
+    from perfguard.storage.baseline import new_baseline
+    from perfguard.storage.refresh import scenario_from_result
 
     scen = scenario_from_result(_result())
     data = scen.to_json()

@@ -27,8 +27,9 @@ from perfguard.presentation import render
 from perfguard.presentation.tables import cases_table
 from perfguard.results import Results
 from perfguard.storage import reports as rep
-from perfguard.storage.baseline import Baseline, scenario_from_result
+from perfguard.storage.baseline import Baseline
 from perfguard.storage.cases import load_file, parse_case
+from perfguard.storage.refresh import scenario_from_result
 from tests.helpers import PG, diffusers_fields
 
 STEPS = 2

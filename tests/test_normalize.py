@@ -18,7 +18,9 @@ from perfguard.errors import PerfguardError
 from perfguard.measurement.comparable import check_comparable
 from perfguard.results import CaseResult, Results
 from perfguard.storage import baseline as store
-from perfguard.storage.baseline import Baseline, scenario_from_result
+from perfguard.storage import refresh
+from perfguard.storage.baseline import Baseline
+from perfguard.storage.refresh import scenario_from_result
 
 LEVEL = 4.0  # ms: the reference workload's time on the baseline's runner
 
@@ -169,7 +171,7 @@ def test_tighten_compares_two_normalized_scenarios_at_one_runner_speed() -> None
     # runner's speed, 0.8x the old ones, which is no improvement of the code.
     faster = [0.8 * f for f in BASELINE_SPEED]
     new = scenario_from_result(measured(faster, seed=4), timing=normalize.NORMALIZED)
-    merged = store.merge_scenario(old, new, tighten=True)
+    merged = refresh.merge_scenario(old, new, tighten=True)
     assert merged.reference == new.reference
     # The old figure is kept, in the new scenario's units (its reference's speed).
     assert merged.metrics["e2e"].median == pytest.approx(old.metrics["e2e"].median * 0.8, rel=0.01)

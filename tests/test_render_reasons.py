@@ -14,8 +14,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from perfguard.decision.verdict import component_changes
 from perfguard.presentation import render
+from perfguard.results import component_changes
 from perfguard.storage import reports as rep
 from perfguard.storage.jsonio import validate
 from tests.helpers import reasons_report

@@ -34,9 +34,10 @@ from perfguard.errors import EXIT_CONTENDED, PerfguardError
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.runner import run_case, run_in_process
 from perfguard.results import CaseResult, Results, pool
-from perfguard.storage.baseline import Baseline, Scenario, new_baseline, scenario_from_result
+from perfguard.storage.baseline import Baseline, Scenario, new_baseline
 from perfguard.storage.cases import Case
 from perfguard.storage.jsonio import validate
+from perfguard.storage.refresh import scenario_from_result
 from tests.helpers import noisy
 
 M = "stage:DenoisingStage"
@@ -490,12 +491,16 @@ def test_a_uniformly_slower_runner_does_not_read_as_slower_code() -> None:
     b = _with_reference(1.0)
     # At 1 %: over this one-process baseline a 20 % slowdown is not credible at 0.1 %.
     lax = Rule(alpha=0.01)
-    case = judge_case("c", res, b.scenarios["c"], b.profile("pr_test"), rule=lax)
+    case = judge_case(
+        "c", res, b.scenarios["c"], b.profile("pr_test"), judging=JudgeOptions(rule=lax)
+    )
     metric = next(m for m in case.metrics if m.metric == M)
     assert case.verdict == CONTENDED and "reference workload is 1.200x slower" in metric.reason
     # The same slowdown on a runner as fast as at baseline time is the code's.
     res.reference = [1.0] * 10
-    case = judge_case("c", res, b.scenarios["c"], b.profile("pr_test"), rule=lax)
+    case = judge_case(
+        "c", res, b.scenarios["c"], b.profile("pr_test"), judging=JudgeOptions(rule=lax)
+    )
     assert case.verdict == REGRESSION
 
 

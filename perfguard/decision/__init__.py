@@ -32,9 +32,8 @@ The stored check (`perfguard check`, against a committed baseline; `verdict.py`,
     check of 9 processes (CHECK_PROCESSES) could catch on its runner. A figure whose
     resolution is over 3 times its minimum effect (RESOLVABLE, the precision 6. asks:
     +9 % on the 3 % figures) cannot be same there: it is judged only for slower (5.),
-    else reads below resolution, which neither fails nor measures more; so is a figure
-    that still can't tell at the last look because its check never got that precise.
-    `gate` judges every figure in full, `advise` none.
+    else reads below resolution, which neither fails nor measures more. `gate` judges
+    every figure in full, `advise` none.
  9. A case over a bound or that can't tell is measured in fresh processes, one at a
     time, at most 8 (DEFAULT_MAX_RERUNS), pooled; it stops once nothing is either.
 10. Work (aten ops, FLOPs, bytes allocated, host syncs per stage and step) and the

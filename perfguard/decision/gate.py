@@ -46,19 +46,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.comparison import RELATIVE_RULE
-from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, screen
-from perfguard.decision.resolution import DEFAULT_TIMING_GATE, TIMING_GATES
-from perfguard.decision.tolerances import DEFAULT_PROFILE
+from perfguard.decision.contention import screen
+from perfguard.decision.options import (  # noqa: F401  (re-exported)
+    DEFAULT_CONFIRM_GAP_S,
+    DEFAULT_MAX_RERUNS,
+    JudgeOptions,
+)
 from perfguard.decision.verdict import (
     CONTENDED,
-    DEFAULT_RULE,
     REGRESSION,
     CaseVerdict,
     Judgement,
-    Rule,
     contended,
-    judge,
     judge_against,
+    judge_with,
 )
 from perfguard.results import CaseResult, Results, pool
 
@@ -70,93 +71,10 @@ DEFAULT_MAX_REPEATS = 20
 """Adaptive sampling's cap on runs per measurement: 4x the default minimum of 5, enough
 to halve the standard error of a median when a verdict is close to its bound."""
 
-DEFAULT_MAX_RERUNS = 8
-"""Fresh confirmation processes for a case over its bound: with the first measurement,
-up to nine processes, 8 degrees of freedom of the check's own beside the baseline's 9
-(10 processes). A confirmation is a fork of the warm server that builds and times one
-case without recounting its work (~0.4 s for a smoke case), and it only runs while a
-metric is over its bound, so unchanged code rarely pays for one (the median A/A check
-took 1.5 s). At the stored level of 0.1 % the interval needs them: replayed on the same
-kept checks (`benchmarks/rejudge.py`, docs/verdicts.md), capping them at 4 instead of 8
-caught +10 % in 31 of 36 checks instead of 32 and failed 4 of 143 A/A checks instead
-of 2. Earlier, at 1 %, 4 against 2: +5 % caught in 12 of 16 checks instead of 6."""
-
-DEFAULT_CONFIRM_GAP_S = 0.0
-"""Seconds between the end of one measurement of a case and the confirmation that
-follows it. The runner's speed moves in spells of a few runs to a minute
-(docs/verdicts.md), longer than a smoke case's process (~0.5 s), so confirmations
-started back to back share the first measurement's spell; a gap lets them meet other
-moments. Measured interleaved against the same baselines on a noisy day
-(`benchmarks/detection.py --check-variants`, docs/verdicts.md), a 5 s gap cut the A/A
-false alarms from 3 of 75 checks to 1 of 75 but the +10 % catches from 5 of 19 to 2 of
-19, and +5 % from 4 of 19 to 0: the spread between moments widens the interval for a
-real slowdown as much as for noise. So no gap by default; `--confirm-gap-s` is there for
-a runner whose false alarms come from spells."""
-
 Until = Callable[[CaseResult], bool]
 Measure = Callable[[Sequence["Case"], Callable[["Case"], Until | None]], Results]
 """`measure(cases, until_for)`: run `cases`, consulting `until_for(case)` (None: no
 adaptive stop) after each run beyond the minimum; a `Results` with one result per case."""
-
-
-@dataclass(frozen=True)
-class JudgeOptions:
-    """How a check judges: one frozen value, built once by the CLI and passed down.
-
-    - `profile`: the baseline's tolerance profile (`pr_test`, `long_term`).
-    - `fail_on_missing`: missing baselines, missing and new stages fail the check.
-    - `advisory`: regressions are reported, never failed.
-    - `allow_output_change`: a changed output is reported, not failed.
-    - `max_reruns`: fresh confirmation processes for a case over its bound.
-    - `confirm_gap_s`: seconds to wait before each confirmation (0: none).
-    - `rule`, `policy`: the evidence a verdict needs and the contention screen.
-    - `timing_gate`: which timed figures get all three answers on this runner
-      (`perfguard.decision.resolution`: auto, gate or advise).
-
-    A relative check (`perfguard.measurement.relative`) uses `fail_on_missing`,
-    `advisory`, `allow_output_change` and the rule's alpha (`RELATIVE_RULE` unless
-    the caller chose one); it has no profile and no confirmations.
-    """
-
-    profile: str = DEFAULT_PROFILE
-    fail_on_missing: bool = False
-    advisory: bool = False
-    allow_output_change: bool = False
-    max_reruns: int = DEFAULT_MAX_RERUNS
-    rule: Rule = DEFAULT_RULE
-    policy: ContentionPolicy = DEFAULT_POLICY
-    confirm_gap_s: float = DEFAULT_CONFIRM_GAP_S
-    timing_gate: str = DEFAULT_TIMING_GATE
-
-    def __post_init__(self) -> None:
-        if self.timing_gate not in TIMING_GATES:
-            raise ValueError(
-                f"timing gate must be one of {', '.join(TIMING_GATES)}, not {self.timing_gate!r}"
-            )
-        if self.max_reruns < 0:
-            raise ValueError("max_reruns must be >= 0")
-        if not self.confirm_gap_s >= 0:
-            raise ValueError(f"confirm_gap_s must be >= 0 seconds, not {self.confirm_gap_s}")
-
-    def replace(self, **changes: Any) -> JudgeOptions:
-        return dataclasses.replace(self, **changes)
-
-    def judge(
-        self, results: Results, baseline: Baseline, ignore_missing: Iterable[str] = ()
-    ) -> Judgement:
-        """`perfguard.decision.verdict.judge` of `results` under these options."""
-        return judge(
-            results,
-            baseline,
-            self.profile,
-            fail_on_missing=self.fail_on_missing,
-            advisory=self.advisory,
-            ignore_missing=tuple(ignore_missing),
-            rule=self.rule,
-            policy=self.policy,
-            allow_output_change=self.allow_output_change,
-            timing_gate=self.timing_gate,
-        )
 
 
 RELATIVE_JUDGING = JudgeOptions(rule=RELATIVE_RULE)
@@ -200,7 +118,7 @@ def run_gate(
     first_runs = {cid: r.repeats for cid, r in results.cases.items()}
     gate.wait_out_contention(results, measure, sleep)
     gate.confirm(results, confirm or measure, sleep)
-    judgement = judging.judge(results, baseline, ignore_missing)
+    judgement = judge_with(judging, results, baseline, ignore_missing)
     verdicts = []
     for cv in judgement.cases:
         unconfirmed = gate.unconfirmed(cv.case_id)
@@ -247,10 +165,7 @@ class _Gate:
             self.profile,
             cid,
             result,
-            rule=self.judging.rule,
-            policy=self.judging.policy,
-            allow_output_change=self.judging.allow_output_change,
-            timing_gate=self.judging.timing_gate,
+            judging=self.judging,
         )
 
     def until_for(self, case: Case) -> Until | None:

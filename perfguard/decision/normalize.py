@@ -39,46 +39,24 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, Screen, screen
 from perfguard.decision.stats import Summary, summarize
-from perfguard.metrics import metric_class
+from perfguard.metrics import (  # noqa: F401  (the timing vocabulary, re-exported)
+    NORMALIZED,
+    RAW,
+    TIMINGS,
+    default_timing,
+    is_timed,
+    metric_class,
+    timing_of,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.results import CaseResult
     from perfguard.storage.baseline import Scenario
-
-RAW = "raw"
-NORMALIZED = "normalized"
-TIMINGS = (RAW, NORMALIZED)
-
-_TIMED_CLASSES = frozenset(
-    {"e2e", "denoise_stage", "non_denoise_stage", "denoise_step", "denoise_agg"}
-)
-
-
-def is_timed(metric: str) -> bool:
-    """A time that the runner's speed scales (not memory, not a work counter)."""
-    try:
-        return metric_class(metric) in _TIMED_CLASSES
-    except ValueError:
-        return False
-
-
-def default_timing(platform: str) -> str:
-    """`normalized` on CPU, `raw` on the devices (see the module's docstring)."""
-    return NORMALIZED if platform == "cpu" else RAW
-
-
-def timing_of(environment: Mapping[str, Any], timing: str | None) -> str:
-    """`timing` if given, else the default of the platform `environment` names."""
-    if timing is None:
-        return default_timing(str(environment.get("platform", "cpu")))
-    if timing not in TIMINGS:
-        raise ValueError(f"timing must be one of {', '.join(TIMINGS)}, not {timing!r}")
-    return timing
 
 
 def normalized(result: Any, level: float) -> Any | None:

@@ -104,13 +104,6 @@ def resolvable(figure_resolution: float | None, margin: float) -> bool:
     return figure_resolution is None or figure_resolution <= RESOLVABLE * margin
 
 
-def settled(timing_gate: str, detectable: float | None, margin: float) -> bool:
-    """Whether a figure the check still can't tell at its last look stays *can't tell*
-    (exit 4) under `timing_gate`: only where the check itself reached the precision
-    *same* needs; else it is below the resolution the check reached (`detectable`)."""
-    return timing_gate == GATE or resolvable(detectable, margin)
-
-
 def judged_in_full(timing_gate: str, figure_resolution: float | None, margin: float) -> bool:
     """Whether a timed figure gets all three answers under `timing_gate`."""
     if timing_gate not in TIMING_GATES:

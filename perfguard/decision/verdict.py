@@ -29,24 +29,41 @@ from perfguard.decision import answer as answers
 from perfguard.decision import counters
 from perfguard.decision.answer import SAME_PROCESSES, Answer
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
-from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy
-from perfguard.decision.estimate import PairedEstimate
 from perfguard.decision.normalize import (
     NORMALIZED,
     metric_pair,
     scaled_runs,
     screened_runs,
 )
+from perfguard.decision.options import JudgeOptions
+from perfguard.decision.records import (
+    CONTENDED,
+    ERROR,
+    IMPROVEMENT,
+    MISSING,
+    MISSING_BASELINE,
+    MISSING_STAGE,
+    NEW_STAGE,
+    OVERALL_CANT_TELL,
+    OVERALL_CONTENDED,
+    OVERALL_ERROR,
+    OVERALL_FAIL,
+    OVERALL_PASS,
+    PASS,
+    REGRESSION,
+    SEVERITY,
+    CaseVerdict,
+    MetricVerdict,
+    _fmt,
+    worst,
+)
 from perfguard.decision.resolution import (
-    DEFAULT_TIMING_GATE,
     GATE,
     RESOLVED_CLASSES,
     judged_in_full,
     resolution,
-    settled,
 )
 from perfguard.decision.stats import (
-    Noise,
     Summary,
     summarize,
 )
@@ -63,153 +80,11 @@ from perfguard.errors import (
     EXIT_REGRESSION,
 )
 from perfguard.metrics import metric_class, metric_sort_key, unit
-from perfguard.results import CaseResult, component_changes
+from perfguard.results import CaseResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.results import Results
     from perfguard.storage.baseline import Baseline, Scenario
-
-# ---- verdict names -------------------------------------------------------------------------
-
-PASS = "pass"
-REGRESSION = "regression"
-IMPROVEMENT = "improvement"
-MISSING_BASELINE = "missing-baseline"
-MISSING_STAGE = "missing-stage"
-NEW_STAGE = "new-stage"
-ERROR = "error"
-CONTENDED = "contended"
-"""The runner stayed much slower than at baseline time, or was slower by enough to explain
-a metric's excess over its bound: no verdict on the code (exit 4)."""
-
-SEVERITY = (
-    REGRESSION,
-    ERROR,
-    CONTENDED,
-    MISSING_BASELINE,
-    MISSING_STAGE,
-    NEW_STAGE,
-    IMPROVEMENT,
-    PASS,
-)
-"""Verdicts from worst to best: a case's verdict is its worst metric's; tables sort by it."""
-MISSING = (MISSING_BASELINE, MISSING_STAGE, NEW_STAGE)
-"""Verdicts about coverage, not speed: reported, and failures only with `--fail-on-missing`."""
-
-OVERALL_PASS = "pass"
-OVERALL_FAIL = "fail"
-OVERALL_ERROR = "error"
-OVERALL_CONTENDED = "contended"
-OVERALL_CANT_TELL = "cant_tell"
-"""No figure slower, but one the check could not tell from its baseline (exit 4)."""
-
-# ---- one metric ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MetricVerdict(counters.CounterVerdict):
-    """The verdict on one metric of one case, with everything a reader needs to check it.
-
-    Its first fields are a counter's verdict (`counters.CounterVerdict`). `low` / `high`
-    bound median/baseline at the rule's confidence (one-sided each); `significant`:
-    `low` > 1; `borderline`: the next process could flip it (reported); `clear`: more
-    runs of this process would not change it (`stats.median_reach`); `noise`: where the
-    interval came from.
-    """
-
-    low: float | None = None
-    high: float | None = None
-    significant: bool | None = None
-    borderline: bool = False
-    clear: bool = True
-    noise: Noise | None = None
-    paired: PairedEstimate | None = None
-    answer: Answer | None = None
-    """same / slower / can't tell, with the smallest slowdown the check could have caught
-    (`perfguard.decision.answer`); None for coverage verdicts (missing, new)."""
-
-    @property
-    def metric_class(self) -> str:
-        return metric_class(self.metric)
-
-    @property
-    def unit(self) -> str:
-        return unit(self.metric)
-
-    @property
-    def over(self) -> bool:
-        """Whether the median is over its bound, credibly or not: what the gate confirms."""
-        return self.verdict == REGRESSION or (
-            self.measured is not None
-            and self.bound is not None
-            and self.measured.median > self.bound
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        baseline = None
-        if self.baseline is not None:
-            baseline = {k: v for k, v in self.baseline.to_json().items() if k != "samples"}
-        out: dict[str, Any] = {
-            "class": self.metric_class,
-            "unit": self.unit,
-            "verdict": self.verdict,
-            "measured": None if self.measured is None else self.measured.to_json(),
-            "baseline": baseline,
-            "band": None if self.band is None else self.band.to_json(),
-            "bound": None if self.bound is None else round(self.bound, 3),
-            "ratio": None if self.ratio is None else round(self.ratio, 4),
-            "reason": self.reason,
-        }
-        if counters.is_counter(self.metric) and self.measured and self.baseline:
-            out["delta"] = self.measured.median - self.baseline.median
-        if self.low is not None and self.high is not None:
-            out["ratio_low"] = round(self.low, 4)
-            out["ratio_high"] = round(self.high, 4)
-        if self.significant is not None:
-            out["significant"] = self.significant
-        if self.borderline:
-            out["borderline"] = True
-        if self.noise is not None:
-            out["noise"] = self.noise.to_json()
-        if self.paired is not None:
-            out["paired"] = self.paired.to_json()
-        if self.answer is not None:
-            out["answer"] = self.answer.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, metric: str, data: Mapping[str, Any]) -> MetricVerdict:
-        band = data.get("band")
-        noise = data.get("noise")
-        paired = data.get("paired")
-        answer = data.get("answer")
-
-        def opt(key: str) -> float | None:
-            return None if data.get(key) is None else float(data[key])
-
-        return cls(
-            metric=metric,
-            verdict=str(data["verdict"]),
-            measured=None if data.get("measured") is None else Summary.from_json(data["measured"]),
-            baseline=None if data.get("baseline") is None else Summary.from_json(data["baseline"]),
-            band=None if band is None else Band(float(band["rel"]), float(band["abs"])),
-            bound=opt("bound"),
-            ratio=opt("ratio"),
-            reason=str(data.get("reason", "")),
-            low=opt("ratio_low"),
-            high=opt("ratio_high"),
-            significant=data.get("significant"),
-            borderline=bool(data.get("borderline", False)),
-            noise=None if noise is None else Noise.from_json(noise),
-            paired=None
-            if paired is None or data.get("ratio_low") is None
-            else PairedEstimate.from_json(paired, data),
-            answer=None if answer is None else Answer.from_json(answer),
-        )
-
-
-def _fmt(value: float, metric: str) -> str:
-    return f"{value:.3f} {unit(metric)}"
 
 
 def judge_metric(
@@ -361,134 +236,8 @@ def _evidence(c: Comparison) -> str:
     return "no spread known: the band alone decides"
 
 
-# ---- one case ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CaseVerdict:
-    """The verdicts on one case's metrics, and the case's own (its worst metric's).
-
-    `sampling` is what the gate did to reach it (runs, processes, re-runs, whether it
-    stopped early), when the case was run by `perfguard.decision.gate`.
-    """
-
-    case_id: str
-    verdict: str
-    metrics: tuple[MetricVerdict, ...] = ()
-    error: str | None = None
-    output_hash: str | None = None
-    baseline_output_hash: str | None = None
-    deterministic: bool | None = None
-    notes: str | None = None
-    sampling: Mapping[str, Any] | None = None
-    runner: Mapping[str, Any] | None = None
-
-    @property
-    def over(self) -> list[str]:
-        """The timed metrics over their bound (credible or not); not counters: a count is
-        exact, measuring it again in a fresh process (the gate's confirmation) cannot help."""
-        return [m.metric for m in self.metrics if m.over and not counters.is_counter(m.metric)]
-
-    components: Mapping[str, Any] | None = None
-    counters: Mapping[str, Any] | None = None
-    arguments: Mapping[str, Any] | None = None
-    observed: Mapping[str, Any] | None = None  # diffusers cases: step seam, frames
-    baseline_components: Mapping[str, Any] | None = None
-
-    @property
-    def component_changes(self) -> list[str]:
-        """How the measured components differ from those the baseline recorded: a
-        changed pipeline directory makes the figures incomparable, whatever they say."""
-        return component_changes(self.baseline_components, self.components)
-
-    work: Mapping[str, Any] | None = None  # counters.WorkJudgement: context, notes, op changes
-    output: Mapping[str, Any] | None = None  # counters.OutputVerdict: output equivalence
-
-    @property
-    def output_failed(self) -> bool:
-        """The output changed and neither the case nor the command allowed it."""
-        return self.output is not None and counters.OutputVerdict.from_json(self.output).failed
-
-    @property
-    def answer(self) -> str | None:
-        """The case's answer (`perfguard.decision.answer`): slower when anything failed
-        (a figure, a counter, the output), else can't tell when a figure can't, else
-        same; None for a case that did not run or ran on a contended runner."""
-        if self.verdict == REGRESSION or self.output_failed:
-            return answers.SLOWER
-        if self.verdict in (ERROR, CONTENDED):
-            return None
-        return answers.worst([m.answer.answer for m in self.metrics if m.answer is not None])
-
-    @property
-    def cant_tell(self) -> list[MetricVerdict]:
-        """The timed figures the check could not tell apart from the baseline."""
-        return [m for m in self.metrics if m.answer and m.answer.answer == answers.CANT_TELL]
-
-    @property
-    def clear(self) -> bool:
-        """Every verdict is clear: more samples would not change any of them."""
-        return self.verdict != ERROR and all(m.clear for m in self.metrics)
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "verdict": self.verdict,
-            "answer": self.answer,
-            "error": self.error,
-            "output_hash": self.output_hash,
-            "baseline_output_hash": self.baseline_output_hash,
-            "deterministic": self.deterministic,
-            "notes": self.notes,
-            "metrics": {m.metric: m.to_json() for m in self.metrics},
-        }
-        if self.sampling is not None:
-            out["sampling"] = dict(self.sampling)
-        if self.runner is not None:
-            out["runner"] = dict(self.runner)
-        if self.components is not None:
-            out["components"] = {k: dict(v) for k, v in self.components.items()}
-        if self.counters is not None:
-            out["counters"] = {k: list(v) for k, v in self.counters.items()}
-        if self.arguments is not None:
-            out["arguments"] = dict(self.arguments)
-        if self.observed is not None:
-            out["observed"] = dict(self.observed)
-        if self.baseline_components is not None:
-            out["baseline_components"] = {k: dict(v) for k, v in self.baseline_components.items()}
-        if self.work is not None:
-            out["work"] = dict(self.work)
-        if self.output is not None:
-            out["output"] = dict(self.output)
-        return out
-
-    @classmethod
-    def from_json(cls, case_id: str, data: Mapping[str, Any]) -> CaseVerdict:
-        metrics = [MetricVerdict.from_json(k, v) for k, v in data.get("metrics", {}).items()]
-        return cls(
-            case_id=case_id,
-            verdict=str(data["verdict"]),
-            metrics=tuple(sorted(metrics, key=lambda m: metric_sort_key(m.metric))),
-            error=data.get("error"),
-            output_hash=data.get("output_hash"),
-            baseline_output_hash=data.get("baseline_output_hash"),
-            deterministic=data.get("deterministic"),
-            notes=data.get("notes"),
-            sampling=data.get("sampling"),
-            runner=data.get("runner"),
-            components=data.get("components"),
-            counters=data.get("counters"),
-            arguments=data.get("arguments"),
-            observed=data.get("observed"),
-            baseline_components=data.get("baseline_components"),
-            work=data.get("work"),
-            output=data.get("output"),
-        )
-
-
-def worst(verdicts: Iterable[str]) -> str:
-    """The most severe of `verdicts` (PASS when there are none)."""
-    ranks = [SEVERITY.index(v) for v in verdicts]
-    return SEVERITY[min(ranks)] if ranks else PASS
+DEFAULT_JUDGING = JudgeOptions()
+"""A check's judging with every default (`perfguard.decision.options`)."""
 
 
 def gated_steps(step_count: int, step_fractions: Sequence[float] | None) -> set[int] | None:
@@ -509,30 +258,21 @@ def judge_case(
     scenario: Scenario | None,
     profile: Profile,
     *,
+    judging: JudgeOptions = DEFAULT_JUDGING,
     improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
     step_fractions: Sequence[float] | None = None,
     ignore_missing: Iterable[str] = (),
-    rule: Rule = DEFAULT_RULE,
-    policy: ContentionPolicy = DEFAULT_POLICY,
-    allow_output_change: bool = False,
-    timing_gate: str = DEFAULT_TIMING_GATE,
 ) -> CaseVerdict:
-    """Judge every metric of one case's result against its baseline scenario.
+    """Judge every metric of one case's result against its baseline scenario under
+    `judging` (its rule, contention policy, output allowance and timing gate).
 
-    The runs are screened first (`perfguard.decision.contention.screen`): runs that the
-    reference workload saw contended are dropped, and a measurement that was mostly
-    contended gets the case verdict `contended` instead of a judgement on the code.
-
-    The band of each metric uses the case registry's `tolerance_overrides` (carried in
-    the result's case definition) and then the baseline scenario's, which win: the
-    baseline file is hardware-specific and reviewed next to the figures it loosens.
-    Metrics in `ignore_missing` are not reported missing (a source that cannot measure
-    them, such as sglang's performance.log for memory).
-
-    Work counters and output are judged by `perfguard.decision.counters` (exact): a grown
-    counter or a changed output not allowed fails the case whatever the timings say.
-    `timing_gate` says which timed figures get all three answers
-    (`perfguard.decision.resolution`).
+    The runs are screened first (`contention.screen`): contended runs are dropped, and a
+    measurement mostly contended gets `contended` instead of a judgement on the code. A
+    metric's band takes the case registry's `tolerance_overrides`, then the scenario's
+    (the reviewed, hardware-specific file wins). Metrics in `ignore_missing` are not
+    reported missing (sglang's performance.log has no memory). Work counters and output
+    are exact (`counters`): a grown counter or a changed output not allowed fails the
+    case whatever the timings say.
     """
     common = _case_fields(result, scenario)
     if result.status != "ok":
@@ -541,11 +281,11 @@ def judge_case(
         return _without_a_baseline(case_id, result, common)
     overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
     work, output = counters.judge_scenario(
-        result, scenario, profile, overrides, allow_output_change
+        result, scenario, profile, overrides, judging.allow_output_change
     )
     common["work"] = work.to_json() or None
     common["output"] = None if output is None else output.to_json()
-    raw, scr = screened_runs(result, scenario, policy)
+    raw, scr = screened_runs(result, scenario, judging.policy)
     result, scaled = scaled_runs(raw, scenario)
     runner = scr.to_json()
     speed = scr.speed
@@ -566,7 +306,7 @@ def judge_case(
             exponents[metric] = round(exponent, 3)
         own = profile.band(metric, overrides)
         band = profile.noise_band(own, summary)
-        figure_rule = rule_of(metric, judged, rule)
+        figure_rule = rule_of(metric, judged, judging.rule)
         judged_metric = judge_metric(
             metric,
             samples,
@@ -580,17 +320,7 @@ def judge_case(
             same_band=own,
         )
         stored = base.get(metric)
-        stored_band = band if stored is summary else profile.noise_band(own, stored)
-        out.append(
-            _at_resolution(
-                judged_metric,
-                stored,
-                stored_band,
-                figure_rule,
-                profile.session(metric),
-                timing_gate,
-            )
-        )
+        out.append(_at_resolution(judged_metric, stored, profile, own, figure_rule, judging))
     if exponents:
         runner["reference_exponents"] = exponents
     out.extend(_exact(c) for c in work.metrics)
@@ -602,42 +332,25 @@ def judge_case(
 def _at_resolution(
     m: MetricVerdict,
     stored: Summary | None,
-    band: Band,
+    profile: Profile,
+    own: Band,
     rule: Rule,
-    session: float,
-    timing_gate: str,
+    judging: JudgeOptions,
 ) -> MetricVerdict:
-    """`m` with its answer below resolution where `timing_gate` does not judge it in full
-    on this baseline's runner (`perfguard.decision.resolution`): slower stays slower.
-    The resolution is the stored figure's (`stored`, under its own `band`), as
-    gen-baselines recorded it, not the figure rescaled to this check's runner speed."""
+    """`m` with its answer below resolution where `judging.timing_gate` does not judge it
+    in full on this baseline's runner (`perfguard.decision.resolution`): slower stays
+    slower. The resolution is the stored figure's (`stored`, under the band `own` padded
+    for it), as gen-baselines recorded it, not the figure rescaled to this check's runner
+    speed."""
     a = m.answer
-    if a is None or stored is None or m.metric_class not in RESOLVED_CLASSES:
+    gate = judging.timing_gate
+    if a is None or stored is None or m.metric_class not in RESOLVED_CLASSES or gate == GATE:
         return m
-    if timing_gate == GATE:
-        return m
-    res = resolution(stored, band, alpha=rule.alpha, session=session)
-    if judged_in_full(timing_gate, res, a.margin):
+    band = profile.noise_band(own, stored)
+    res = resolution(stored, band, alpha=rule.alpha, session=profile.session(m.metric))
+    if judged_in_full(gate, res, a.margin):
         return m
     return dataclasses.replace(m, answer=answers.below_resolution(a, res))
-
-
-def _settle(case: CaseVerdict, timing_gate: str) -> CaseVerdict:
-    """`case` at its last look: a figure it still can't tell because the check never
-    reached the precision *same* needs is below the resolution it did reach
-    (`perfguard.decision.resolution.settled`); one it measured precisely stays can't tell."""
-    metrics = []
-    for m in case.metrics:
-        a = m.answer
-        if (
-            a is not None
-            and a.answer == answers.CANT_TELL
-            and m.metric_class in RESOLVED_CLASSES
-            and not settled(timing_gate, a.detectable, a.margin)
-        ):
-            m = dataclasses.replace(m, answer=answers.below_resolution(a, a.detectable))
-        metrics.append(m)
-    return dataclasses.replace(case, metrics=tuple(metrics))
 
 
 def _exact(counter: counters.CounterVerdict) -> MetricVerdict:
@@ -798,11 +511,8 @@ def judge_against(
     case_id: str,
     result: CaseResult,
     *,
+    judging: JudgeOptions = DEFAULT_JUDGING,
     ignore_missing: Iterable[str] = (),
-    rule: Rule = DEFAULT_RULE,
-    policy: ContentionPolicy = DEFAULT_POLICY,
-    allow_output_change: bool = False,
-    timing_gate: str = DEFAULT_TIMING_GATE,
 ) -> CaseVerdict:
     """`judge_case` with the case's scenario, improvement threshold and step fractions
     taken from `baseline`: what `judge` does per case, and the gate after each look."""
@@ -811,14 +521,32 @@ def judge_against(
         result,
         baseline.scenarios.get(case_id),
         profile,
+        judging=judging,
         improvement_threshold=baseline.improvement_threshold,
         step_fractions=baseline.step_fractions,
         ignore_missing=ignore_missing,
-        rule=rule,
-        policy=policy,
-        allow_output_change=allow_output_change,
-        timing_gate=timing_gate,
     )
+
+
+def judge_with(
+    judging: JudgeOptions,
+    results: Results,
+    baseline: Baseline,
+    ignore_missing: Iterable[str] = (),
+) -> Judgement:
+    """Judge every case of `results` against `baseline` under `judging`, passed whole.
+
+    The run is advisory when `judging.advisory` says so, when the profile does, or when
+    the baseline's metadata marks its platform advisory.
+    """
+    profile = baseline.profile(judging.profile)
+    ignored = tuple(ignore_missing)
+    cases = tuple(
+        judge_against(baseline, profile, cid, res, judging=judging, ignore_missing=ignored)
+        for cid, res in sorted(results.cases.items())
+    )
+    advisory = judging.advisory or profile.advisory or bool(baseline.metadata.get("advisory"))
+    return Judgement(judging.profile, cases, judging.fail_on_missing, advisory)
 
 
 def judge(
@@ -826,43 +554,31 @@ def judge(
     baseline: Baseline,
     profile_name: str = DEFAULT_PROFILE,
     *,
-    fail_on_missing: bool = False,
-    advisory: bool = False,
     ignore_missing: Iterable[str] = (),
-    rule: Rule = DEFAULT_RULE,
-    policy: ContentionPolicy = DEFAULT_POLICY,
-    allow_output_change: bool = False,
-    timing_gate: str = DEFAULT_TIMING_GATE,
+    **judging: Any,
 ) -> Judgement:
-    """Judge every case of `results` against `baseline` under its profile `profile_name`.
-
-    The run is advisory when `advisory` is passed, when the profile says so, or when the
-    baseline's metadata marks its platform advisory. This is the last look of a check:
-    a figure it could not resolve is settled below resolution (`_settle`).
-    """
-    profile = baseline.profile(profile_name)
-    ignored = tuple(ignore_missing)
-    cases = tuple(
-        judge_against(
-            baseline,
-            profile,
-            cid,
-            res,
-            ignore_missing=ignored,
-            rule=rule,
-            policy=policy,
-            allow_output_change=allow_output_change,
-            timing_gate=timing_gate,
-        )
-        for cid, res in sorted(results.cases.items())
-    )
-    cases = tuple(_settle(case, timing_gate) for case in cases)
-    advisory = advisory or profile.advisory or bool(baseline.metadata.get("advisory", False))
-    return Judgement(profile_name, cases, fail_on_missing, advisory)
+    """`judge_with` under the options `JudgeOptions(profile=profile_name, **judging)`
+    (`fail_on_missing`, `advisory`, `rule`, `policy`, `allow_output_change`,
+    `timing_gate`): the keyword form of a check's judgement."""
+    options = JudgeOptions(profile=profile_name, **judging)
+    return judge_with(options, results, baseline, ignore_missing)
 
 
 __all__ = [
-    "CONTENDED", "DEFAULT_RULE", "SEVERITY", "CaseVerdict", "Judgement", "MetricVerdict",
-    "Rule", "contended", "gated_steps", "judge", "judge_case", "judge_metric", "overall",
+    "CONTENDED",
+    "DEFAULT_RULE",
+    "SEVERITY",
+    "CaseVerdict",
+    "JudgeOptions",
+    "Judgement",
+    "MetricVerdict",
+    "Rule",
+    "contended",
+    "gated_steps",
+    "judge",
+    "judge_case",
+    "judge_metric",
+    "judge_with",
+    "overall",
     "worst",
 ]  # fmt: skip

@@ -9,9 +9,9 @@ runner a `while True: pass` on the other core reads 0.9-1.0 core, an idle runner
 (docs/measurements/2026-12-07-noisy-runner.md): unlike a timing's spread, this does not
 mistake a noisy runner for a busy one.
 
-The tree is this process and its descendants, or the resident server's
-(`perfguard.measurement.resident`) when this command was forked by it: the measuring
-processes are its children then. A child's CPU time reaches its parent's `cutime` when
+The tree is the descendants of `LoadMeter.root`: this process, or the resident server
+that forked this command (`perfguard.measurement.resident.tree_root`), whose children
+the measuring processes are then. A child's CPU time reaches its parent's `cutime` when
 the parent reaps it, so the processes of a session that ended count too. Elsewhere than
 Linux nothing is read and the load is unknown (None).
 """
@@ -83,15 +83,6 @@ def tree_cpu_s(root: int) -> float:
     return total
 
 
-def own_root() -> int:
-    """The root of perfguard's processes: the resident server that forked this command,
-    else this process."""
-    from perfguard.measurement.resident import ENV_SOCKET
-
-    _, _, pid = os.environ.get(ENV_SOCKET, "").rpartition("#")
-    return int(pid) if pid.isdigit() and (PROC / pid).exists() else os.getpid()
-
-
 @dataclass
 class LoadMeter:
     """Cores used by other processes, on average, between `start` and `read`."""
@@ -102,7 +93,7 @@ class LoadMeter:
     _own: float = 0.0
 
     def start(self) -> LoadMeter:
-        self.root = self.root or own_root()
+        self.root = self.root or os.getpid()
         self._wall = time.monotonic()
         self._busy = busy_cpu_s()
         self._own = tree_cpu_s(self.root) if self._busy is not None else 0.0

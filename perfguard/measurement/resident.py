@@ -464,3 +464,10 @@ def stop_all(env: Mapping[str, str] | None = None) -> int:
             stop(got[0])
             asked += 1
     return asked
+
+
+def tree_root() -> int:
+    """The process whose descendants are this command's: the resident server that forked
+    it (its measuring processes are the server's children too), else this process."""
+    _, _, pid = os.environ.get(ENV_SOCKET, "").rpartition("#")
+    return int(pid) if pid.isdigit() and os.path.exists(f"/proc/{pid}") else os.getpid()

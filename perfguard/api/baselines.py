@@ -1,0 +1,183 @@
+"""`perfguard gen-baselines`: measure the selected cases and store them in the baseline
+file."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from perfguard.api.common import (
+    Echo,
+    baseline_path,
+    resolve_platform,
+    run_cases,
+    select_cases,
+    shard,
+    to_stderr,
+)
+from perfguard.device.load import LoadMeter
+from perfguard.errors import PerfguardError
+from perfguard.measurement.options import MeasureOptions
+from perfguard.measurement.resident import tree_root
+from perfguard.measurement.warm import in_warm_pool
+from perfguard.results import CaseResult, Results
+from perfguard.storage.cases import Case, Selection, load_registry
+
+if TYPE_CHECKING:
+    from perfguard.device.platform import Platform
+
+
+@dataclass
+class BaselineUpdate:
+    """What `gen_baselines` did to the baseline file at `path`."""
+
+    path: str
+    results: Results
+    selected: int
+    saved: list[str] = field(default_factory=list)
+    contended: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    """Cases measured on a busy runner (`contention.busy_session`): not written."""
+    pruned: list[str] = field(default_factory=list)
+    tightened: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status != "ok" for r in self.results.cases.values())
+
+
+@in_warm_pool(lambda options, kw: options.isolated)
+def gen_baselines(
+    selection: Selection,
+    options: MeasureOptions,
+    *,
+    baseline: str | None = None,
+    tighten: bool = False,
+    prune: bool = False,
+    timing: str | None = None,
+    platform: Platform | str | None = None,
+    echo: Echo = to_stderr,
+    say: Echo = print,
+    warm: Any = None,
+    allow_busy: bool = False,
+) -> BaselineUpdate:
+    """Measure the selected cases and store them in the baseline file.
+
+    Only the selected cases are updated; the others, their notes and overrides are kept.
+    A case measured on a busy runner (`refresh.record_measured`) is not written unless
+    `allow_busy`. The file is saved after each case, under a lock. Refuses fault
+    injection and a file it cannot read, before measuring. `say` hears each case's
+    outcome; `timing` is how the timed runs are stored (`perfguard.decision.normalize`;
+    None: the platform's default).
+    Over the house limits because each keyword is one of the command's flags.
+    """
+    _refuse_injection(options)
+    from perfguard.decision.normalize import timing_of
+    from perfguard.device.platform import fingerprint
+    from perfguard.storage import baseline as store
+    from perfguard.storage import refresh
+
+    platform = resolve_platform(platform)
+    path = baseline_path(baseline, platform.name, platform.hardware_slug())
+    cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
+    environment = fingerprint(platform)
+    timing = timing_of(environment, timing)  # a bad value fails before anything is measured
+    with store.lock(path):
+        earlier = store.open_for_update(path, environment)  # refuse an unreadable file first
+    cases = shard(cases, selection.shard, path, echo=echo)
+    update = BaselineUpdate(path=path, results=Results({}, {}), selected=len(cases))
+    update.tightened = tighten
+    meter = LoadMeter(root=tree_root()).start()
+    waiting: dict[str, str] = {}  # case id -> why its session was busy
+
+    def on_case(result: CaseResult) -> None:
+        load = meter.read()
+        if result.status != "ok":
+            say(f"{result.case_id}: error, baseline not updated: {result.error}")
+            return
+        done = refresh.record_measured(
+            path, result, environment, earlier.scenarios.get(result.case_id),
+            allow_busy=allow_busy, tighten=tighten, timing=timing, foreign_load=load,
+        )  # fmt: skip
+        if done.stored is None:
+            waiting[result.case_id] = done.busy or "busy"
+            return
+        waiting.pop(result.case_id, None)
+        if done.busy:
+            say(f"{result.case_id}: warning: the runner was busy ({done.busy}); marked busy")
+        if done.contended:
+            update.contended.append(result.case_id)
+            say(f"{result.case_id}: warning: {done.contended}; kept every run (--allow-busy)")
+        update.saved.append(result.case_id)
+        say(_saved_line(done.stored, done.scenario))
+
+    update.results = run_cases(cases, platform, options, on_case=on_case, warm=warm)
+    _wait_out_contention(cases, waiting, update, say, lambda todo: run_cases(
+        todo, platform, options, on_case=on_case, warm=warm), meter)  # fmt: skip
+    if prune:
+        known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
+        update.pruned = store.prune(path, known)
+    return update
+
+
+def _refuse_injection(options: MeasureOptions) -> None:
+    """A baseline must never contain injected time."""
+    from perfguard.device.inject import ENV_INJECT, inject_from
+
+    if options.inject or inject_from(None):
+        source = f"${ENV_INJECT}" if inject_from(None) else "--inject"
+        raise PerfguardError(
+            f"gen-baselines refuses fault injection ({source} is set): "
+            "a baseline must never contain injected time"
+        )
+
+
+def _wait_out_contention(
+    cases: Sequence[Case],
+    waiting: dict[str, str],
+    update: BaselineUpdate,
+    say: Echo,
+    measure: Callable[[Sequence[Case]], Results],
+    meter: Any,
+) -> None:
+    """Measure the cases whose session was busy again, after `ContentionPolicy.wait_s`,
+    at most `waits` times (contention passes: a neighbour's job ends); a case still busy
+    is not written. Noise is not contention: a spread runner is recorded, never waited
+    out (`perfguard.decision.contention.busy_session`)."""
+    from perfguard.decision import contention
+
+    policy = contention.DEFAULT_POLICY
+    for attempt in range(1, policy.waits + 1):
+        if not waiting:
+            break
+        for cid, why in sorted(waiting.items()):
+            say(
+                f"{cid}: the runner was busy ({why}): waiting {policy.wait_s:g} s and "
+                f"measuring again ({attempt} of {policy.waits})"
+            )
+        time.sleep(policy.wait_s)
+        meter.read()  # the wait is not the session's
+        again = measure([c for c in cases if c.id in waiting])
+        update.results.cases.update(again.cases)
+    for cid, why in sorted(waiting.items()):
+        update.busy.append(cid)
+        waited = f" after waiting {policy.waits} x {policy.wait_s:g} s" if policy.waits else ""
+        say(f"{cid}: the runner was busy ({why}){waited}: baseline not updated")
+
+
+def _saved_line(result: CaseResult, scenario: Any = None) -> str:
+    """What gen-baselines says of a case it stored: its median e2e and what a check
+    against it resolves, or (`counters_only`) that only the work and output were."""
+    from perfguard.decision.resolution import describe
+
+    if "e2e" not in result.samples:
+        return f"{result.case_id}: work and output saved (nothing timed)"
+    e2e = sorted(result.samples["e2e"])[len(result.samples["e2e"]) // 2]
+    where = f", {len(result.groups)} processes" if result.groups else ""
+    resolves = ""
+    if scenario is not None and scenario.resolution:
+        resolves = f"; a check resolves {describe(scenario.resolution)}"
+    return f"{result.case_id}: e2e {e2e:.3f} ms (n={result.repeats}{where}) saved{resolves}"
