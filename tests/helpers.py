@@ -120,8 +120,13 @@ def judged_report(
     case_id = current.case_id
     base = new_baseline(env).with_scenario(case_id, scenario_from_result(baseline))
     results = Results(environment=env, settings={}, cases={case_id: current})
-    judgement = judge(results, base, "pr_test")
-    report = build(
+    write_report(path, report_of(judge(results, base, "pr_test"), base, env))
+    return path
+
+
+def report_of(judgement: Any, base: Baseline, env: dict[str, Any] = ENV) -> Any:
+    """The report the library builds of `judgement` against the baseline `base` (pr_test)."""
+    return build(
         judgement,
         environment=env,
         baseline_info={"path": "b.json", "sha256": "0" * 64, "platform": "cpu"},
@@ -129,8 +134,6 @@ def judged_report(
         settings={"source": "results"},
         improvement_threshold=base.improvement_threshold,
     )
-    write_report(path, report)
-    return path
 
 
 def reasons_report(

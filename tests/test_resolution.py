@@ -6,7 +6,6 @@ unless proven slower), and a quiet runner's figures keep the three answers
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -29,8 +28,7 @@ from perfguard.presentation.render import render_markdown, summary_line
 from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import new_baseline
 from perfguard.storage.refresh import scenario_from_result, with_resolution
-from perfguard.storage.reports import build
-from tests.helpers import ENV, noisy
+from tests.helpers import ENV, noisy, report_of
 
 CASE = "qwen_image_t2i_smoke"
 
@@ -117,16 +115,9 @@ def test_a_quiet_runner_keeps_the_three_answers() -> None:
     assert kinds == {answers.UNRESOLVED} and advised.exit_code == 0
 
 
-def test_the_first_line_and_the_markdown_say_what_the_runner_resolves(tmp_path: Path) -> None:
+def test_the_first_line_and_the_markdown_say_what_the_runner_resolves() -> None:
     baseline, judgement = _judge(_session(0.20, seed=1), _session(0.20, seed=2, processes=3))
-    report = build(
-        judgement,
-        environment=ENV,
-        baseline_info={"path": "b.json", "sha256": "0" * 64, "platform": "cpu"},
-        profile=baseline.profile("pr_test").to_json(),
-        settings={"source": "results"},
-        improvement_threshold=baseline.improvement_threshold,
-    )
+    report = report_of(judgement, baseline)
     line = summary_line(report)
     assert line.startswith("perfguard PASS") and "exit 0" in line
     assert "timing: this runner resolves about +" in line and "not judged below that" in line
