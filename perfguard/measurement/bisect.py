@@ -32,11 +32,7 @@ nothing to find, and the command says so (exit 2) rather than bisecting noise.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,52 +50,6 @@ Echo = Callable[[str], None]
 COUNT_TIMEOUT_S = 600.0
 
 GOOD, BAD, SKIPPED = "good", "bad", "skipped"
-
-COUNT_SERVER = r"""
-import importlib, json, os, sys, traceback
-# The libraries every commit's worker imports, loaded once: each commit's run is then a
-# fork that imports only its own perfguard (never imported here).
-for name in json.loads(sys.argv[1]):
-    try:
-        importlib.import_module(name)
-    except Exception:
-        pass
-print("ready", flush=True)
-
-def count(request):
-    from perfguard.device.platform import probe
-    from perfguard.measurement.options import MeasureOptions
-    from perfguard.measurement.runner import run_case
-    from perfguard.measurement.workers import case_from_json
-    import perfguard
-    platform = probe(request["platform"])
-    options = MeasureOptions(counters_only=True)
-    out = {"__perfguard__": perfguard.__file__}
-    for data in request["cases"]:
-        case = case_from_json(data)
-        out[case.id] = run_case(case, platform, options).to_json()
-    with open(request["out"], "w", encoding="utf-8") as fh:
-        json.dump(out, fh)
-
-for line in sys.stdin:
-    request = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.chdir(request["import_dir"])
-            sys.path.insert(0, request["import_dir"])
-            count(request)
-        except BaseException:
-            with open(request["err"], "w", encoding="utf-8") as fh:
-                fh.write(traceback.format_exc())
-            code = 1
-        finally:
-            sys.stdout.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print("done", os.waitstatus_to_exitcode(status), flush=True)
-"""
 
 
 @dataclass(frozen=True)
@@ -208,86 +158,79 @@ def commit_cases(
     return cases
 
 
-class CountServer:
-    """A process that imports the heavy libraries once and forks one child per commit
-    to count it: the child imports that commit's perfguard from its checkout (first on
-    `sys.path`, as its working directory), makes one counted run of each case
+class Counter:
+    """Counts commits in side workers (`launch.SIDE_WORKER`, its `count` request) forked
+    from one warm server that imports the heavy libraries once and no perfguard module,
+    as the relative check's shared server does (`launch.SharedFork`): each commit's
+    worker imports that commit's perfguard from its checkout (its import root, first on
+    `sys.path`, and its working directory), makes one counted run of each case
     (`MeasureOptions(counters_only=True)`: a warm-up, whose output is kept, and the
     counted run) and exits. A commit then costs its perfguard's import, its builds and
     its runs, not an interpreter's start and torch's import (seconds each on a 2-core
-    runner). On platforms without `fork` each commit gets a fresh interpreter."""
+    runner). Where forking is not available (`launch.default_start_method`), or the
+    server could not start, each commit's worker is a fresh interpreter."""
 
     def __init__(self, preload: Sequence[str]) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix="perfguard-bisect-")
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        self.proc: subprocess.Popen[str] | None = None
-        if hasattr(os, "fork"):
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", COUNT_SERVER, json.dumps(list(preload))],
-                cwd=self.tmp.name, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, text=True,
-            )  # fmt: skip
-            assert self.proc.stdout is not None
-            if self.proc.stdout.readline().strip() != "ready":
-                self.close()
+        from perfguard.measurement.launch import (
+            WarmServer,
+            child_environment,
+            default_start_method,
+            import_root,
+        )
+
+        self.server: Any = None
+        if default_start_method() == "forkserver":
+            # No $PYTHONPATH: nothing the server imports may come from a checkout.
+            env = child_environment(unset=("PYTHONPATH",))
+            root = import_root()
+            self.server = WarmServer(env, "count server", preload=preload, root=root, cwd=root)
+
+    def _forks(self) -> Any:
+        """The warm server, once it has imported its modules; None: spawn instead."""
+        from perfguard.measurement.workers import STARTUP_TIMEOUT_S
+
+        if self.server is not None and (
+            not self.server.alive or self.server.start(STARTUP_TIMEOUT_S) is not None
+        ):
+            self.server.kill()
+            self.server = None
+        return self.server
 
     def count(self, import_dir: Path, cases: Sequence[Case], platform: str) -> dict[str, Any]:
         """One counted run of each case with the commit's own perfguard: case -> result
         JSON. A commit that cannot import or run raises `PerfguardError` (it is skipped)."""
-        where = Path(self.tmp.name)
-        out, err = where / "counted.json", where / "error.txt"
-        for f in (out, err):
-            f.unlink(missing_ok=True)
-        payload = {
-            "platform": platform, "cases": [c.to_json() for c in cases], "out": str(out),
-            "err": str(err), "import_dir": str(import_dir),
-        }  # fmt: skip
-        if self.proc is not None and self.proc.poll() is None:
-            assert self.proc.stdin is not None and self.proc.stdout is not None
-            self.proc.stdin.write(json.dumps(payload) + "\n")
-            self.proc.stdin.flush()
-            self.proc.stdout.readline()
-        else:
-            self._spawned(payload, import_dir)
-        if not out.exists():
-            text = err.read_text(encoding="utf-8") if err.exists() else "no result"
-            last = [ln.strip() for ln in text.splitlines() if ln.strip()][-1:] or ["?"]
-            raise PerfguardError(last[0][:300])
-        data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
-        source = data.pop("__perfguard__", None)
+        from perfguard.measurement.launch import SharedFork, child_environment
+        from perfguard.measurement.profiling import side_request
+
+        where = str(import_dir)
+        env = child_environment(import_dir=import_dir)
+        server = self._forks()
+        request = {"kind": "count", "platform": platform, "cases": [c.to_json() for c in cases]}
+        try:
+            data = side_request(
+                request, env=env, cwd=where, root=where, label="the counted run",
+                timeout_s=COUNT_TIMEOUT_S,
+                server=SharedFork(server, env, where, where) if server is not None else None,
+            )  # fmt: skip
+        except TimeoutError as exc:
+            raise PerfguardError(f"the counted run took over {COUNT_TIMEOUT_S:g} s") from exc
+        except PerfguardError as exc:
+            raise PerfguardError(str(exc)[:300]) from exc
+        source = data.get("perfguard_file")
         if not source or not Path(source).resolve().is_relative_to(import_dir.resolve()):
             raise PerfguardError(f"perfguard was imported from {source}, not from {import_dir}")
-        failed = [f"{cid}: {r.get('error')}" for cid, r in data.items() if r.get("status") != "ok"]
+        results: dict[str, Any] = data["cases"]
+        failed = [
+            f"{cid}: {r.get('error')}" for cid, r in results.items() if r.get("status") != "ok"
+        ]
         if failed:
             raise PerfguardError(failed[0][:300])
-        return data
-
-    def _spawned(self, payload: Mapping[str, Any], import_dir: Path) -> None:
-        """Without a server: the same child in a fresh interpreter."""
-        from perfguard.measurement.relative import base_environment
-
-        script = COUNT_SERVER.replace("for line in sys.stdin:", "for line in [sys.argv[2]]:")
-        try:
-            subprocess.run(
-                [sys.executable, "-c", script, "[]", json.dumps(payload)], cwd=import_dir,
-                env=base_environment(import_dir), capture_output=True, text=True,
-                timeout=COUNT_TIMEOUT_S, check=False,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired as exc:
-            raise PerfguardError(f"the counted run took over {COUNT_TIMEOUT_S:g} s") from exc
+        return results
 
     def close(self) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(OSError):
-                if self.proc.stdin is not None:
-                    self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-        self.tmp.cleanup()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
 
 # ---- judging work ----------------------------------------------------------------------------
@@ -381,12 +324,6 @@ def elapsed(t0: float) -> float:
     return time.monotonic() - t0
 
 
-def environ_for_side(import_dir: Path) -> dict[str, str]:
-    from perfguard.measurement.relative import base_environment
-
-    return base_environment(import_dir, os.environ)
-
-
 # ---- the session -----------------------------------------------------------------------------
 
 
@@ -426,7 +363,7 @@ class Session:
         self.good_counts: dict[str, WorkCounts] = {}
         self.stack = contextlib.ExitStack()
         self.good_dir: Path | None = None
-        self.server: CountServer | None = None
+        self.counter: Counter | None = None
 
     def import_dir(self, root: Path) -> Path:
         return root / self.options.subdir if self.options.subdir else root
@@ -435,10 +372,10 @@ class Session:
     def count(self, commit: Commit) -> dict[str, WorkCounts]:
         with checked_out(commit.sha, self.repo) as root:
             cases = commit_cases(root, self.platform, self.selection, self.options.cases_dir)
-            if self.server is None:
-                self.server = CountServer(preload_for(cases))
-                self.stack.callback(self.server.close)
-            return work_of(self.server.count(self.import_dir(root), cases, self.platform))
+            if self.counter is None:
+                self.counter = Counter(preload_for(cases))
+                self.stack.callback(self.counter.close)
+            return work_of(self.counter.count(self.import_dir(root), cases, self.platform))
 
     # timings ----------------------------------------------------------------------------
     def compare(self, commit: Commit) -> tuple[str, str, dict[str, Any]]:

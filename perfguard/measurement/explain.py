@@ -8,7 +8,7 @@ check pays nothing, and the profiled runs are never among the timed runs it judg
 
 Where each side's code comes from: the head is this process's (its perfguard and the
 code its cases import, with `--inject` applied); the base is a directory (a checkout),
-imported first as the relative check's base is (`relative.base_environment`), or a
+imported first as the relative check's base is (`launch.child_environment`), or a
 revision checked out in a temporary worktree (`checkout.temporary_worktree`, always
 removed). The stored check's base is the revision its baseline names
 (`stored_base_ref`), where this repository has it.

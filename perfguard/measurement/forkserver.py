@@ -29,7 +29,9 @@ Protocol of the server (`serve-forks ROOT CONTROL_FD PRELOAD_JSON`): the control
 is an `AF_UNIX` `SOCK_SEQPACKET` pair, one JSON object per packet. The server sends
 `{"ready": true, "pid", "preloaded", "import_s"}` (or `{"ready": false, "error"}`);
 the parent sends `{"fork": ID, "module", "argv"}` with two file descriptors attached
-(the worker's stdin and its result pipe, `{result_fd}` in `argv` naming the latter),
+(the worker's stdin and its result pipe, `{result_fd}` in `argv` naming the latter; a
+third, where its output goes, when the parent keeps it apart), `module` a module name or
+a file's path (`run_module`),
 and `env`, `cwd` and `root` when the worker takes others than the server's (a server
 shared by both sides of a relative check imports no perfguard module: each side's
 worker imports its own revision's, from its `root`);
@@ -150,10 +152,15 @@ def _fatal(argv: list[str], exc: BaseException) -> None:
 
 
 def run_module(module: str, argv: list[str]) -> int:
-    """Run `module` as `python -m module argv...` would; its exit status."""
+    """Run `module` as `python -m module argv...` would, or a file by its path (a name
+    ending in `.py`: `launch.SIDE_WORKER`, which the import root may lack) as `python
+    FILE argv...` would, without its directory on the path; its exit status."""
     sys.argv = [module, *argv]
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if module.endswith(".py"):
+            runpy.run_path(module, run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code
         if code is None:

@@ -5,7 +5,12 @@ with `python -c`, so that the working directory cannot shadow perfguard); this m
 starts it and keeps the handles: `spawn_worker` starts a fresh interpreter as before,
 `WarmServer` starts one server per worker environment and forks workers from it, and
 `ResidentChannel` forks them from the resident server a command runs in
-(`perfguard.measurement.resident`); both speak through a `ForkChannel`.
+(`perfguard.measurement.resident`); both speak through a `ForkChannel`. Every worker a
+measurement starts is one of two programs speaking one protocol (a ready message,
+JSON-line requests on stdin, replies on a result pipe): `perfguard.measurement.worker`
+(measure a case) and `perfguard.measurement.side_worker` (profile or count with a side's
+own perfguard, run by path: `SIDE_WORKER`). `child_environment` builds the environment
+of every process started here.
 
 Why a server of our own rather than `multiprocessing`'s forkserver: a worker is pinned by
 its environment (the visible-devices variable, cores, threads), which must be in place
@@ -25,6 +30,7 @@ import contextlib
 import itertools
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -35,7 +41,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from perfguard.device.pinning import visible_devices_env
+from perfguard.device.inject import ENV_INJECT
+from perfguard.device.pinning import ENV_CPU_AFFINITY, visible_devices_env
 from perfguard.device.threads import ENV_OVERRIDE as ENV_THREADS
 from perfguard.errors import PerfguardError
 
@@ -46,6 +53,10 @@ are forked from a server that imported torch, transformers, diffusers and perfgu
 BOOT_PATH = Path(__file__).with_name("forkserver.py")
 BOOT = f"import runpy; runpy.run_path({str(BOOT_PATH)!r}, run_name='__main__')"
 """What `python -c` runs: `forkserver.py` by path (its directory is not put on sys.path)."""
+
+SIDE_WORKER = str(Path(__file__).with_name("side_worker.py"))
+"""The worker that profiles (`explain`) and counts (`bisect`) a side with the side's own
+perfguard: this revision's file, run by path, since an older side's perfguard lacks it."""
 
 FORK_TIMEOUT_S = 30.0
 """How long a server may take to answer a fork request (it forks in milliseconds)."""
@@ -121,17 +132,44 @@ def spawn_worker(
     cwd: str | None,
     root: str,
     pass_fds: Sequence[int],
+    output: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """A fresh interpreter running `module argv...`, importing from `root` first."""
+    """A fresh interpreter running `module argv...`, importing from `root` first; its
+    stdout and stderr go to `output` when given (else stdout to our stderr)."""
     return subprocess.Popen(
         [sys.executable, "-c", BOOT, "boot", root, module, *argv],
         stdin=subprocess.PIPE,
-        stdout=log_fd(),
+        stdout=log_fd() if output is None else output,
+        stderr=output,
         env=dict(env),
         cwd=cwd,
         pass_fds=tuple(pass_fds),
         start_new_session=True,  # its own process group, killed as one
     )
+
+
+class LineReader:
+    """Reads newline-terminated JSON messages from a pipe, with a deadline."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+
+    def read(self, deadline: float | None) -> dict[str, Any] | None:
+        """The next message; None at end of file; `TimeoutError` past `deadline`."""
+        while b"\n" not in self.buffer:
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self.fd], [], [], wait)
+            if not ready:
+                continue
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)  # type: ignore[no-any-return]
 
 
 class ForkedProcess:
@@ -217,16 +255,22 @@ class ForkChannel:
         return {}, []
 
     def fork(
-        self, module: str, argv: Sequence[str], request: Mapping[str, Any] | None = None
+        self,
+        module: str,
+        argv: Sequence[str],
+        request: Mapping[str, Any] | None = None,
+        output: int | None = None,
     ) -> tuple[ForkedProcess, int]:
         """A new worker running `module argv...` (`{result_fd}` names its result pipe):
         its process and the read end of its result pipe; `request` adds to the fork
-        request (`SharedFork`: the side's `env`, `cwd` and `root`). `OSError` when the
-        server is gone."""
+        request (`SharedFork`: the side's `env`, `cwd` and `root`), `output` is where
+        its stdout and stderr go. `OSError` when the server is gone."""
         stdin_r, stdin_w = os.pipe()
         result_r, result_w = os.pipe()
         ident = next(self._ids)
         extra, fds = self._request()
+        if output is not None:
+            fds = [output]
         try:
             msg = {"fork": ident, "module": module, "argv": list(argv), **extra, **(request or {})}
             msg = json.dumps(msg)
@@ -311,7 +355,7 @@ class WarmServer(ForkChannel):
                 stdout=log_fd(),
                 # `torch.cuda.is_available()` through NVML: it must not initialise the
                 # driver in a process that forks workers which use the device.
-                env={**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},
+                env=child_environment(env, update={"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}),
                 cwd=cwd,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,
@@ -377,8 +421,10 @@ class SharedFork:
     def start(self, timeout: float) -> str | None:
         return self.server.start(timeout)
 
-    def fork(self, module: str, argv: Sequence[str]) -> tuple[ForkedProcess, int]:
-        return self.server.fork(module, argv, self.request)
+    def fork(
+        self, module: str, argv: Sequence[str], output: int | None = None
+    ) -> tuple[ForkedProcess, int]:
+        return self.server.fork(module, argv, self.request, output)
 
     def describe(self) -> str:
         return self.server.describe()
@@ -422,21 +468,52 @@ class ResidentChannel(ForkChannel):
         return "the resident server closed the connection"
 
 
-def worker_environment(
-    base: Mapping[str, str],
-    platform: str,
-    devices: Sequence[str] | None,
-    threads: int | None,
+def child_environment(
+    base: Mapping[str, str] | None = None,
+    *,
+    update: Mapping[str, str] | None = None,
+    unset: Sequence[str] = (),
+    import_dir: str | os.PathLike[str] | None = None,
+    platform: str = "",
+    devices: Sequence[str] | None = None,
+    threads: int | None = None,
+    cores: Sequence[int] | None = None,
+    slots: int = 1,
 ) -> dict[str, str]:
-    """A worker process's environment: `base` with the visible devices narrowed to
-    `devices` and `MeasureOptions.threads` as `$PERFGUARD_THREADS` (the worker's
-    `case_threads` reads it: the options on the wire leave threads out)."""
-    env = dict(base)
+    """The environment of a process perfguard starts: `base` (default: ours) with
+    `update` set and `unset` removed, then, each where given:
+
+    - `import_dir` (another revision's side: a relative check's base, a profiled or
+      counted side) first on `PYTHONPATH`, and no fault injection: `--inject` slows the
+      head under test, and another side is measured as it is;
+    - the visible devices of `platform` narrowed to `devices`, and
+      `MeasureOptions.threads` as `$PERFGUARD_THREADS` (the worker's `case_threads`
+      reads it: the options on the wire leave threads out);
+    - a CPU worker's `cores` as `$PERFGUARD_CPU_AFFINITY` (applied before torch is
+      imported) with as many OpenMP threads; without cores, `slots` parallel CPU
+      workers share the cores' OpenMP threads, else each would start one per core and
+      they would fight.
+    """
+    env = dict(os.environ if base is None else base)
+    env.update(update or {})
+    for name in unset:
+        env.pop(name, None)
+    if import_dir is not None:
+        rest = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = os.pathsep.join([str(import_dir), *([rest] if rest else [])])
+        env.pop(ENV_INJECT, None)
     if threads is not None:
         env[ENV_THREADS] = str(threads)
     var = visible_devices_env(platform)
     if var and devices:
         env[var] = ",".join(devices)
+    if cores:
+        from perfguard.device.platform import cpu_list
+
+        env[ENV_CPU_AFFINITY] = cpu_list(list(cores))
+        env.setdefault("OMP_NUM_THREADS", str(len(cores)))
+    elif platform == "cpu" and slots > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // slots))
     return env
 
 
@@ -466,7 +543,7 @@ def early_server(options: Any, wanted: bool) -> EarlyServer | None:
     from perfguard.workloads.modules import preload_for
 
     preload = preload_for(None, options.factory)
-    env = worker_environment(os.environ, "", None, options.threads)
+    env = child_environment(threads=options.threads)
     label = "worker"
     server = WarmServer(env, f"warm server of the {label}", preload=preload, root=import_root())
     return env, label, options.start_method, preload, server

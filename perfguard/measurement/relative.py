@@ -54,11 +54,8 @@ fails instead of silently comparing the head with itself.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,11 +76,10 @@ from perfguard.decision.paired import (
     look_points,
 )
 from perfguard.decision.verdict import ERROR, MetricVerdict
-from perfguard.device.inject import ENV_INJECT
 from perfguard.device.threads import case_threads
 from perfguard.errors import PerfguardError
 from perfguard.measurement.checkout import commit_of
-from perfguard.measurement.launch import SharedFork, import_root
+from perfguard.measurement.launch import SharedFork, child_environment, import_root
 from perfguard.measurement.options import COUNTED_PROCESSES, MeasureOptions
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
@@ -143,42 +139,6 @@ class RelativeOptions:
 
 PROBE_TIMEOUT_S = 300.0
 
-PROBE = r"""
-import dataclasses, importlib, json, sys
-out = {}
-import perfguard
-out["file"] = getattr(perfguard, "__file__", None)
-out["version"] = getattr(perfguard, "__version__", None)
-
-import os
-here = os.path.dirname(getattr(perfguard, "__file__", None) or ".")
-
-def first(*names):
-    # By the files of the base's own package: a module the base lacks could otherwise be
-    # found by an editable install's finder in another checkout.
-    for name in names:
-        rel = os.path.join(*name.split(".")[1:])
-        if os.path.exists(os.path.join(here, rel + ".py")):
-            return name, importlib.import_module(name)
-    raise ModuleNotFoundError(f"the base's perfguard has none of {', '.join(names)}")
-
-# Layouts: perfguard.measurement.* (layered), perfguard.* (flat, before).
-out["worker_module"], worker = first("perfguard.measurement.worker", "perfguard._worker")
-out["protocol"] = getattr(worker, "WORKER_PROTOCOL", 1)
-_, cases = first("perfguard.storage.cases", "perfguard.cases")
-out["case_fields"] = [f.name for f in dataclasses.fields(cases.Case)]
-_, options = first("perfguard.measurement.options", "perfguard.workers")
-if hasattr(options, "WORKER_FIELDS"):
-    out["option_fields"] = ["platform", *options.WORKER_FIELDS]
-else:
-    out["option_fields"] = [f.name for f in dataclasses.fields(options.RunOptions)]
-if len(sys.argv) > 1 and sys.argv[1]:
-    module = importlib.import_module(sys.argv[1].partition(":")[0])
-    out["factory_file"] = getattr(module, "__file__", None)
-print("PERFGUARD-PROBE " + json.dumps(out))
-"""
-
-
 # ---- the base revision --------------------------------------------------------------------
 
 
@@ -229,19 +189,6 @@ def _head_protocol() -> int:
     return WORKER_PROTOCOL
 
 
-def base_environment(import_dir: Path, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The base side's environment: `import_dir` first on `PYTHONPATH`, no fault injection.
-
-    An injection (`--inject`, `$PERFGUARD_INJECT`) is a slowdown of the head under test;
-    the base must be measured as it is.
-    """
-    out = dict(os.environ if env is None else env)
-    rest = out.get("PYTHONPATH", "")
-    out["PYTHONPATH"] = os.pathsep.join([str(import_dir), *([rest] if rest else [])])
-    out.pop(ENV_INJECT, None)
-    return out
-
-
 def _inside(path: str | None, directory: Path) -> bool:
     if not path:
         return False
@@ -274,28 +221,23 @@ def probe_base(
     if not import_dir.is_dir():
         raise PerfguardError(f"--against-subdir {subdir}: {import_dir} is not a directory")
     import_dir = import_dir.resolve()
-    cmd = [sys.executable, "-c", PROBE, factory or ""]
+    from perfguard.measurement.profiling import side_request
+
+    where = str(import_dir)
     try:
-        proc = subprocess.run(
-            cmd,
-            cwd=import_dir,
-            env=base_environment(import_dir, env),
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
+        info = side_request(
+            {"kind": "probe", "factory": factory or ""},
+            env=child_environment(env, import_dir=import_dir), cwd=where, root=where,
+            label="the base's probe", timeout_s=PROBE_TIMEOUT_S,
+        )  # fmt: skip
+    except TimeoutError as exc:
         raise PerfguardError(
             f"--against {directory}: importing the base's perfguard took over {PROBE_TIMEOUT_S:g} s"
         ) from exc
-    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("PERFGUARD-PROBE ")]
-    if proc.returncode != 0 or not found:
-        last = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["?"]
+    except PerfguardError as exc:
         raise PerfguardError(
-            f"--against {directory}: not importable as the base (from {import_dir}): {last[0]}"
-        )
-    info = json.loads(found[-1].split(" ", 1)[1])
+            f"--against {directory}: not importable as the base (from {import_dir}): {exc}"
+        ) from exc
     where = "the factory module " + factory.partition(":")[0] if factory else "perfguard"
     source = info.get("factory_file") if factory else info.get("file")
     if not _inside(source, import_dir):
@@ -571,9 +513,9 @@ class ProcessBlocks:
         self.servers: dict[int, Any] = {}
 
     def env_for(self, side: Side, threads: int) -> dict[str, str]:
-        from perfguard.measurement.workers import worker_environment
-
-        env = worker_environment(side.env, self.platform, self.devices, side.options.threads)
+        env = child_environment(
+            side.env, platform=self.platform, devices=self.devices, threads=side.options.threads
+        )
         # Two sides start together: one OpenMP thread per core each would make them fight.
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         return env
@@ -710,7 +652,7 @@ def base_side(
     except PerfguardError:  # a base without `count_work`: its workers count every block
         later = None
     return Side(
-        env=base_environment(base.import_dir, env),
+        env=child_environment(env, import_dir=base.import_dir),
         cwd=str(base.import_dir),
         options=base_options,
         encode_case=lambda c: case_for_base(c, base),

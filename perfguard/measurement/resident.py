@@ -211,7 +211,7 @@ def _start(
 ) -> tuple[socket.socket, dict[str, Any]]:
     """Start this key's server, detached (its own session; its output in the log), and
     connect to it once it has imported everything."""
-    from perfguard.measurement.launch import BOOT
+    from perfguard.measurement.launch import BOOT, child_environment
 
     config = {
         "key": paths.key, "socket": paths.socket, "manifest": paths.manifest,
@@ -219,9 +219,8 @@ def _start(
     }  # fmt: skip
     with contextlib.suppress(FileNotFoundError):
         os.unlink(paths.manifest)
-    env = {k: v for k, v in os.environ.items() if k != ENV_SOCKET}
     # `torch.cuda.is_available()` through NVML: never initialise a driver in a server that forks.
-    env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    env = child_environment(unset=(ENV_SOCKET,), update={"PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
     with open(paths.log, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-c", BOOT, "serve-resident", root, json.dumps(config)],

@@ -58,7 +58,6 @@ import contextlib
 import json
 import os
 import queue
-import select
 import signal
 import subprocess
 import sys
@@ -67,29 +66,38 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfguard.device.pinning import ENV_CPU_AFFINITY, die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
-from perfguard.device.platform import Platform, fingerprint
-from perfguard.device.platform import cpu_list as _cpu_list
 from perfguard.errors import PerfguardError
 from perfguard.measurement.launch import (
     EarlyServer,
     ForkChannel,
     ForkedProcess,
+    LineReader,
     ResidentChannel,
+    SharedFork,
     WarmServer,
+    child_environment,
     describe_exit,
     import_root,
     spawn_worker,
-    worker_environment,
 )
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.runner import import_factory
 from perfguard.measurement.shard import expected_time_s
 from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.cases import Case
 from perfguard.storage.jsonio import read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from perfguard.device.platform import Platform
+
+
+def _cpu_list(cores: list[int]) -> str:
+    from perfguard.device.platform import cpu_list
+
+    return cpu_list(cores)
+
 
 WORKER_MODULE = "perfguard.measurement.worker"
 """The worker entry point, `python -m WORKER_MODULE serve|rank` (a base revision of the
@@ -175,39 +183,16 @@ def kill_tree(proc: subprocess.Popen[Any] | ForkedProcess) -> None:
         proc.wait(timeout=10)
 
 
-class _LineReader:
-    """Reads newline-terminated JSON messages from a pipe, with a deadline."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buffer = b""
-
-    def read(self, deadline: float | None) -> dict[str, Any] | None:
-        """The next message; None at end of file; `TimeoutError` past `deadline`."""
-        while b"\n" not in self.buffer:
-            wait = None if deadline is None else deadline - time.monotonic()
-            if wait is not None and wait <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([self.fd], [], [], wait)
-            if not ready:
-                continue
-            chunk = os.read(self.fd, 1 << 16)
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)  # type: ignore[no-any-return]
-
-
 class Worker:
-    """One `perfguard.measurement.worker serve` process, pinned by the variables in `env`.
+    """One `perfguard.measurement.worker serve` process, pinned by the variables in `env`
+    (or, `module=launch.SIDE_WORKER`, a side worker: the same protocol, other requests).
 
     Requests (a case and the options) go in on its stdin, one JSON line each; results
     come back on a pipe of their own, so whatever the pipeline prints cannot corrupt
-    them. The worker's stdout and stderr go to our stderr. It is a fresh interpreter
-    (`spawn_worker`), or a fork of `server` (`WarmServer`); either way it imports
-    perfguard from `root` (default: the directory of the perfguard this process runs),
-    never from the working directory.
+    them. The worker's stdout and stderr go to our stderr, or to `output`. It is a fresh
+    interpreter (`spawn_worker`), or a fork of `server` (`WarmServer`); either way it
+    imports perfguard from `root` (default: the directory of the perfguard this process
+    runs), never from the working directory.
     """
 
     def __init__(
@@ -218,12 +203,14 @@ class Worker:
         module: str = WORKER_MODULE,
         *,
         root: str | None = None,
-        server: ForkChannel | None = None,
+        server: ForkChannel | SharedFork | None = None,
+        output: int | None = None,
     ) -> None:
         self.label = label
         self.proc: subprocess.Popen[bytes] | ForkedProcess
         if server is not None:
-            self.proc, read_fd = server.fork(module, ["serve", "--result-fd", "{result_fd}"])
+            argv = ["serve", "--result-fd", "{result_fd}"]
+            self.proc, read_fd = server.fork(module, argv, output=output)
         else:
             read_fd, write_fd = os.pipe()
             try:
@@ -234,13 +221,14 @@ class Worker:
                     cwd=cwd,
                     root=root or import_root(),
                     pass_fds=(write_fd,),
+                    output=output,
                 )
             except BaseException:
                 os.close(read_fd)
                 raise
             finally:
                 os.close(write_fd)
-        self.reader = _LineReader(read_fd)
+        self.reader = LineReader(read_fd)
         self.alive = True
 
     def how(self) -> str:
@@ -271,6 +259,15 @@ class Worker:
             return why
         return None
 
+    def ask(self, request: dict[str, Any], deadline: float | None) -> dict[str, Any] | None:
+        """Send one request and read its reply; None when the worker ended without one
+        (its result pipe closed), `TimeoutError` past `deadline`, `OSError` when its
+        stdin is closed."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        return self.reader.read(deadline)
+
     def run(
         self,
         case: Case,
@@ -285,26 +282,16 @@ class Worker:
         `case_json` / `options_json` replace the request's serialized case and options
         (a relative check sends the base revision's worker only the fields it knows).
         """
-        request = (
-            json.dumps(
-                {
-                    "case": case.to_json() if case_json is None else case_json,
-                    "options": (
-                        options.to_worker_json(platform) if options_json is None else options_json
-                    ),
-                }
-            )
-            + "\n"
-        )
+        request = {
+            "case": case.to_json() if case_json is None else case_json,
+            "options": options.to_worker_json(platform) if options_json is None else options_json,
+        }
         started = time.monotonic()
         deadline = None
         if options.timeout:
             deadline = started + options.timeout + kill_grace_s(options.timeout)
         try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(request.encode())
-            self.proc.stdin.flush()
-            msg = self.reader.read(deadline)
+            msg = self.ask(request, deadline)
         except TimeoutError:
             self.kill()
             return error_result(
@@ -599,14 +586,10 @@ def _env_for(
     cores: Sequence[int] | None = None,
     threads: int | None = None,
 ) -> dict[str, str]:
-    env = worker_environment(os.environ, platform.name, devices, threads)
-    if cores:
-        env[ENV_CPU_AFFINITY] = _cpu_list(list(cores))
-        env.setdefault("OMP_NUM_THREADS", str(len(cores)))
-    elif platform.name == "cpu" and slots > 1 and "OMP_NUM_THREADS" not in env:
-        # Parallel CPU workers would otherwise each start one thread per core and fight.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // slots))
-    return env
+    """A worker slot's environment (`launch.child_environment`)."""
+    return child_environment(
+        platform=platform.name, devices=devices, threads=threads, cores=cores, slots=slots
+    )
 
 
 def preload_modules(cases: Sequence[Case] | None, factory: str | None = None) -> list[str]:
@@ -633,6 +616,9 @@ def run_in_workers(
     `on_case` sees the pooled result once all K are done. `warm` keeps the warm servers
     for later calls (else they end with this one).
     """
+    from perfguard.device.platform import fingerprint
+    from perfguard.measurement.runner import import_factory
+
     options = options or MeasureOptions()
     devices, processes = options.devices, options.processes
     if options.factory:
