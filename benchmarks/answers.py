@@ -122,6 +122,7 @@ def one_check(
     session: float = 0.0,
     session_term: float | None = None,
     max_reruns: int | None = None,
+    timing_gate: str = "auto",
 ) -> tuple[str | None, int, dict[str, float]]:
     """One simulated check: its answer, exit code and headline detectable slowdowns.
 
@@ -154,7 +155,9 @@ def one_check(
         return Results(environment={}, settings={}, cases={cid: res})
 
     case = Case(id=cid, workload="qwen_image", preset="tiny")
-    judging = JudgeOptions() if max_reruns is None else JudgeOptions(max_reruns=max_reruns)
+    judging = JudgeOptions(timing_gate=timing_gate)
+    if max_reruns is not None:
+        judging = judging.replace(max_reruns=max_reruns)
     outcome = run_gate([case], baseline, judging, measure, adaptive=False, sleep=lambda _s: None)
     (verdict,) = outcome.judgement.cases
     detectable = {
@@ -205,6 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="remove the recording's own between-process spread (a busy recording)",
     )
+    ap.add_argument(
+        "--timing-gate",
+        default="auto",
+        choices=("auto", "gate", "advise"),
+        help="the check's timing gate (perfguard/decision/resolution.py)",
+    )
     ap.add_argument("--json", type=Path, help="write every cell's counts here")
     args = ap.parse_args(argv)
     base_rec = processes(args.recording, args.center, args.within)
@@ -223,9 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         + f"; session offset sd {args.session_sd:g}"
         + ("" if args.session_term is None else f"; session term {args.session_term:g}")
         + ("" if args.max_reruns is None else f"; at most {args.max_reruns} fresh processes")
+        + f"; timing gate {args.timing_gate}"
     )
     print(f"{'sd':>5} {'effect':>7} {'checks':>6} {'same':>6} {'slower':>7} {'cant':>6} "
-          f"{'exit1':>6} {'detect e2e':>11} {'detect stage':>13}")  # fmt: skip
+          f"{'below':>6} {'exit1':>6} {'exit4':>6} {'detect e2e':>11} "
+          f"{'detect stage':>13}")  # fmt: skip
     for sd in args.sd:
         for effect in args.effects:
             answers: list[str | None] = []
@@ -236,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     a, code, d = one_check(
                         cid, base_rec[cid], check_rec[cid], rng, sd, effect / 100,
                         args.baseline_processes, args.session_sd, args.session_term,
-                        args.max_reruns,
+                        args.max_reruns, args.timing_gate,
                     )  # fmt: skip
                     answers.append(a)
                     exits.append(code)
@@ -250,14 +261,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "same": answers.count("same"),
                 "slower": answers.count("slower"),
                 "cant_tell": answers.count("cant_tell"),
+                "unresolved": answers.count("unresolved"),
                 "exit_1": exits.count(1),
+                "exit_4": exits.count(4),
                 "detectable_median": {m: statistics.median(v) for m, v in det.items() if v},
             }
             rows.append(row)
             dm = row["detectable_median"]
             print(
                 f"{sd:5.2f} {effect:6.0f}% {n:6d} {row['same'] / n:6.1%} {row['slower'] / n:7.1%} "
-                f"{row['cant_tell'] / n:6.1%} {row['exit_1']:6d} "
+                f"{row['cant_tell'] / n:6.1%} {row['unresolved'] / n:6.1%} "
+                f"{row['exit_1']:6d} {row['exit_4']:6d} "
                 f"{dm.get('e2e', float('nan')):11.1%} "
                 f"{dm.get('stage:DenoisingStage', float('nan')):13.1%}",
                 flush=True,

@@ -324,6 +324,8 @@ def judge_case(
     if exponents:
         runner["reference_exponents"] = exponents
     out.extend(_exact(c) for c in work.metrics)
+    server = (result.observed or {}).get("server")
+    out.extend(_exact(c) for c in counters.judge_failures(server, scenario.server))
     kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
     verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=runner, **common)
     return contended(verdict, scr.reason) if scr.contended else verdict
@@ -347,7 +349,13 @@ def _at_resolution(
     if a is None or stored is None or m.metric_class not in RESOLVED_CLASSES or gate == GATE:
         return m
     band = profile.noise_band(own, stored)
-    res = resolution(stored, band, alpha=rule.alpha, session=profile.session(m.metric))
+    res = resolution(
+        stored,
+        band,
+        alpha=rule.alpha,
+        session=profile.session(m.metric),
+        processes=1 + judging.max_reruns,
+    )
     if judged_in_full(gate, res, a.margin):
         return m
     return dataclasses.replace(m, answer=answers.below_resolution(a, res))
@@ -495,12 +503,12 @@ def contended(case: CaseVerdict, why: str) -> CaseVerdict:
     """
     metrics = tuple(
         dataclasses.replace(m, verdict=CONTENDED, reason=f"{why}; {m.reason}")
-        if m.verdict == REGRESSION and not counters.is_counter(m.metric)
+        if m.verdict == REGRESSION and not counters.is_exact(m.metric)
         else m
         for m in case.metrics
     )
     # A count or an output does not depend on how busy the runner was: they still fail.
-    exact = any(m.verdict == REGRESSION and counters.is_counter(m.metric) for m in metrics)
+    exact = any(m.verdict == REGRESSION and counters.is_exact(m.metric) for m in metrics)
     verdict = REGRESSION if exact or case.output_failed else CONTENDED
     return dataclasses.replace(case, verdict=verdict, metrics=metrics, error=why)
 
