@@ -50,10 +50,13 @@ unchanged:
 | `stage:c4/step_avg`         | ms   | `denoise_agg`       | median of the requests' mean step |
 | `peak_memory:c4`            | MB   | `peak_memory`       | the server's reported peak    |
 
+| `failures:c4`              | requests | `failures` (exact) | requests not answered `ok` |
+
 Throughput is judged as its inverse, so that lower is better as for every other figure.
 Tails are judged at 20 % (a p99 of 16 requests is their slowest), the median and the
-throughput at 3 %. Failed requests are exact: they are the case's output
-(`perfguard.measurement.serving.case`).
+throughput at 3 %. Failed requests are counted, not timed: `failures:c4` is judged
+exactly, as a work counter is (`perfguard.decision.counters.judge_failures`), over the
+requests of a measurement's rounds.
 """
 
 from __future__ import annotations
@@ -102,6 +105,9 @@ SERVER_FIGURES = (
 """The server figures of a concurrency level other than its stages, in report order."""
 _SERVER_CLASSES = {"latency_p50": "e2e", "inv_throughput": "e2e", "step_avg": "denoise_agg"}
 _SERVER_RE = re.compile(r"^(?:stage:|peak_memory:)c([0-9]+)(?:/([A-Za-z0-9_./-]+))?$")
+FAILURES = "failures"
+"""The class (and unit) of a server level's failed requests: exact, like a work counter."""
+_FAILURES_RE = re.compile(r"^failures:c([0-9]+)$")
 
 
 def server_metric(concurrency: int, figure: str) -> str:
@@ -112,6 +118,15 @@ def server_metric(concurrency: int, figure: str) -> str:
 def server_peak_metric(concurrency: int) -> str:
     """`peak_memory:c4`: the server's reported peak memory at a concurrency level."""
     return f"{STAGE_PEAK_PREFIX}c{concurrency}"
+
+
+def failures_metric(concurrency: int) -> str:
+    """`failures:c4`: the requests of a concurrency level that were not answered `ok`."""
+    return f"{FAILURES}:c{concurrency}"
+
+
+def is_failures_metric(name: str) -> bool:
+    return bool(_FAILURES_RE.match(name))
 
 
 def parse_server_metric(name: str) -> tuple[int, str] | None:
@@ -148,7 +163,7 @@ def work_stage(name: str) -> str | None:
 
 
 def is_metric_name(name: str) -> bool:
-    return bool(_METRIC_RE.match(name)) or is_work_metric(name)
+    return bool(_METRIC_RE.match(name)) or is_work_metric(name) or is_failures_metric(name)
 
 
 def metric_class(name: str) -> str:
@@ -157,6 +172,8 @@ def metric_class(name: str) -> str:
         return "e2e"
     if is_work_metric(name):
         return work_kind(name)
+    if is_failures_metric(name):
+        return FAILURES
     if name == "peak_memory" or name.startswith(STAGE_PEAK_PREFIX):
         return "peak_memory"
     if name in ("step_avg", "step_median"):
@@ -175,6 +192,8 @@ def metric_class(name: str) -> str:
 def unit(name: str) -> str:
     if is_work_metric(name):
         return WORK_UNITS[work_kind(name)]
+    if is_failures_metric(name):
+        return "requests"
     return "MB" if name == "peak_memory" or name.startswith(STAGE_PEAK_PREFIX) else "ms"
 
 
@@ -182,6 +201,8 @@ def metric_sort_key(name: str) -> tuple[int, int, str]:
     """e2e, stages, aggregates, steps in order, memory."""
     if name == "e2e":
         return (0, 0, name)
+    if is_failures_metric(name):  # first of its level: what the requests answered
+        return (1, int(name.rsplit("c", 1)[1]), "")
     server = parse_server_metric(name)
     if server is not None:  # by level, then the figures before the stages
         level, figure = server

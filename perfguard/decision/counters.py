@@ -50,6 +50,8 @@ from perfguard.decision.tolerances import Band
 from perfguard.metrics import (
     PER_STEP,
     WORK_KINDS,
+    failures_metric,
+    is_failures_metric,
     is_work_metric,
     metric_sort_key,
     work_kind,
@@ -602,6 +604,43 @@ def judge_exact(
 def is_counter(metric: str) -> bool:
     """A work counter's verdict, not a time's (the gate does not confirm these)."""
     return is_work_metric(metric)
+
+
+def is_exact(metric: str) -> bool:
+    """A count judged exactly (a work counter, a server level's failures): measuring it
+    again cannot change its answer, and a busy runner does not excuse it."""
+    return is_work_metric(metric) or is_failures_metric(metric)
+
+
+def failure_counts(server: Mapping[str, Any] | None) -> dict[str, int]:
+    """`failures:c<N>` -> failed requests of each level of a server summary
+    (`observed.server`, or a baseline scenario's `server`); empty for anything else."""
+    levels = (server or {}).get("levels") or {}
+    out: dict[str, int] = {}
+    for name, level in levels.items():
+        if not (isinstance(level, Mapping) and name[1:].isdigit()):
+            continue
+        answers = level.get("answers") or {}
+        count = level.get("failures", sum(n for k, n in answers.items() if k != "ok"))
+        out[failures_metric(int(name[1:]))] = int(count)
+    return dict(sorted(out.items(), key=lambda kv: metric_sort_key(kv[0])))
+
+
+def judge_failures(
+    current: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None
+) -> tuple[CounterVerdict, ...]:
+    """Each level's failed requests against the baseline's, exactly (`judge_counter`
+    with no tolerance): one failure the baseline did not have fails the case, "counted
+    3, baseline 0: +3"; fewer is an improvement. Both count the requests of one
+    measurement's rounds (a check's confirmations add rounds, not failures), so the
+    counts are of as many requests. A level only one side has is judged by its timings'
+    `new-stage` / `missing-stage`; none here."""
+    mine, theirs = failure_counts(current), failure_counts(baseline)
+    return tuple(
+        judge_counter(metric, (mine[metric],) * 2, (theirs[metric],) * 2, 0.0, 0.0)
+        for metric in mine
+        if metric in theirs
+    )
 
 
 def judge_scenario(

@@ -107,7 +107,7 @@ class MetricVerdict(counters.CounterVerdict):
             "ratio": None if self.ratio is None else round(self.ratio, 4),
             "reason": self.reason,
         }
-        if counters.is_counter(self.metric) and self.measured and self.baseline:
+        if counters.is_exact(self.metric) and self.measured and self.baseline:
             out["delta"] = self.measured.median - self.baseline.median
         if self.low is not None and self.high is not None:
             out["ratio_low"] = round(self.low, 4)
@@ -185,7 +185,7 @@ class CaseVerdict:
     def over(self) -> list[str]:
         """The timed metrics over their bound (credible or not); not counters: a count is
         exact, measuring it again in a fresh process (the gate's confirmation) cannot help."""
-        return [m.metric for m in self.metrics if m.over and not counters.is_counter(m.metric)]
+        return [m.metric for m in self.metrics if m.over and not counters.is_exact(m.metric)]
 
     components: Mapping[str, Any] | None = None
     counters: Mapping[str, Any] | None = None

@@ -170,9 +170,14 @@ class Profile:
     noise_pad: float = 0.0
     session_sd: Mapping[str, float] = field(default_factory=dict)
 
-    def session(self, metric: str) -> float:
-        """`session_sd` of `metric`'s class (0 where the profile has none)."""
-        return float(self.session_sd.get(metric_class(metric), 0.0))
+    def session(self, metric: str, *, shared_server: bool = False) -> float:
+        """`session_sd` of `metric`'s class (0 where the profile has none); with
+        `shared_server` (a server case whose rounds all ran on one server it did not
+        start: `url`), the class's server term (`SERVER_SESSION_SD`) where it has one."""
+        cls = metric_class(metric)
+        if shared_server and SERVER_PREFIX + cls in self.session_sd:
+            return float(self.session_sd[SERVER_PREFIX + cls])
+        return float(self.session_sd.get(cls, 0.0))
 
     def noise_band(self, band: Band, baseline: Summary | None) -> Band:
         """`band` with its pad raised to `noise_pad` standard errors of `baseline`.
@@ -327,6 +332,24 @@ relative check, whose blocks cancel the offset). 1 % (this constant before 7 Dec
 cost +5 % catches down to 13-30 % for no fewer false alarms than 0.7 %."""
 
 
+SERVER_PREFIX = "server:"
+SERVER_SESSION_SD: dict[str, dict[str, float]] = {
+    "cpu": {"e2e": 0.03, "denoise_stage": 0.03, "denoise_agg": 0.03, "non_denoise_stage": 0.06}
+}
+"""Per platform and metric class, the sd (log scale) of the offset one server process
+leaves on every figure it serves, for a server case at a `url` (a server perfguard did
+not start): all its rounds share that server, so no spread of theirs shows the offset,
+and a check's server may not be the baseline's. Stored in a measured baseline's
+profiles as `session_sd["server:<class>"]`, and taken instead of the class's
+`SESSION_SD` for such a case's figures (once for each side, as that one). A `launch`
+case needs none: each round runs on a server of its own, so the offset is in the spread
+of the rounds (`perfguard.measurement.serving.case`).
+
+Measured on the project's 2-core runner (docs/measurements/2026-12-07-serving.md:
+`benchmarks/serving.py --offsets`, servers of unchanged code, several rounds each, as a
+one-way analysis of variance per figure): see that file for the figures it rests on."""
+
+
 def pad_scale(platform: str) -> float:
     """How much of sglang's millisecond pads a platform's default profiles carry."""
     return CPU_PAD_SCALE if platform == "cpu" else 1.0
@@ -379,7 +402,10 @@ def default_profiles(platform: str) -> dict[str, Profile]:
             {},
             description=note,
             noise_pad=NOISE_PAD_K,
-            session_sd=dict(SESSION_SD.get(platform, {})),
+            session_sd={
+                **SESSION_SD.get(platform, {}),
+                **{SERVER_PREFIX + k: v for k, v in SERVER_SESSION_SD.get(platform, {}).items()},
+            },
         )
         for name in PROFILE_NAMES
     }

@@ -295,6 +295,8 @@ def judge_case(
     base = scenario.metrics
     steps = gated_steps(scenario.step_count, step_fractions)
     judged = list(_metrics_to_judge(result.samples, base, steps, set(ignore_missing)))
+    # A server case at a url: its rounds shared one server, whose offset no round shows.
+    shared = result.case.get("workload") == "server" and bool(result.case.get("url"))
     out, exponents = [], {}
     for metric in judged:
         samples, summary, exponent = (
@@ -316,11 +318,13 @@ def judge_case(
             rule=figure_rule,
             groups=result.groups,
             speed=speed,
-            session=profile.session(metric),
+            session=profile.session(metric, shared_server=shared),
             same_band=own,
         )
         stored = base.get(metric)
-        out.append(_at_resolution(judged_metric, stored, profile, own, figure_rule, judging))
+        out.append(
+            _at_resolution(judged_metric, stored, profile, own, figure_rule, judging, shared)
+        )
     if exponents:
         runner["reference_exponents"] = exponents
     out.extend(_exact(c) for c in work.metrics)
@@ -338,6 +342,7 @@ def _at_resolution(
     own: Band,
     rule: Rule,
     judging: JudgeOptions,
+    shared_server: bool = False,
 ) -> MetricVerdict:
     """`m` with its answer below resolution where `judging.timing_gate` does not judge it
     in full on this baseline's runner (`perfguard.decision.resolution`): slower stays
@@ -353,7 +358,7 @@ def _at_resolution(
         stored,
         band,
         alpha=rule.alpha,
-        session=profile.session(m.metric),
+        session=profile.session(m.metric, shared_server=shared_server),
         processes=1 + judging.max_reruns,
     )
     if judged_in_full(gate, res, a.margin):

@@ -111,6 +111,10 @@ class Scenario:
     """Per timed class, the smallest slowdown a default check against these figures
     catches on the runner that made them (`perfguard.decision.resolution`); a check
     computes each figure's own from its summary. None in files from before it."""
+    server: Mapping[str, Any] | None = None
+    """A server case's answers per level (`levels`: answers by kind, `failures`,
+    `throughput_rps`, `first_error`), with its `rounds` and the `servers` they ran on:
+    what a check's `failures:c<N>` are judged against (`perfguard.decision.counters`)."""
 
     @property
     def normalized(self) -> bool:
@@ -178,6 +182,8 @@ class Scenario:
             out["work"] = self.work.to_json()
         if self.output_sketch is not None:
             out["output_sketch"] = dict(self.output_sketch)
+        if self.server is not None:
+            out["server"] = dict(self.server)
         return out
 
     @classmethod
@@ -223,6 +229,7 @@ class Scenario:
             output_sketch=None
             if data.get("output_sketch") is None
             else dict(data["output_sketch"]),
+            server=None if data.get("server") is None else dict(data["server"]),
         )
 
 

@@ -91,7 +91,20 @@ def scenario_from_result(
         timing=timing,
         groups=tuple(result.groups) if result.groups and result.reference else None,
         busy=busy,
+        server=_server_record(result.observed),
     )
+
+
+SERVER_KEPT = ("levels", "rounds", "servers")
+"""What a baseline keeps of a server case's `observed.server`: not its URL (a launched
+server's port changes every time, and a baseline file's diff should show what moved)."""
+
+
+def _server_record(observed: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    server = (observed or {}).get("server")
+    if not isinstance(server, Mapping):
+        return None
+    return {k: server[k] for k in SERVER_KEPT if k in server}
 
 
 def merge_scenario(old: Scenario | None, new: Scenario, tighten: bool = False) -> Scenario:
