@@ -41,6 +41,20 @@ def _no_platform_override(monkeypatch: pytest.MonkeyPatch, _lock_dir: str) -> No
 
 
 @pytest.fixture
+def no_contention_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test that accepts any outcome of a check on the real pipelines (contended,
+    exit 4, included): a case the contention screen calls contended is measured again at
+    once, not after `ContentionPolicy.wait_s` (10 s, twice). On a busy shared machine
+    those waits were a third of such a test's time and no part of what it asserts; the
+    waits themselves are asserted in tests/test_verdict_noise.py."""
+    from perfguard.decision import contention
+
+    # The default policy is one frozen instance that every JudgeOptions and
+    # gen-baselines read: its field is set for this test only, and restored after.
+    monkeypatch.setitem(vars(contention.DEFAULT_POLICY), "wait_s", 0.0)
+
+
+@pytest.fixture
 def pg(capsys: pytest.CaptureFixture[str]) -> PG:
     """Run `perfguard ARGS` in process through `main`: (exit code, stdout, stderr)."""
     from perfguard.cli import main

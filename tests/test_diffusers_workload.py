@@ -225,7 +225,7 @@ def test_toggles_reach_the_swapped_dit(models: dict[str, Path]) -> None:
 
 
 def test_run_gen_baselines_and_check_end_to_end(
-    models: dict[str, Path], tmp_path: Path, pg: PG
+    models: dict[str, Path], tmp_path: Path, pg: PG, no_contention_wait: None
 ) -> None:
     reg = _registry(tmp_path, _case_toml("my_qwen", models["qwen"]))
     base, results = str(tmp_path / "b.json"), str(tmp_path / "r.json")
