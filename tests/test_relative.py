@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from perfguard.decision import paired
+from perfguard.decision.options import RELATIVE_JUDGING
 from perfguard.decision.paired import (
     DIFFERENT,
     SAME,
@@ -263,9 +264,22 @@ def test_a_head_five_percent_slower_in_denoising_fails_despite_a_large_shared_dr
     assert outcome.judgement.exit_code == 1  # type: ignore[attr-defined]
 
 
-def test_a_small_open_effect_runs_to_the_budget_and_cannot_tell() -> None:
+def test_a_small_open_effect_the_blocks_could_resolve_is_below_resolution() -> None:
+    """At the budget, +2 % that eight blocks of 3 % noise could only have caught at +13 %:
+    below the resolution they reached (exit 0), never same; `gate` can't tell (exit 4)."""
     blocks = VirtualBlocks({"DenoisingStage": 1.02}, drift=0.05, process=0.03, block_s=10)
     outcome = run_virtual(blocks, budget_s=95, min_blocks=4, max_blocks=24)
+    (case,) = outcome.judgement.cases  # type: ignore[attr-defined]
+    den = {m.metric: m for m in case.metrics}["stage:DenoisingStage"]
+    assert den.answer is not None and den.answer.answer == "unresolved"
+    assert den.answer.resolution is not None and den.answer.resolution > 4 / 3 * 0.03
+    assert outcome.judgement.exit_code == 0  # type: ignore[attr-defined]
+
+
+def test_a_small_open_effect_runs_to_the_budget_and_cannot_tell() -> None:
+    blocks = VirtualBlocks({"DenoisingStage": 1.02}, drift=0.05, process=0.03, block_s=10)
+    judging = RELATIVE_JUDGING.replace(timing_gate="gate")
+    outcome = run_virtual(blocks, budget_s=95, min_blocks=4, max_blocks=24, judging=judging)
     assert outcome.stopped == "budget"  # type: ignore[attr-defined]
     # 10 s blocks, in pairs: after 8 blocks (80 s) the next pair would end past 95 s.
     assert len(outcome.blocks) == 8  # type: ignore[attr-defined]
@@ -482,9 +496,11 @@ def test_unchanged_code_passes_against_a_base_directory(
     )  # fmt: skip
     report = json.loads(Path("r.json").read_text())
     # Two blocks cannot show the same within 3 % (t on one degree of freedom): unchanged
-    # code is never slower, and its figures say how little two blocks could see.
-    assert code in (0, 4) and report["answer"] in ("same", "cant_tell"), out + err
-    assert (code == 4) == (report["answer"] == "cant_tell")
+    # code is never slower, and its figures say how little two blocks could see (below
+    # resolution, exit 0, where they could not catch 4/3 of the minimum effect).
+    answer = report["answer"]
+    assert code in (0, 4) and answer in ("same", "cant_tell", "unresolved"), out + err
+    assert (code == 4) == (answer == "cant_tell")
     assert report["against"]["dir"] == str(base.resolve()) and report["against"]["commit"] is None
     assert report["settings"]["source"] == "relative" and report["profile"]["name"] == "relative"
     assert report["settings"]["timing"] == "normalized"  # the CPU default

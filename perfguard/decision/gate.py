@@ -45,11 +45,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from perfguard.decision.comparison import RELATIVE_RULE
 from perfguard.decision.contention import screen
 from perfguard.decision.options import (  # noqa: F401  (re-exported)
     DEFAULT_CONFIRM_GAP_S,
     DEFAULT_MAX_RERUNS,
+    RELATIVE_JUDGING,
     JudgeOptions,
 )
 from perfguard.decision.verdict import (
@@ -75,10 +75,6 @@ Until = Callable[[CaseResult], bool]
 Measure = Callable[[Sequence["Case"], Callable[["Case"], Until | None]], Results]
 """`measure(cases, until_for)`: run `cases`, consulting `until_for(case)` (None: no
 adaptive stop) after each run beyond the minimum; a `Results` with one result per case."""
-
-
-RELATIVE_JUDGING = JudgeOptions(rule=RELATIVE_RULE)
-"""How a relative check judges unless told otherwise: at the relative level (1 %)."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from perfguard.decision.comparison import DEFAULT_RULE, Rule
+from perfguard.decision.comparison import DEFAULT_RULE, RELATIVE_RULE, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy
 from perfguard.decision.resolution import DEFAULT_TIMING_GATE, TIMING_GATES
 from perfguard.decision.tolerances import DEFAULT_PROFILE
@@ -77,3 +77,7 @@ class JudgeOptions:
 
     def replace(self, **changes: Any) -> JudgeOptions:
         return dataclasses.replace(self, **changes)
+
+
+RELATIVE_JUDGING = JudgeOptions(rule=RELATIVE_RULE)
+"""How a relative check judges unless told otherwise: at the relative level (1 %)."""

@@ -27,6 +27,8 @@ from perfguard.decision.normalize import (
     is_timed,
     powered,
 )
+from perfguard.decision.options import RELATIVE_JUDGING, JudgeOptions
+from perfguard.decision.resolution import RESOLVED_CLASSES, judged_in_full
 from perfguard.decision.stats import MAX_LOG_SPREAD, summarize, t_quantile
 from perfguard.decision.tolerances import Band, min_effect, relative_pad
 from perfguard.decision.verdict import (
@@ -458,14 +460,16 @@ def judge_blocks(
     final: bool,
     errors: Mapping[str, str] | None = None,
     latched: Mapping[tuple[str, str], MetricVerdict] | None = None,
-    fail_on_missing: bool = False,
-    advisory: bool = False,
-    allow_output_change: bool = False,
+    judging: JudgeOptions = RELATIVE_JUDGING,
 ) -> tuple[Judgement, dict[str, dict[str, CaseResult]]]:
     """The judgement on the blocks so far, and each side's results pooled over them.
 
     Each metric is judged at its level (`Levels`), its sides compared as
-    `levels.compare` says; the pooled results stay as measured.
+    `levels.compare` says; the pooled results stay as measured. `judging` gives what
+    fails (`fail_on_missing`, `advisory`, `allow_output_change`) and, at the last look
+    (`final`), which figures the blocks could not resolve (`timing_gate`: a figure still
+    can't tell whose detectable slowdown is over `resolution.RESOLVABLE` times its
+    minimum effect is below the resolution the blocks reached).
 
     `latched` holds the verdicts already decided at an earlier look, keyed by (case,
     metric): they stand as they were decided. The work counters and the output of the
@@ -499,9 +503,24 @@ def judge_blocks(
             final=final,
             latched=latched,
         )
-        verdicts.append(_relative_case(cid, head, base, metrics, head_blocks, allow_output_change))
-    judgement = Judgement(PROFILE_NAME, tuple(verdicts), fail_on_missing, advisory)
+        if final:
+            metrics = [_at_resolution(m, judging.timing_gate) for m in metrics]
+        verdicts.append(
+            _relative_case(cid, head, base, metrics, head_blocks, judging.allow_output_change)
+        )
+    judgement = Judgement(PROFILE_NAME, tuple(verdicts), judging.fail_on_missing, judging.advisory)
     return judgement, pooled
+
+
+def _at_resolution(m: MetricVerdict, timing_gate: str) -> MetricVerdict:
+    """`m` at the relative check's last look: can't tell with a detectable slowdown the
+    timing gate does not judge in full is below the resolution the blocks reached."""
+    a = m.answer
+    if a is None or a.answer != answers.CANT_TELL or metric_class(m.metric) not in RESOLVED_CLASSES:
+        return m
+    if judged_in_full(timing_gate, a.detectable, a.margin):
+        return m
+    return dataclasses.replace(m, answer=answers.below_resolution(a, a.detectable))
 
 
 def _pool_case(pooled: dict[str, dict[str, CaseResult]], blocks: Sequence[Block], cid: str) -> int:

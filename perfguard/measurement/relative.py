@@ -395,9 +395,7 @@ def run_relative(
         final=True,
         errors=run.errors,
         latched=run.latched,
-        fail_on_missing=judging.fail_on_missing,
-        advisory=judging.advisory,
-        allow_output_change=judging.allow_output_change,
+        judging=judging,
         levels=levels,
     )
     return RelativeOutcome(
