@@ -57,7 +57,8 @@ The relative check (`perfguard compare --against DIR|REF`; `paired.py`):
  4. Slower: the ratio is over 1 + d (and f) and its lower bound over 1. Same: its
     interval lies within +-d. It stops once every figure is one or the other.
  5. Past 50 s of measuring (DEFAULT_BUDGET_S) or 24 blocks a figure still open is can't
-    tell (exit 4). Work and output as 10.; exits as 11.
+    tell (exit 4), or below resolution (exit 0) where the blocks could not have caught
+    4/3 of its minimum effect (RESOLVABLE, as 8.). Work and output as 10.; exits as 11.
 
 `--rigorous` measures more before it answers can't tell; it never changes the rule.
 Held-out figures for every constant: docs/verdicts.md.
