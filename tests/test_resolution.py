@@ -5,7 +5,9 @@ unless proven slower), and a quiet runner's figures keep the three answers
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +30,8 @@ from perfguard.presentation.render import render_markdown, summary_line
 from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import new_baseline
 from perfguard.storage.refresh import scenario_from_result, with_resolution
-from tests.helpers import ENV, noisy, report_of
+from tests.fake_pipeline import CHECK, GEN
+from tests.helpers import ENV, PG, noisy, report_of
 
 CASE = "qwen_image_t2i_smoke"
 
@@ -144,3 +147,17 @@ def test_of_scenario_gives_each_timed_class() -> None:
     scenario = scenario_from_result(_session(0.05))
     found = of_scenario(scenario, baseline.profile("pr_test"))
     assert set(found) == {"e2e", "denoise_stage"} and all(v > 0 for v in found.values())
+
+
+def test_the_timing_gate_is_one_setting_of_the_pyproject_table(
+    fake: Path, pg: PG, tmp_path: Path
+) -> None:
+    assert pg(*GEN)[0] == 0
+    (tmp_path / "pyproject.toml").write_text('[tool.perfguard]\ntiming-gate = "gate"\n')
+    assert pg(*CHECK, "--report", "r.json")[0] in (0, 4)
+    assert json.loads(Path("r.json").read_text())["settings"]["timing_gate"] == "gate"
+    assert pg(*CHECK, "--report", "r.json", "--timing-gate", "advise")[0] == 0
+    assert json.loads(Path("r.json").read_text())["settings"]["timing_gate"] == "advise"
+    (tmp_path / "pyproject.toml").write_text('[tool.perfguard]\ntiming-gate = "sometimes"\n')
+    code, _, err = pg(*CHECK, "--report", "r.json")
+    assert code == 2 and "timing-gate" in err and len(err.strip().splitlines()) == 1

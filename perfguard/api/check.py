@@ -105,6 +105,7 @@ def check(
     settings = {"source": "run", **first.settings("check"), "shard": selection.shard}
     settings |= {"max_reruns": judging.max_reruns, "confirm_gap_s": judging.confirm_gap_s}
     settings["alpha"] = judging.rule.alpha
+    settings["timing_gate"] = judging.timing_gate
     report = build_against(outcome.judgement, results, base, path, settings=settings)
     # A timed regression gets its per-op attribution against the baseline's revision.
     return attribute_regressions(report, cases, options, None, platform=platform.name,
