@@ -44,6 +44,12 @@ M = "stage:DenoisingStage"
 BAND = Band(0.10, 0.0)
 
 
+FULL = JudgeOptions(timing_gate="gate")
+"""The gate's mechanics with all three answers on every figure: under the default `auto`
+a CPU runner's 3 % figures are below resolution and never measured more (the session
+term alone keeps their resolution near +4 %; tests/test_resolution.py)."""
+
+
 def _no_wait(_seconds: float) -> None:
     """The gate's `sleep` in tests that confirm: the waits are asserted where they matter."""
 
@@ -245,7 +251,7 @@ def test_a_case_over_its_bound_in_one_slow_process_is_confirmed_and_is_not_calle
     within 3 % either: can't tell (exit 4), with the figures that say so."""
     baseline = _baseline([10.0, 10.1, 9.9])
     measure, calls = _scripted([17.0, 10.0, 10.05])  # +70 % for one process only
-    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=2), measure, sleep=_no_wait)
+    outcome = run_gate([CASE], baseline, FULL.replace(max_reruns=2), measure, sleep=_no_wait)
     (case,) = outcome.judgement.cases
     assert case.verdict == PASS and case.answer == "cant_tell"
     assert outcome.judgement.verdict == "cant_tell" and outcome.judgement.exit_code == 4
@@ -266,7 +272,7 @@ def test_a_real_regression_is_confirmed_in_fresh_processes_and_fails() -> None:
     outcome = run_gate(
         [CASE],
         baseline,
-        JudgeOptions(confirm_gap_s=5.0),
+        FULL.replace(confirm_gap_s=5.0),
         measure,
         confirm=confirm,
         sleep=slept.append,
@@ -295,7 +301,7 @@ def test_a_case_the_same_in_its_first_processes_stops_there_and_never_waits() ->
     the first time one reads low would call slower code the same too often)."""
     measure, calls = _scripted([10.0])
     slept: list[float] = []
-    outcome = run_gate([CASE], _baseline(TEN), JudgeOptions(), measure, sleep=slept.append)
+    outcome = run_gate([CASE], _baseline(TEN), FULL, measure, sleep=slept.append)
     assert outcome.judgement.exit_code == 0 and len(calls) == SAME_PROCESSES and slept == []
     assert outcome.judgement.answer == "same"
 
@@ -313,7 +319,7 @@ def test_a_case_that_cannot_tell_is_measured_in_fresh_processes_until_it_can() -
     outcome = run_gate(
         [CASE],
         _baseline([10.0, 10.1, 9.9]),
-        JudgeOptions(),
+        FULL,
         measure,
         sleep=_no_wait,
         on_event=lambda _cid, msg: events.append(msg),
@@ -332,7 +338,7 @@ def test_the_confirmation_gap_is_the_options_and_zero_waits_not_at_all() -> None
         run_gate(
             [CASE],
             _baseline([10.0, 10.1, 9.9]),
-            JudgeOptions(max_reruns=2, confirm_gap_s=gap),
+            FULL.replace(max_reruns=2, confirm_gap_s=gap),
             measure,
             confirm=confirm,
             sleep=slept.append,
@@ -353,7 +359,7 @@ def test_confirmation_stops_as_soon_as_the_case_is_the_same() -> None:
     outcome = run_gate(
         [CASE],
         _baseline(TEN),
-        JudgeOptions(max_reruns=8),
+        FULL.replace(max_reruns=8),
         measure,
         confirm=confirm,
         sleep=_no_wait,
@@ -366,10 +372,10 @@ def test_confirmation_stops_as_soon_as_the_case_is_the_same() -> None:
 
 def test_confirmations_are_bounded_and_a_clear_pass_is_never_confirmed() -> None:
     measure, calls = _scripted([17.0, 10.0])
-    run_gate([CASE], _baseline([10.0, 10.1, 9.9]), JudgeOptions(max_reruns=0), measure)
+    run_gate([CASE], _baseline([10.0, 10.1, 9.9]), FULL.replace(max_reruns=0), measure)
     assert len(calls) == 1
     measure, calls = _scripted([10.0])
-    outcome = run_gate([CASE], _baseline(TEN), JudgeOptions(), measure)
+    outcome = run_gate([CASE], _baseline(TEN), FULL, measure)
     confirmations = outcome.judgement.cases[0].sampling["confirmations"]  # type: ignore[index]
     assert len(calls) == SAME_PROCESSES and confirmations == SAME_PROCESSES - 1
 
@@ -402,7 +408,7 @@ def test_a_contended_measurement_is_waited_out_and_measured_again() -> None:
     quiet = [1.0] * 10
     measure, calls = _contended_measure([(22.0, busy), (10.0, quiet)])
     slept: list[float] = []
-    outcome = run_gate([CASE], _with_reference(1.0), JudgeOptions(), measure, sleep=slept.append)
+    outcome = run_gate([CASE], _with_reference(1.0), FULL, measure, sleep=slept.append)
     (case,) = outcome.judgement.cases
     assert case.verdict == PASS and outcome.judgement.exit_code == 0
     # the wait and one measurement again; then fresh processes until it can say the same
@@ -415,7 +421,7 @@ def test_a_runner_that_stays_contended_is_contended_never_a_regression() -> None
     busy = [2.5] * 10
     measure, calls = _contended_measure([(22.0, busy)])  # 2.2x slower: the runner's fault
     slept: list[float] = []
-    outcome = run_gate([CASE], _with_reference(1.0), JudgeOptions(), measure, sleep=slept.append)
+    outcome = run_gate([CASE], _with_reference(1.0), FULL, measure, sleep=slept.append)
     (case,) = outcome.judgement.cases
     assert case.verdict == CONTENDED and outcome.judgement.exit_code == EXIT_CONTENDED
     assert all(m.verdict != REGRESSION for m in case.metrics)
@@ -432,7 +438,7 @@ def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> No
     outcome = run_gate(
         [CASE],
         _with_reference(1.0),
-        JudgeOptions(max_reruns=2),
+        FULL.replace(max_reruns=2),
         measure,
         confirm=confirm,
         sleep=_no_wait,
@@ -448,7 +454,7 @@ def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> No
     outcome = run_gate(
         [CASE],
         _with_reference(1.0),
-        JudgeOptions(max_reruns=2),
+        FULL.replace(max_reruns=2),
         measure,
         confirm=confirm,
         sleep=_no_wait,
@@ -592,7 +598,7 @@ def test_adaptive_sampling_stops_as_soon_as_every_verdict_is_clear(level: float,
     )
     measure = _adaptive_measure(_factory(lambda i: level))
 
-    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=0), measure, max_repeats=20)
+    outcome = run_gate([CASE], baseline, FULL.replace(max_reruns=0), measure, max_repeats=20)
     (case,) = outcome.judgement.cases
     assert case.sampling is not None and case.sampling["runs"] == runs
     assert case.sampling["stopped_early"] is (runs < 20)
@@ -604,7 +610,7 @@ def test_the_report_shows_the_evidence_and_the_reruns_and_round_trips() -> None:
 
     measure, _ = _scripted([15.0, 15.1])
     baseline = _baseline([10.0, 10.1, 9.9])
-    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=2), measure, sleep=_no_wait)
+    outcome = run_gate([CASE], baseline, FULL.replace(max_reruns=2), measure, sleep=_no_wait)
     report = build(
         outcome.judgement,
         environment={"platform": "cpu", "hardware": "x"},
@@ -669,7 +675,7 @@ def test_the_gate_stops_unchanged_code_at_the_minimum_on_a_drifting_baseline() -
     )
     measure = _adaptive_measure(_factory(lambda i: 10.0))
 
-    outcome = run_gate([CASE], baseline, JudgeOptions(max_reruns=0), measure, max_repeats=20)
+    outcome = run_gate([CASE], baseline, FULL.replace(max_reruns=0), measure, max_repeats=20)
     (case,) = outcome.judgement.cases
     assert {m.metric: m.verdict for m in case.metrics}[M] == PASS
     assert case.sampling is not None and case.sampling["runs"] == 5
