@@ -161,3 +161,15 @@ def test_the_timing_gate_is_one_setting_of_the_pyproject_table(
     (tmp_path / "pyproject.toml").write_text('[tool.perfguard]\ntiming-gate = "sometimes"\n')
     code, _, err = pg(*CHECK, "--report", "r.json")
     assert code == 2 and "timing-gate" in err and len(err.strip().splitlines()) == 1
+
+
+def test_baselines_show_says_what_a_check_resolves(pg: PG, tmp_path: Path) -> None:
+    from perfguard.storage.baseline import save
+
+    baseline, _ = _judge(_session(0.20, seed=1), _session(0.20, seed=2, processes=3))
+    path = tmp_path / "b.json"
+    save(path, baseline)
+    code, out, _ = pg("baselines", "show", str(path))
+    text = " ".join(out.split())
+    assert code == 0 and "a check resolves e2e +" in text
+    assert "denoise_stage +" in text and "(below: slower only)" in text
