@@ -95,3 +95,19 @@ def test_gen_baselines_does_not_write_a_busy_case_and_exits_4(
     cases = json.loads(report.read_text())["cases"]
     assert cases["alpha"]["notes"].startswith("baseline measured on a busy runner (other")
     assert not cases["beta"].get("notes")
+
+
+def test_a_session_the_screen_finds_mostly_contended_is_stored_whole_and_marked(
+    tmp_path: Path,
+) -> None:
+    """Most runs beside a reference over 1.3x the session's own lower quartile: on a
+    runner spread by 29 % the noise alone does that, so it is recorded, marked, never
+    refused."""
+    from perfguard.storage.refresh import record_measured
+
+    res = _processes([20.0] * 10, reference=[1.0] * 15 + [2.0] * 35)
+    done = record_measured(tmp_path / "b.json", res, {"platform": "cpu", "hardware": "h"}, None)
+    assert done.stored is res and done.busy is None and done.contended
+    stored = json.loads((tmp_path / "b.json").read_text())["scenarios"]["c"]
+    assert stored["busy"].startswith("runner contended: 35 of 50 runs")
+    assert stored["e2e"]["n"] == 50

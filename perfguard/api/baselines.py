@@ -110,7 +110,7 @@ def gen_baselines(
             say(f"{result.case_id}: warning: the runner was busy ({done.busy}); marked busy")
         if done.contended:
             update.contended.append(result.case_id)
-            say(f"{result.case_id}: warning: {done.contended}; kept every run (--allow-busy)")
+            say(f"{result.case_id}: warning: {done.contended}; kept every run, marked busy")
         update.saved.append(result.case_id)
         say(_saved_line(done.stored, done.scenario))
 

@@ -41,9 +41,10 @@ The stored check (`perfguard check`, against a committed baseline; `verdict.py`,
 11. A case answers its worst figure's answer, the check its worst case's: slower exits 1,
     can't tell (or a contended runner) 4, same or below resolution 0; a case that
     failed to run exits 3.
-12. gen-baselines refuses a contended session (1., other processes using over half a
-    core: FOREIGN_LOAD, or the reference over 1.3x the baseline it replaces) after
-    waiting 10 s and measuring again, twice; never a noisy one.
+12. gen-baselines refuses a contended session (other processes using over half a core:
+    FOREIGN_LOAD, or the reference over 1.3x the baseline it replaces) after waiting
+    10 s and measuring again, twice; one whose runs 1. mostly drops is stored whole,
+    marked busy; a noisy one is recorded, never refused.
 
 The relative check (`perfguard compare --against DIR|REF`; `paired.py`):
 

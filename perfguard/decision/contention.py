@@ -192,18 +192,17 @@ def busy_session(
 
     Busy is contention, never spread: a runner whose fresh processes spread by 13-29 %
     with nothing else running is noisy by nature, and its baseline records that noise
-    (`perfguard.decision.resolution`) instead of being refused. Three signs of
-    contention, any one enough: the screen finds most runs contended against the
-    session's own quiet level; the session's reference workload is over
-    `CONTENDED_RATIO` times the reference of the baseline it replaces
-    (`earlier_reference`: this runner's usual), so the whole session ran slow; other
-    processes used more than `FOREIGN_LOAD` cores on average while it measured
-    (`foreign_load`). A baseline is met by every check until it is measured again: one
+    (`perfguard.decision.resolution`) instead of being refused. Two signs of contention,
+    either enough: the session's reference workload is over `CONTENDED_RATIO` times the
+    reference of the baseline it replaces (`earlier_reference`: this runner's usual), so
+    the whole session ran slow; other processes used more than `FOREIGN_LOAD` cores on
+    average while it measured (`foreign_load`). A session whose runs the screen finds
+    mostly contended against its own quiet level is stored marked busy, not refused
+    (`perfguard.storage.refresh.record_measured`): on a runner whose processes spread by
+    29 % that level is the session's own lower quartile, which the noise alone can put
+    under half of the runs. A baseline is met by every check until it is measured again: one
     from a busy session hides real slowdowns behind its own slowness (a +12 % check
     passed 3 of 4 times against one taken with a core kept busy)."""
-    _, scr = screen(result, None)
-    if scr.contended:
-        return scr.reason
     if foreign_load is not None and foreign_load > FOREIGN_LOAD:
         return (
             f"other processes used {foreign_load:.2f} core(s) on average while it measured "

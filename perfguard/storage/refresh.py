@@ -214,9 +214,11 @@ def record_measured(
 ) -> Recorded:
     """Store a fresh session of a case as gen-baselines does: not at all when the runner
     was busy (unless `allow_busy`: then marked busy), without the runs the reference saw
-    contended against the session's own level (all of them kept, when most were).
-    `foreign_load`: the cores other processes used while it measured
-    (`perfguard.device.load`)."""
+    contended against the session's own level. When most were, every run is kept and the
+    scenario is marked busy with the screen's reason: a session whose reference spreads
+    that much may be a noisy runner as well as a contended one, so it is recorded, never
+    refused, and every later check says so. `foreign_load`: the cores other processes used
+    while it measured (`perfguard.device.load`)."""
     from perfguard.decision.contention import busy_against, screen
 
     busy = busy_against(result, replaced, foreign_load)
@@ -232,6 +234,6 @@ def record_measured(
         tighten=tighten,
         dropped_runs=0 if contended else scr.dropped,
         timing=timing,
-        busy=busy,
+        busy=busy or contended,
     )
     return Recorded(kept, busy, contended, updated.scenarios.get(result.case_id))
