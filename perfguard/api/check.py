@@ -24,7 +24,7 @@ from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.warm import in_warm_pool
 from perfguard.results import Results
 from perfguard.storage.baseline import Baseline
-from perfguard.storage.cases import Case, Selection
+from perfguard.storage.cases import SERVER, Case, Selection
 from perfguard.storage.reports import Report
 
 if TYPE_CHECKING:
@@ -107,8 +107,10 @@ def check(
     settings["alpha"] = judging.rule.alpha
     settings["timing_gate"] = judging.timing_gate
     report = build_against(outcome.judgement, results, base, path, settings=settings)
-    # A timed regression gets its per-op attribution against the baseline's revision.
-    return attribute_regressions(report, cases, options, None, platform=platform.name,
+    # A timed regression gets its per-op attribution against the baseline's revision; a
+    # server case has no pipeline here to profile (its pipeline runs in the server).
+    pipelines = [c for c in cases if c.workload != SERVER]
+    return attribute_regressions(report, pipelines, options, None, platform=platform.name,
                                  traces_dir=traces_dir)  # fmt: skip
 
 

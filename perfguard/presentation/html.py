@@ -30,6 +30,7 @@ from perfguard.errors import PerfguardError
 from perfguard.metrics import is_metric_name, metric_sort_key, unit
 from perfguard.presentation.attribution import html_section
 from perfguard.presentation.escape import html_attr, html_text, script_json
+from perfguard.presentation.observed import SERVER_COLUMNS, server_rows
 
 ASSETS = ("common.js", "forest.js", "series.js", "style.css")
 
@@ -184,7 +185,11 @@ def report_cases(report: Any) -> list[dict[str, Any]]:
                     reason=m.reason,
                 )
             )
-        out.append({"id": case.case_id, "verdict": case.verdict, "div": f"case-{i}", "rows": rows})
+        entry = {"id": case.case_id, "verdict": case.verdict, "div": f"case-{i}", "rows": rows}
+        levels = server_rows(case)
+        if levels:  # a server case: latency against concurrency, measured / baseline
+            entry["levels"] = levels
+        out.append(entry)
     return out
 
 
@@ -210,6 +215,15 @@ def forest_body(
             f'<h2 class="case" data-case="{attr(case["id"])}">{esc(case["id"])} '
             f'<span class="{attr(case["verdict"])}">{esc(case["verdict"])}</span></h2>'
         )
+        if case.get("levels"):
+            head = "".join(f"<th>{esc(c)}</th>" for c in SERVER_COLUMNS)
+            parts.append(
+                "<p>Latency against concurrency (measured / baseline)</p>"
+                f"<table><thead><tr>{head}</tr></thead><tbody>"
+            )
+            for row in case["levels"]:
+                parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>")
+            parts.append("</tbody></table>")
         parts.append(f'<div class="plot forest" id="{attr(case["div"])}"></div>')
         parts.append(
             "<table><thead><tr><th>metric</th><th>median</th><th>baseline</th><th>ratio</th>"

@@ -39,7 +39,12 @@ from perfguard.metrics import metric_sort_key, unit
 from perfguard.presentation.answers import answer_lines, answer_phrase
 from perfguard.presentation.attribution import console_lines, markdown_lines
 from perfguard.presentation.escape import console_text, md_text
-from perfguard.presentation.observed import observed_facts
+from perfguard.presentation.observed import (
+    SERVER_COLUMNS,
+    observed_facts,
+    server_rows,
+    server_table_lines,
+)
 from perfguard.presentation.work_report import output_summary, work_console_lines, work_markdown
 from perfguard.storage.jsonio import (
     write_text_atomic,
@@ -287,6 +292,9 @@ def render_table(report: Report, console: Console, all_metrics: bool = False) ->
     for line in _work_console(report):
         console.print(Text(line))
     console.print(table)
+    for case in report.cases:
+        for line in server_table_lines(case):
+            console.print(Text(console_text(line)))
     for line in console_lines(report.attribution):
         console.print(Text(console_text(line)))
     timed = sum(1 for c in report.cases for m in c.metrics if _timed(m))
@@ -644,6 +652,12 @@ def _md_details(report: Report) -> list[str]:
             + (f" · {' · '.join(extra)}" if extra else "")
         )
         lines.append("")
+        levels = server_rows(case)
+        if levels:
+            lines.append("Latency against concurrency (measured / baseline):")
+            lines.append("")
+            lines += _md_table(SERVER_COLUMNS, [[escape_md(c) for c in r] for r in levels])
+            lines.append("")
         timed = [m for m in case.metrics if _timed(m)]
         if timed:
             rows = [_metric_row(case, m, True)[1:] for m in timed]

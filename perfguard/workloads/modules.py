@@ -66,9 +66,12 @@ COMMANDS = (
     "perfguard.presentation.render",
     "perfguard.presentation.work_report",
     "perfguard.storage.reports",
+    "perfguard.measurement.serving.app",
 )
 """What a measuring command imports besides the workloads: the command line, the
-library, the gate and the reports (the resident server preloads them)."""
+library, the gate and the reports (the resident server preloads them), and what
+`perfguard serve` imports (FastAPI and uvicorn where the `serve` extra is installed),
+so that a server case's launched servers start warm."""
 
 
 def preload(cases: Iterable[Any]) -> list[str]:

@@ -56,6 +56,7 @@ from perfguard.device.timer import StageTimer
 from perfguard.errors import PerfguardError
 
 try:  # the `serve` extra; FastAPI resolves the handlers' annotations in this module
+    import uvicorn
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, Response
 except ImportError:  # pragma: no cover - reported by `create_app`
@@ -435,8 +436,6 @@ def serve(
     The warm-up call pays the one-off costs (allocator growth, lazy initialisation) before
     `/health` answers, so that the first measured request is a request like the others.
     """
-    import uvicorn
-
     pipeline()
     worker = Worker(pipeline, platform, options, Metrics())
     try:

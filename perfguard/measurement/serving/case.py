@@ -8,11 +8,28 @@ p99, inverse throughput, queue time, stages, steps, peak memory). The rule then 
 unchanged, and a check's confirmation measures one more round. A measurement takes the
 case's `rounds` (gen-baselines and a check's first measurement alike), a confirmation one.
 
-Why failures are the output: a failed request is a fact, not a noisy figure, and one the
-baseline did not have must fail the check whatever the timings say. The case's output is
-what the server answered, the count of each kind of answer per level (`c4: 64 ok, 16 HTTP
-500`), compared exactly like a pipeline's output hash (`perfguard.decision.counters`): an
-answer the baseline did not give fails the case (exit 1; `output_may_change` allows it).
+Why a fresh server per round (`launch` cases): a server process has an offset of its own
+(its allocator's layout, its threads' placement, its hash seed) that every request it
+answers shares. Rounds of one server would show only the spread within that server, and a
+check's server differing from the baseline's by that offset read as a slowdown of every
+figure at once (1 of 4 A/A checks of unchanged code, docs/serving.md). A round on a server
+of its own puts the offset into the spread of the rounds, where the interval sees it, as a
+fresh process per group does for a pipeline case. A launch costs a fork of the resident
+server (`perfguard serve` starts warm, `perfguard.cli`) and a tiny pipeline's build. A
+`url` case measures a server perfguard did not start, so every round shares it: its
+figures take the server's session term (`perfguard.decision.tolerances.SERVER_SESSION_SD`).
+
+Why no reference workload: a pipeline case's runs are each divided by the reference
+workload timed beside them (`perfguard.decision.normalize`). The server's work runs in
+another process, and the reference timed in this one between rounds did not follow it:
+tried on the busy 2-core runner (7 December), it read a check of unchanged code 1.77x
+slower than its baseline. Server figures are stored raw.
+
+Why failures are an exact figure: a failed request is a fact, not a noisy figure, and one
+the baseline did not have must fail the check whatever the timings say. Each level's
+count of failed requests is `failures:c<N>` (`observed.server.levels`), judged as a work
+counter is (`perfguard.decision.counters.judge_failures`: "counted 3, baseline 0"). The
+kinds of answer (`ok`, `HTTP 500`, ...) and the first error are kept beside them.
 
 What the figures come from, best first: sglang's `performance.log` joined by request id,
 the answer's own `stage_durations` (vLLM-Omni, `perfguard serve`), Prometheus `/metrics`
@@ -26,6 +43,7 @@ import asyncio
 import math
 import statistics
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,7 +52,7 @@ from typing import Any
 import httpx
 
 from perfguard.measurement.serving import scrape
-from perfguard.measurement.serving.launch import LaunchFailed, forget, server_for
+from perfguard.measurement.serving.launch import Launched, LaunchFailed
 from perfguard.measurement.serving.load import Client, LevelRun, Unreachable, run_level, warm_up
 from perfguard.metrics import server_metric, server_peak_metric
 from perfguard.results import CaseResult, Results
@@ -68,10 +86,14 @@ def answer_kind(error: str | None) -> str:
 
 
 class ServerRun:
-    """The rounds of one server case against one server, and what they measured."""
+    """The rounds of one server case, each against a server launched for it (`launch`)
+    or all against the one at `url`, and what they measured."""
 
-    def __init__(self, case: Case, url: str, echo: Echo) -> None:
-        self.case, self.url, self.echo = case, url, echo
+    def __init__(self, case: Case, echo: Echo) -> None:
+        self.case, self.echo = case, echo
+        self.url = case.url
+        self.launches = 0
+        self.launch_s: list[float] = []
         self.rounds: list[dict[str, float]] = []
         self.answers: dict[int, Counter[str]] = {c: Counter() for c in case.concurrency}
         self.first_error: dict[int, str] = {}
@@ -79,15 +101,31 @@ class ServerRun:
         self.perf_log = scrape.PerfLog(Path(case.perf_log)) if case.perf_log else None
         self.problems: list[str] = []
 
-    async def measure(self, rounds: int) -> None:
+    def measure(self, rounds: int) -> None:
+        """`rounds` rounds, each on a fresh server of the case's `launch` (started here,
+        stopped with its process tree whatever happens) or on the server at `url`."""
+        for r in range(rounds):
+            if not self.case.launch:
+                asyncio.run(self._round(r))
+                continue
+            server = Launched(self.case.launch, self.case.ready, self.case.ready_timeout_s)
+            t0 = time.perf_counter()
+            try:
+                self.url = server.start()
+                self.launch_s.append(time.perf_counter() - t0)
+                self.launches += 1
+                asyncio.run(self._round(r))
+            finally:
+                server.stop()
+
+    async def _round(self, r: int) -> None:
         client = Client(self.url, self.case.api, self.case.request, self.case.request_timeout_s)
         try:
-            for r in range(rounds):
-                await warm_up(client, self.case.warmup)
-                figures: dict[str, float] = {}
-                for level in self.case.concurrency:
-                    figures.update(await self._level(client, level, r))
-                self.rounds.append(figures)
+            await warm_up(client, self.case.warmup)
+            figures: dict[str, float] = {}
+            for level in self.case.concurrency:
+                figures.update(await self._level(client, level, r))
+            self.rounds.append(figures)
         finally:
             await client.close()
 
@@ -188,30 +226,35 @@ class ServerRun:
         result.samples = {m: [r[m] for r in self.rounds] for m in sorted(common)}
         result.repeats = len(self.rounds)
         result.groups = [1] * len(self.rounds) if len(self.rounds) > 1 else None
-        result.output_hash = answers_line(self.answers)
+        # The answers are judged as `failures:c<N>` (exact), not as an output hash.
+        result.output_hash = None
         result.deterministic = True
         result.observed = {"server": self.summary()}
         return result
 
     def summary(self) -> dict[str, Any]:
+        """`observed.server`: per level, the answers by kind, the failed requests, the
+        median throughput and the first error; how many servers the rounds ran on."""
         levels = {}
         for level in self.case.concurrency:
             tp = self.throughput[level]
+            kinds = self.answers[level]
             levels[f"c{level}"] = {
-                "answers": dict(sorted(self.answers[level].items())),
+                "answers": dict(sorted(kinds.items())),
+                "failures": sum(n for kind, n in kinds.items() if kind != "ok"),
                 "throughput_rps": round(statistics.median(tp), 4) if tp else None,
                 **({"first_error": self.first_error[level]} if level in self.first_error else {}),
             }
-        return {"url": self.url, "levels": levels, "problems": len(self.problems)}
-
-
-def answers_line(answers: dict[int, Counter[str]]) -> str:
-    """`c1: 16 ok; c4: 13 ok, 3 HTTP 500`: the case's output (at most 200 characters)."""
-    parts = []
-    for level, kinds in sorted(answers.items()):
-        told = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: kv[0] != "ok"))
-        parts.append(f"c{level}: {told or 'none'}")
-    return "; ".join(parts)[:200]
+        out: dict[str, Any] = {
+            "url": self.url,
+            "levels": levels,
+            "problems": len(self.problems),
+            "rounds": len(self.rounds),
+            "servers": self.launches if self.case.launch else 1,
+        }
+        if self.launch_s:
+            out["launch_s"] = round(statistics.median(self.launch_s), 3)
+        return out
 
 
 def rounds_for(case: Case, options: Any) -> int:
@@ -227,13 +270,10 @@ def run_server_case(case: Case, options: Any, *, echo: Echo = _stderr) -> CaseRe
     that dies mid-run makes the case an error (exit 3) naming it, and nothing else."""
     result = CaseResult(case_id=case.id, warmup=case.warmup, repeats=0, case=case.definition())
     try:
-        url = case.url or server_for(case.launch, case.ready, case.ready_timeout_s).url
-        run = ServerRun(case, url, echo)
-        asyncio.run(run.measure(rounds_for(case, options)))
+        run = ServerRun(case, echo)
+        run.measure(rounds_for(case, options))
         return run.result(result)
     except (Unreachable, LaunchFailed) as exc:
-        if case.launch:
-            forget(case.launch)
         result.status = "error"
         where = f" at {case.url}" if case.url else ""
         result.error = f"server{where} unreachable or gone: {exc}"[:2000]

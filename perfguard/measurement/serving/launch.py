@@ -7,8 +7,10 @@ with its output in a temporary log whose last lines an error quotes; it is stopp
 its whole process tree (SIGTERM, then SIGKILL) when the command ends, on Ctrl-C, on
 SIGTERM (the CLI turns it into an exception that unwinds) and on a start that times out.
 
-One server per argv and command: a check's confirmations measure more rounds of the
-server its first measurement started, as a confirmation measures one more process.
+A server case launches one server per round (`perfguard.measurement.serving.case` says
+why), so a check's confirmation, one more round, measures a fresh server as a pipeline
+case's confirmation measures a fresh process. Every server still running when the
+command ends is stopped (`stop_all`, at exit).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import httpx
 
+from perfguard.errors import PerfguardError
+from perfguard.measurement.launch import import_root
 from perfguard.measurement.workers import _descendants, kill_tree
 
 TAIL_LINES = 20
@@ -72,6 +76,8 @@ class Launched:
 
     def spawn(self) -> None:
         """Start the server's process (in a session of its own), without waiting."""
+        if _is_perfguard_serve(self.argv):
+            _resident_first()
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdout=self._out, stderr=subprocess.STDOUT,
@@ -79,20 +85,24 @@ class Launched:
             )  # fmt: skip
         except OSError as exc:
             raise LaunchFailed(f"cannot start {' '.join(self.argv)}: {exc}") from exc
+        _LIVE[id(self)] = self
 
     def wait_ready(self) -> str:
         """Wait until the spawned server is ready; its URL (`LaunchFailed`: stopped)."""
         assert self.proc is not None
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            code = self.proc.poll()
+            if code is not None:
+                why = self._why(f"exited with {code} before ready")
                 self.stop()
-                raise LaunchFailed(self._why(f"exited with {self.proc.returncode} before ready"))
+                raise LaunchFailed(why)
             if self._is_ready():
                 return self.url
-            time.sleep(0.2)
+            time.sleep(0.05)
+        why = self._why(f"not ready after {self.timeout_s:g} s")
         self.stop()
-        raise LaunchFailed(self._why(f"not ready after {self.timeout_s:g} s"))
+        raise LaunchFailed(why)
 
     def _is_ready(self) -> bool:
         if self.ready:
@@ -112,6 +122,7 @@ class Launched:
 
     def stop(self) -> None:
         """SIGTERM the server's session, then SIGKILL whatever is left of its tree."""
+        _LIVE.pop(id(self), None)
         proc, self.proc = self.proc, None
         if proc is not None:
             stray = _descendants(proc.pid)
@@ -128,30 +139,36 @@ class Launched:
             self.log.unlink()
 
 
-_RUNNING: dict[tuple[str, ...], Launched] = {}
+def _is_perfguard_serve(argv: Sequence[str]) -> bool:
+    """`perfguard serve ...` or `python -m perfguard serve ...`: a server that starts
+    warm from the resident server (`perfguard.cli`)."""
+    for i, arg in enumerate(argv[:-1]):
+        if (os.path.basename(arg) == "perfguard" or arg == "perfguard") and argv[i + 1] == "serve":
+            return True
+    return False
 
 
-def server_for(argv: Sequence[str], ready: str, timeout_s: float) -> Launched:
-    """The running server of `argv` in this command, started on first use."""
-    key = tuple(argv)
-    server = _RUNNING.get(key)
-    if server is not None and server.alive():
-        return server
-    server = Launched(argv, ready, timeout_s)
-    server.start()
-    _RUNNING[key] = server
-    return server
+def _resident_first() -> None:
+    """Make sure the resident server runs before a `perfguard serve` is launched, started
+    from here if need be: started by the launched command instead, it would be one of
+    that command's descendants, stopped with it (`Launched.stop`), and every launch
+    would pay the imports again. Nothing happens where no resident server is wanted
+    (`$PERFGUARD_SERVER_IDLE_S=0`) or can run; the launch then imports by itself."""
+    from perfguard.measurement import resident
+
+    with contextlib.suppress(resident.Unavailable, PerfguardError):
+        idle = resident.idle_seconds(os.environ)
+        if idle > 0:
+            sock, _ = resident.ensure(os.environ, import_root(), resident.preload_modules(), idle)
+            sock.close()
 
 
-def forget(argv: Sequence[str]) -> None:
-    """Stop `argv`'s server (after a failure: the next measurement starts a fresh one)."""
-    server = _RUNNING.pop(tuple(argv), None)
-    if server is not None:
-        server.stop()
+_LIVE: dict[int, Launched] = {}
+"""The servers started and not yet stopped, by id: what `stop_all` stops at exit."""
 
 
 @atexit.register
 def stop_all() -> None:
-    """Stop every server this command started."""
-    while _RUNNING:
-        _RUNNING.popitem()[1].stop()
+    """Stop every server this command started and has not stopped."""
+    while _LIVE:
+        _LIVE.popitem()[1].stop()
