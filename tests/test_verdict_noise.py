@@ -26,7 +26,13 @@ from perfguard.decision.gate import (
     run_gate,
 )
 from perfguard.decision.stats import log_ratio_noise, process_spread, summarize
-from perfguard.decision.tolerances import SESSION_SD, Band, Profile, default_profiles
+from perfguard.decision.tolerances import (
+    SERVER_SESSION_SD,
+    SESSION_SD,
+    Band,
+    Profile,
+    default_profiles,
+)
 from perfguard.decision.verdict import CONTENDED, PASS, REGRESSION, Rule, judge_case, judge_metric
 from perfguard.device.platform import Platform
 from perfguard.device.timer import stage
@@ -187,7 +193,15 @@ def test_a_profiles_session_offsets_are_per_class_kept_in_the_file_and_validated
     assert default_profiles("cuda")["pr_test"].session_sd == {}
     data = new_baseline({"platform": "cpu", "hardware": "amd-epyc"}).to_json()
     validate(data, "baseline", "b.json")
-    assert data["tolerances"]["pr_test"]["session_sd"] == SESSION_SD["cpu"]
+    stored = data["tolerances"]["pr_test"]["session_sd"]
+    assert {k: v for k, v in stored.items() if not k.startswith("server:")} == SESSION_SD["cpu"]
+    # A server case at a url takes the server's term (its rounds share one server).
+    assert {k[7:]: v for k, v in stored.items() if k.startswith("server:")} == SERVER_SESSION_SD[
+        "cpu"
+    ]
+    latency = "stage:c1/latency_p50"
+    assert profile.session(latency) == SESSION_SD["cpu"]["e2e"]
+    assert profile.session(latency, shared_server=True) == SERVER_SESSION_SD["cpu"]["e2e"]
     data["tolerances"]["pr_test"]["session_sd"] = {"ops": 0.1}
     with pytest.raises(PerfguardError, match=r"b\.json.*session_sd"):
         validate(data, "baseline", "b.json")
