@@ -180,8 +180,8 @@ def _slow_processes(
 
 FOREIGN_LOAD = 0.5
 """Cores other processes used, on average over a baseline session, above which the session
-counts as busy (`perfguard.device.load`). An idle 2-core runner reads 0.0-0.1 core and
-one with a core kept busy by a spinning process 0.9-1.0
+counts as busy (`perfguard.device.load`). The idle 2-core runner read 0.002-0.006 core and
+the same runner with a core kept busy by a spinning process 1.001-1.007
 (docs/measurements/2026-12-07-noisy-runner.md): half a core is midway."""
 
 

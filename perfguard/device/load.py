@@ -5,7 +5,7 @@ in the timings: both spread. They differ in who uses the cores. The kernel count
 core's busy time (`/proc/stat`) and every process's own (`/proc/<pid>/stat`), so the
 CPU time used outside perfguard's own processes during a session is a subtraction:
 busy time of all cores minus that of perfguard's process tree. On the project's 2-core
-runner a `while True: pass` on the other core reads 0.9-1.0 core, an idle runner 0.0-0.1
+runner a `while True: pass` on the other core read 1.00 core, the idle runner under 0.01
 (docs/measurements/2026-12-07-noisy-runner.md): unlike a timing's spread, this does not
 mistake a noisy runner for a busy one.
 
