@@ -8,7 +8,6 @@ that starts in milliseconds: what it pins is that every round gets a server of i
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import sys
@@ -23,6 +22,7 @@ from perfguard import api
 from perfguard.decision.gate import JudgeOptions
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.serving import scrape
+from perfguard.measurement.serving.case import run_coroutine
 from perfguard.measurement.serving.launch import Launched, LaunchFailed
 from perfguard.measurement.serving.load import Client, run_level
 from perfguard.presentation.html import render_report_html
@@ -145,8 +145,8 @@ def test_concurrency_queues_in_front_of_one_worker(servers: dict[str, Launched])
         lat = sorted(o.latency_ms for o in run.outcomes)
         return lat[len(lat) // 2], lat[-1], len(lat) / (run.wall_ms / 1e3)
 
-    p50_1, _, tp_1 = asyncio.run(level(1))
-    p50_4, p99_4, tp_4 = asyncio.run(level(4))
+    p50_1, _, tp_1 = run_coroutine(level(1))
+    p50_4, p99_4, tp_4 = run_coroutine(level(4))
     assert p99_4 > p50_4 > 1.5 * p50_1, (p50_1, p50_4, p99_4)  # up to three ahead of each
     assert 0.4 < tp_4 / tp_1 < 2.5, (tp_1, tp_4)  # one worker: queueing adds no throughput
 

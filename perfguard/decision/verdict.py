@@ -280,11 +280,9 @@ def judge_case(
     if scenario is None:
         return _without_a_baseline(case_id, result, common)
     overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
-    work, output = counters.judge_scenario(
-        result, scenario, profile, overrides, judging.allow_output_change
-    )
-    common["work"] = work.to_json() or None
-    common["output"] = None if output is None else output.to_json()
+    allowed = judging.allow_output_change
+    work, output = counters.judge_scenario(result, scenario, profile, overrides, allowed)
+    common |= {"work": work.to_json() or None, "output": output and output.to_json()}
     raw, scr = screened_runs(result, scenario, judging.policy)
     result, scaled = scaled_runs(raw, scenario)
     runner = scr.to_json()

@@ -40,6 +40,7 @@ throughput and its answers.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import statistics
 import sys
@@ -85,6 +86,18 @@ def answer_kind(error: str | None) -> str:
     return head if head.startswith("HTTP") else head.replace("_", " ")
 
 
+def run_coroutine(coro: Any) -> Any:
+    """`asyncio.run(coro)`, or in a thread of its own when this thread already runs an event
+    loop (a notebook, a test session that drove a browser): a round's requests need a
+    loop of their own, and `asyncio.run` refuses to nest."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 class ServerRun:
     """The rounds of one server case, each against a server launched for it (`launch`)
     or all against the one at `url`, and what they measured."""
@@ -106,7 +119,7 @@ class ServerRun:
         stopped with its process tree whatever happens) or on the server at `url`."""
         for r in range(rounds):
             if not self.case.launch:
-                asyncio.run(self._round(r))
+                run_coroutine(self._round(r))
                 continue
             server = Launched(self.case.launch, self.case.ready, self.case.ready_timeout_s)
             t0 = time.perf_counter()
@@ -114,7 +127,7 @@ class ServerRun:
                 self.url = server.start()
                 self.launch_s.append(time.perf_counter() - t0)
                 self.launches += 1
-                asyncio.run(self._round(r))
+                run_coroutine(self._round(r))
             finally:
                 server.stop()
 
