@@ -34,9 +34,11 @@ def _no_platform_override(monkeypatch: pytest.MonkeyPatch, _lock_dir: str) -> No
     # A runner's setting of the confirmation gap: no wait in tests (the waits are
     # asserted in tests/test_verdict_noise.py), and a relative check must accept it.
     monkeypatch.setenv("PERFGUARD_CONFIRM_GAP_S", "0")
-    # The test machine is shared and busy: a test of plumbing that writes a baseline of
-    # the real pipelines must not fail because gen-baselines refuses a busy session. The
-    # refusal itself is pinned in tests/test_busy_baseline.py, which unsets this.
+    # The suite runs on two workers: to a test's gen-baselines the other worker is another
+    # process using a core, which is contention (perfguard/device/load.py), so a test of
+    # plumbing that writes a baseline stores it marked busy instead of being refused. The
+    # refusal itself is pinned in tests/test_busy_baseline.py and tests/test_load.py,
+    # which unset this.
     monkeypatch.setenv("PERFGUARD_ALLOW_BUSY", "1")
 
 
