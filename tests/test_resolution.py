@@ -173,3 +173,14 @@ def test_baselines_show_says_what_a_check_resolves(pg: PG, tmp_path: Path) -> No
     text = " ".join(out.split())
     assert code == 0 and "a check resolves e2e +" in text
     assert "denoise_stage +" in text and "(below: slower only)" in text
+
+
+def test_a_url_server_case_records_the_server_term_in_its_resolution() -> None:
+    """A `url` server's rounds share one server: the check adds its offset
+    (`tolerances.SERVER_SESSION_SD`), so the recorded resolution does too."""
+    import dataclasses
+
+    profile = new_baseline(ENV).profile("pr_test")
+    plain = scenario_from_result(_session(0.01))
+    served = dataclasses.replace(plain, case={"workload": "server", "url": "http://127.0.0.1:1"})
+    assert of_scenario(served, profile)["e2e"] > 2 * of_scenario(plain, profile)["e2e"]

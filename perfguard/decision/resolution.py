@@ -149,6 +149,9 @@ def of_scenario(scenario: Any, profile: Any) -> dict[str, float]:
     metrics: Mapping[str, Summary] = scenario.metrics
     steps = sum(1 for name in metrics if metric_class(name) == "denoise_step")
     overrides = [scenario.tolerance_overrides or {}]
+    case = scenario.case or {}
+    # A server case at a url: its rounds share one server, whose offset the check adds.
+    shared = case.get("workload") == "server" and bool(case.get("url"))
     figures = []
     for name, summary in metrics.items():
         if metric_class(name) not in RESOLVED_CLASSES:
@@ -159,7 +162,6 @@ def of_scenario(scenario: Any, profile: Any) -> dict[str, float]:
             else STORED_ALPHA
         )
         band = profile.noise_band(profile.band(name, overrides), summary)
-        figures.append(
-            (name, resolution(summary, band, alpha=alpha, session=profile.session(name)))
-        )
+        session = profile.session(name, shared_server=shared)
+        figures.append((name, resolution(summary, band, alpha=alpha, session=session)))
     return by_class(figures)
