@@ -67,16 +67,10 @@ DEFAULT_TRIALS = 400
 """Simulated checks per point: the false-alarm estimate at 1 % then has a standard error
 of 0.5 %, and a whole calibration of a case stays within a few seconds."""
 MIN_RUNS_TO_WRITE = math.ceil(1 / math.sqrt(FALSE_ALARM_TARGET))
-"""The fewest processes (`--runs`) from which `calibrate --write` stores bands: 10.
-
-Every simulated check pairs one of the K measured process offsets for its baseline with
-one for itself, so the simulated false-alarm rate is a sum over K x K equally likely
-pairs: it moves in steps of 1/K^2. A band fitted to "at most 1 %" from fewer than 10
-processes has steps coarser than 1 % (1/16 = 6 % at K = 4): the only rate below the
-target that it can show is 0, i.e. the band just clears the worst pair measured, and
-how often a fresh process lands beyond that pair is not estimated at all. Ten is the
-floor at which the target can be expressed, not a guarantee; more `--runs` give the
-offsets a truer shape (see the module docstring)."""
+"""The fewest processes (`--runs`) from which `calibrate --write` stores bands: 10. A
+simulated false-alarm rate over K measured process offsets moves in steps of 1/K^2, so
+below 10 processes "at most 1 %" cannot be expressed (1/16 = 6 % at K = 4); the
+reasoning in full is in docs/measurements/2026-12-07-constants.md."""
 MAX_SLOWDOWN = 2.0
 """The search for the smallest caught slowdown stops at +200 %: beyond, 'not caught'."""
 

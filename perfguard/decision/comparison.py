@@ -20,16 +20,11 @@ from perfguard.decision.tolerances import Band
 # ---- the evidence a regression needs -------------------------------------------------------
 
 STORED_ALPHA = 0.001
-"""The stored check's level. A stored baseline is one session of the runner, met by every
-check against it until it is regenerated, and what the interval sees is only the spread
-between processes inside each session: a baseline taken in a fast spell fails the checks
-of unchanged code against it together (the 19 false alarms of one detection run against
-baselines of 6 processes fell 7, 4, 4, 3 and 1 in the A/A checks of five of them, none
-in the other six). So the level is set by the false alarms measured, not by the nominal
-rate. Replayed on the same 428 kept checks (`benchmarks/rejudge.py`, docs/verdicts.md),
-with baselines of 10 processes and up to 8 confirmations: alpha 1 % failed 10 of 143 A/A
-checks, +5 % caught in 26 of 36 and +10 % in 35 of 36; 0.1 % failed 2 of 143, caught +5
-% in 19 of 36 and +10 % in 32 of 36."""
+"""The stored check's one-sided level, 0.1 %: a stored baseline is one session, met by every
+check until it is regenerated, so its false alarms come together and the level is set by
+those measured. Replayed on 428 kept checks (`benchmarks/rejudge.py`), 0.1 % failed 2 of
+143 A/A checks against 10 at 1 %, and caught +10 % in 32 of 36 against 35
+(docs/measurements/2026-12-07-constants.md)."""
 
 RELATIVE_ALPHA = 0.01
 """The relative check's level: base and head are measured in the same minutes, block by

@@ -40,20 +40,11 @@ the one-thread reference by under 3 %; two (both cores busy) made it 2.0x slower
 
 
 PROCESS_RATIO = 1.2
-"""A process's reference median / the quiet level above which the whole process counts as
-contended. Measured on the kept checks of one detection run against baselines of 10
-processes (`benchmarks/rejudge.py` prints the table; docs/verdicts.md, "Slow processes
-and the sessions' offsets"): the normalized `DenoisingStage` of unchanged code read
-0.98-1.00x its baseline, with an sd of 1.7-4.0 %, in processes whose reference read
-under 1.10x the baseline's; 0.98-1.00x with 5.6-6.1 % at 1.10-1.15x; 1.02-1.04x with
-8.7-12.8 % at 1.15-1.20x; and 1.28-1.31x in the 20 processes at 1.20-1.30x, where the
-injected +5 % and +10 % read 1.17-1.43x alike. There the runner was in a mode the
-reference workload tracks only in part: what is left after dividing by it is the mode,
-not the code. A later run saw no such mode (its 7 processes at 1.20-1.30x read 0.96x
-and 1.10x), and the screen then costs those processes only. A median over a process is
-steadier than one run's reading, so this screen is tighter than the run screen (1.3x);
-a runner pool whose hosts differ by more than 1.2x in reference speed gets `contended`
-on the slower hosts, where it used to at 1.3x: give each host class its baseline."""
+"""A process's reference median over the quiet level above which all its runs count as
+contended: 1.2x. On one detection run's kept checks, unchanged code read 0.98-1.04x its
+baseline in processes under 1.2x and 1.28-1.31x in those at 1.20-1.30x, where +5 % and
++10 % read alike; the table and its caveats are in
+docs/measurements/2026-12-07-constants.md."""
 
 
 @dataclass(frozen=True)

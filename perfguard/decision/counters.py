@@ -406,16 +406,10 @@ CHANGED = "changed"
 UNCOMPARED = "not-compared"
 
 OUTPUT_PSNR_DB = 100.0
-"""An output whose PSNR against the baseline's is at least this is within tolerance.
-
-100 dB is an RMS difference of 0.001 % of the reference's range. Exact-math changes that
-reorder float32 arithmetic (another BLAS blocking, a fused kernel) leave errors near
-float32's resolution (1.2e-7 relative, ~120 dB and more after a pipeline's depth); a
-precision change is far below: on the smoke cases every DiT block's outputs rounded
-through bfloat16 gives 78 dB on the image (79.6 / 81.5 dB on the reference, whose block
-means average some of the error away; `benchmarks/counters.py`), and rounding the image
-itself to bfloat16 ~60 dB. The threshold sits 20 dB from each: a reassociation passes,
-a precision change does not."""
+"""An output whose PSNR against the baseline's is at least this, 100 dB, is within
+tolerance. Reordered float32 arithmetic leaves ~120 dB and more; every DiT block rounded
+through bfloat16 gives 78 dB (`benchmarks/counters.py`): the threshold sits 20 dB from
+each (docs/measurements/2026-12-07-constants.md)."""
 
 SKETCH_VALUES = 4096
 """The most values a compact reference keeps (16 KiB of float32, ~22 KB in the file)."""

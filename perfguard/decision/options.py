@@ -13,27 +13,17 @@ from perfguard.decision.resolution import DEFAULT_TIMING_GATE, TIMING_GATES
 from perfguard.decision.tolerances import DEFAULT_PROFILE
 
 DEFAULT_MAX_RERUNS = 8
-"""Fresh confirmation processes for a case over its bound: with the first measurement,
-up to nine processes, 8 degrees of freedom of the check's own beside the baseline's 9
-(10 processes). A confirmation is a fork of the warm server that builds and times one
-case without recounting its work (~0.4 s for a smoke case), and it only runs while a
-metric is over its bound, so unchanged code rarely pays for one (the median A/A check
-took 1.5 s). At the stored level of 0.1 % the interval needs them: replayed on the same
-kept checks (`benchmarks/rejudge.py`, docs/verdicts.md), capping them at 4 instead of 8
-caught +10 % in 31 of 36 checks instead of 32 and failed 4 of 143 A/A checks instead
-of 2. Earlier, at 1 %, 4 against 2: +5 % caught in 12 of 16 checks instead of 6."""
+"""Fresh confirmation processes for a case over its bound or that can't tell: 8, so a check
+has up to nine processes beside the baseline's ten. At the stored level the interval
+needs them: replayed on the kept checks (`benchmarks/rejudge.py`), a cap of 4 caught
++10 % in 31 of 36 instead of 32 and failed 4 of 143 A/A checks instead of 2
+(docs/measurements/2026-12-07-constants.md)."""
 
 DEFAULT_CONFIRM_GAP_S = 0.0
-"""Seconds between the end of one measurement of a case and the confirmation that
-follows it. The runner's speed moves in spells of a few runs to a minute
-(docs/verdicts.md), longer than a smoke case's process (~0.5 s), so confirmations
-started back to back share the first measurement's spell; a gap lets them meet other
-moments. Measured interleaved against the same baselines on a noisy day
-(`benchmarks/detection.py --check-variants`, docs/verdicts.md), a 5 s gap cut the A/A
-false alarms from 3 of 75 checks to 1 of 75 but the +10 % catches from 5 of 19 to 2 of
-19, and +5 % from 4 of 19 to 0: the spread between moments widens the interval for a
-real slowdown as much as for noise. So no gap by default; `--confirm-gap-s` is there for
-a runner whose false alarms come from spells."""
+"""Seconds between a measurement and the confirmation after it: 0. Interleaved on a noisy
+day (`benchmarks/detection.py --check-variants`), a 5 s gap cut A/A false alarms from 3
+of 75 to 1 of 75 but +10 % catches from 5 of 19 to 2 of 19; `--confirm-gap-s` is there
+for a runner whose false alarms come from spells (docs/measurements/2026-12-07-constants.md)."""
 
 
 @dataclass(frozen=True)

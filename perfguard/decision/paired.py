@@ -48,16 +48,11 @@ from perfguard.metrics import metric_class, metric_sort_key
 from perfguard.results import CaseResult, pool
 
 PAIRED_TRIM = 0.2
-"""The share of blocks trimmed from each end before averaging the per-block log ratios.
-
-On the shared CPU runner a contention episode now and then lands on one side of a block
-only: in a 24-block check of the smoke cases, 19 blocks had `DenoisingStage` ratios
-within 1.02-1.12 and 5 were 0.64-1.98. A plain mean and t-interval let those few blocks
-move the estimate and widen the interval fourfold; Yuen's trimmed mean with its
-winsorized variance (Wilcox, "Introduction to Robust Estimation") keeps the 20 % at
-either end out of the estimate and in the interval's width only, at the price of
-fewer degrees of freedom. With fewer than 5 blocks nothing is trimmed.
-"""
+"""The share of blocks trimmed from each end before averaging the per-block log ratios (Yuen's
+trimmed mean, winsorized variance): 20 %, none with fewer than 5 blocks. In a 24-block
+check of the smoke cases 19 blocks read 1.02-1.12 and 5 read 0.64-1.98 (a contention
+episode on one side); trimmed, those few stop moving the estimate and widening the
+interval fourfold (docs/measurements/2026-12-07-constants.md)."""
 
 
 def paired_estimate(

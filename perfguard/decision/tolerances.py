@@ -65,18 +65,11 @@ DEVICE_ABS: dict[str, float] = {
 
 
 CPU_PAD_SCALE = 0.01
-"""CPU profiles carry 1/100 of sglang's millisecond pads.
-
-A pad exists for jitter that does not scale with the figure: timer resolution and
-scheduling on tiny stages. sglang sized its pads (20 ms, 120 ms) for seconds-long GPU
-requests timed through an HTTP server. perfguard times in-process, and the CPU smoke
-cases last ~20 ms, 1/100 to 1/500 of a GPU case: kept as they are, the pads would be
-larger than the stages they guard (a 12 ms pad on a 20 ms denoising stage hides a +50 %
-slowdown) and the gate would be blind. At 1/100 (0.2 ms e2e / steps / aggregates, 1.2 ms
-stages, 4.5 ms decoding, 0.8 ms step 0) they keep the proportion they have on a GPU case
-and stay above what the median of the repeats leaves of that jitter (~0.1 ms).
-Memory pads (MB) are not scaled: they are about allocator granularity, not time.
-"""
+"""CPU profiles carry 1/100 of sglang's millisecond pads: the pads are sized for seconds-long
+GPU requests, and the CPU smoke cases last ~20 ms, where a 12 ms pad would hide a +50 %
+slowdown. At 1/100 they keep a GPU case's proportion and stay above the ~0.1 ms of
+jitter the median leaves; memory pads are not scaled
+(docs/measurements/2026-12-07-constants.md)."""
 
 
 DEVICE_FLOORS: dict[str, tuple[float, float]] = {
@@ -308,51 +301,24 @@ samples jitter by 5 us gets a pad of ~6 us on 20 samples; a 0.18 ms stage that b
 SESSION_SD: dict[str, dict[str, float]] = {
     "cpu": {"non_denoise_stage": 0.04, "denoise_stage": 0.007, "denoise_agg": 0.007, "e2e": 0.007}
 }
-"""Per platform and metric class, the sd (log scale) of the offset that one session of
-the runner leaves on a figure beyond what the spread of its processes shows: what a
-stored baseline, measured once, shares with no later check. Written into the profiles
-of a baseline measured on that platform; the verdict's interval adds it once for the
-baseline's session and once for the check's.
-
-Measured on the project's 2-core CPU runner (docs/measurements/2026-12-05-sessions.md,
-2026-12-04-slow-processes.md): 36 `gen-baselines` commands of 10 processes, as one-way
-analyses of variance, put 0.6-0.8 % on `DenoisingStage` with a server of its own per
-command, as in CI (0.7 % here; the aggregates and e2e move with the stage), and the
-small stages' baselines moved by 2-3.7 % (4 % on `non_denoise_stage`). The steps stay
-at 0: each is judged at alpha / m already (`verdict.rule_of`).
-
-What the term buys, on simulated runners (`benchmarks/answers.py`: recorded processes
-at 2 % between-process spread, 1 % within; chosen on recordings A and B, reported on C,
-recorded later and never used to choose; docs/verdicts.md): on A, with sessions that
-move by 0.7 %, no term called unchanged code slower in 2-3.5 % of checks (target: at
-most 1 %); the term at 0.7 % made that 0 %. On C: 0 % false alarms and +5 % caught in
-67.5 % with the term, 1.5 % and 81.5 % without; the rest of +5 % can't tell (never
-same). A false alarm fails a pull request; a can't tell says what would resolve it (the
-relative check, whose blocks cancel the offset). 1 % (this constant before 7 December)
-cost +5 % catches down to 13-30 % for no fewer false alarms than 0.7 %."""
+"""Per platform and metric class, the sd (log scale) of the offset one session of the runner
+leaves on a figure beyond its processes' spread, added to the interval once for the
+baseline's session and once for the check's. On the 2-core CPU runner 36 `gen-baselines`
+of 10 processes put 0.6-0.8 % on `DenoisingStage` (0.7 % here, e2e and the aggregates
+alike) and 2-3.7 % on the small stages (4 %); on simulated runners the term took unchanged
+code's false alarms from 2-3.5 % to 0 % (docs/measurements/2026-12-07-constants.md)."""
 
 
 SERVER_PREFIX = "server:"
 SERVER_SESSION_SD: dict[str, dict[str, float]] = {
     "cpu": {"e2e": 0.05, "denoise_stage": 0.05, "denoise_agg": 0.05, "non_denoise_stage": 0.06}
 }
-"""Per platform and metric class, the sd (log scale) of the offset one server process
-leaves on every figure it serves, for a server case at a `url` (a server perfguard did
-not start): all its rounds share that server, so no spread of theirs shows the offset,
-and a check's server may not be the baseline's. Stored in a measured baseline's
-profiles as `session_sd["server:<class>"]`, and taken instead of the class's
-`SESSION_SD` for such a case's figures (once for each side, as that one). A `launch`
-case needs none: each round runs on a server of its own, so the offset is in the spread
-of the rounds (`perfguard.measurement.serving.case`).
-
-Measured on the project's 2-core runner, busy (docs/measurements/2026-12-07-serving.md:
-`benchmarks/serving.py --offsets 6`, 6 servers of unchanged code, 3 rounds each, a
-one-way analysis of variance per figure): the median offset over a class's figures was
-4.8 % on `e2e` (p50 latency, throughput), 3.3 % on `denoise_stage` (6.6 % at c4) and
-5.3 % on the other stages and tails. The denoising stage and its aggregate take e2e's
-5 %, the figure that moves with them; 6 % the rest. The rounds spread by 10-20 % within
-a server on that runner, so a url check resolves little there; on a quiet runner the
-offset, not the rounds, is what limits it."""
+"""Per class, the sd (log scale) of the offset one server process leaves on every figure it
+serves, taken instead of `SESSION_SD` for a server case at a `url`, whose rounds all
+share one server (a `launch` case starts one per round and needs none). Six servers of
+unchanged code on the 2-core runner put the median offset at 4.8 % on e2e's figures,
+3.3 % on the denoising stage and 5.3 % on the rest: 5 % and 6 % here
+(docs/measurements/2026-12-07-serving.md, 2026-12-07-constants.md)."""
 
 
 def pad_scale(platform: str) -> float:
