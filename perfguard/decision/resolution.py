@@ -48,15 +48,11 @@ DEFAULT_TIMING_GATE = AUTO
 
 RESOLVABLE = 4.0 / 3.0
 """A figure is judged in full where its resolution is within this many times its minimum
-effect (+4 % on the 3 % figures): there a check of unchanged code can be expected to call
-it the same, 9 times in 10. Derived, not fitted: unchanged code reads *same* when its
-one-sided 95 % upper bound stays within the margin d, which with a standard error se
-happens with probability Phi(log(1 + d) / se - z_0.95); 90 % of the time needs
-se <= d / (1.645 + 1.282). The resolution is (t_0.001 + z_0.8) se = (3.090 + 0.842) se,
-so the condition is a resolution of at most 3.932 / 2.927 = 1.34 d. A check whose runner
-resolves less says *can't tell* about unchanged code more often than not, on every PR:
-on simulated runners whose processes spread 2 % the figures at 2 d read *same* in 72 %
-of checks (docs/measurements/2026-12-07-noisy-runner.md)."""
+effect (+4 % on the 3 % figures): there a check of unchanged code calls it *same* 9 times
+in 10. Derived, not fitted: *same* needs the one-sided 95 % upper bound within d, which
+holds 90 % of the time when se <= d / (z_0.95 + z_0.9), and the resolution is
+(t_0.001 + z_0.8) se, so the bound is 3.932 / 2.927 = 1.34 d
+(docs/measurements/2026-12-07-noisy-runner.md)."""
 
 CHECK_PROCESSES = 9
 """The processes a default stored check may take on one case: its first measurement and
