@@ -31,6 +31,8 @@ _EXPORTS = {
     "MeasureOptions": "perfguard.measurement.options",
     "Selection": "perfguard.storage.cases",
     "RelativeOptions": "perfguard.measurement.relative",
+    "RefreshOptions": "perfguard.storage.refresh",
+    "JudgeOptions": "perfguard.decision.options",
     "Case": "perfguard.storage.cases",
     # and return
     "Results": "perfguard.results",

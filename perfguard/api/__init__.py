@@ -35,11 +35,13 @@ from perfguard.api.compare import check_relative
 from perfguard.api.judge import check_perf_log, check_results, judge_results
 from perfguard.api.run import run
 from perfguard.measurement.explain import attribute_regressions, explain
+from perfguard.storage.refresh import RefreshOptions
 
 __all__ = [
     "BaselineUpdate",
     "Calibration",
     "Echo",
+    "RefreshOptions",
     "attribute_regressions",
     "baseline_path",
     "calibrate",

@@ -25,6 +25,7 @@ from perfguard.measurement.resident import tree_root
 from perfguard.measurement.warm import in_warm_pool
 from perfguard.results import CaseResult, Results
 from perfguard.storage.cases import Case, Selection, load_registry
+from perfguard.storage.refresh import DEFAULT_REFRESH, RefreshOptions
 
 if TYPE_CHECKING:
     from perfguard.device.platform import Platform
@@ -55,24 +56,20 @@ def gen_baselines(
     options: MeasureOptions,
     *,
     baseline: str | None = None,
-    tighten: bool = False,
-    prune: bool = False,
-    timing: str | None = None,
+    storing: RefreshOptions = DEFAULT_REFRESH,
     platform: Platform | str | None = None,
     echo: Echo = to_stderr,
     say: Echo = print,
     warm: Any = None,
-    allow_busy: bool = False,
 ) -> BaselineUpdate:
-    """Measure the selected cases and store them in the baseline file.
+    """Measure the selected cases and store them in the baseline file, as `storing` says
+    (`perfguard.storage.refresh.RefreshOptions`: tighten, prune, timing, allow_busy).
 
     Only the selected cases are updated; the others, their notes and overrides are kept.
-    A case measured on a busy runner (`refresh.record_measured`) is not written unless
-    `allow_busy`. The file is saved after each case, under a lock. Refuses fault
-    injection and a file it cannot read, before measuring. `say` hears each case's
-    outcome; `timing` is how the timed runs are stored (`perfguard.decision.normalize`;
-    None: the platform's default).
-    Over the house limits because each keyword is one of the command's flags.
+    A case measured on a contended runner (`refresh.record_measured`) is measured again
+    after a wait, and not written if it stays so unless `storing.allow_busy`. The file is
+    saved after each case, under a lock. Refuses fault injection and a file it cannot
+    read, before measuring. `say` hears each case's outcome.
     """
     _refuse_injection(options)
     from perfguard.decision.normalize import timing_of
@@ -84,12 +81,12 @@ def gen_baselines(
     path = baseline_path(baseline, platform.name, platform.hardware_slug())
     cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
     environment = fingerprint(platform)
-    timing = timing_of(environment, timing)  # a bad value fails before anything is measured
+    timing = timing_of(environment, storing.timing)  # a bad value fails before measuring
     with store.lock(path):
         earlier = store.open_for_update(path, environment)  # refuse an unreadable file first
     cases = shard(cases, selection.shard, path, echo=echo)
     update = BaselineUpdate(path=path, results=Results({}, {}), selected=len(cases))
-    update.tightened = tighten
+    update.tightened = storing.tighten
     meter = LoadMeter(root=tree_root()).start()
     waiting: dict[str, str] = {}  # case id -> why its session was busy
 
@@ -100,7 +97,8 @@ def gen_baselines(
             return
         done = refresh.record_measured(
             path, result, environment, earlier.scenarios.get(result.case_id),
-            allow_busy=allow_busy, tighten=tighten, timing=timing, foreign_load=load,
+            allow_busy=storing.allow_busy, tighten=storing.tighten, timing=timing,
+            foreign_load=load,
         )  # fmt: skip
         if done.stored is None:
             waiting[result.case_id] = done.busy or "busy"
@@ -117,7 +115,7 @@ def gen_baselines(
     update.results = run_cases(cases, platform, options, on_case=on_case, warm=warm)
     _wait_out_contention(cases, waiting, update, say, lambda todo: run_cases(
         todo, platform, options, on_case=on_case, warm=warm), meter)  # fmt: skip
-    if prune:
+    if storing.prune:
         known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
         update.pruned = store.prune(path, known)
     return update

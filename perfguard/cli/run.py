@@ -28,6 +28,7 @@ from perfguard.measurement.options import MeasureOptions
 from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import results_table
 from perfguard.storage.cases import Selection
+from perfguard.storage.refresh import RefreshOptions
 
 
 @click.command("run", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
@@ -132,13 +133,10 @@ def gen_baselines(
         selection,
         options,
         baseline=baseline_path,
-        tighten=tighten,
-        prune=prune,
-        timing=timing,
+        storing=RefreshOptions(tighten=tighten, prune=prune, timing=timing, allow_busy=allow_busy),
         platform=platform_name,
         echo=echo_err,
         say=lambda line: out.print(escape(line)),
-        allow_busy=allow_busy,
     )
     if update.pruned:
         out.print(escape(f"pruned {len(update.pruned)} scenario(s): {', '.join(update.pruned)}"))

@@ -36,6 +36,24 @@ from perfguard.storage.baseline import (
 )
 
 
+@dataclass(frozen=True)
+class RefreshOptions:
+    """How `gen-baselines` stores what it measured, one frozen value from the command:
+    `tighten` keeps an old figure unless the new one is credibly faster
+    (`merge_scenario`), `prune` drops the scenarios of cases no longer in the registry,
+    `timing` is how timed runs are stored (`raw` or `normalized`; None: the platform's
+    default) and `allow_busy` stores a contended session marked busy instead of refusing
+    it (`record_measured`)."""
+
+    tighten: bool = False
+    prune: bool = False
+    timing: str | None = None
+    allow_busy: bool = False
+
+
+DEFAULT_REFRESH = RefreshOptions()
+
+
 def scenario_from_result(
     result: CaseResult,
     keep_samples: bool = True,
