@@ -4,6 +4,7 @@ seen, whatever the timings' spread, and the session is refused or marked busy.""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def spinner() -> Iterator[int]:
 
 
 def test_the_kernel_counts_busy_time_and_this_tree_s_own() -> None:
-    busy, own = busy_cpu_s(), tree_cpu_s(__import__("os").getpid())
+    busy, own = busy_cpu_s(), tree_cpu_s(os.getpid())
     assert busy is not None and busy > 0 and own > 0
 
 

@@ -29,11 +29,11 @@ The stored check (`perfguard check`, against a committed baseline; `verdict.py`,
  7. Can't tell: neither. Each figure carries the slowdown it would catch with 80 %
     probability (POWER) and the margin that would have made it the same.
  8. Below resolution (`resolution.py`, timing gate `auto`): the baseline records what a
-    check of 9 processes (CHECK_PROCESSES) could catch on its runner. A figure whose
-    resolution is over 4/3 of its minimum effect (RESOLVABLE: +4 % on the 3 % figures,
-    where unchanged code reads same 9 times in 10) is judged only for slower (5.), else
-    reads below resolution, which neither fails nor measures more. `gate` judges every
-    figure in full, `advise` none.
+    check of 9 processes (CHECK_PROCESSES) could catch on its runner; a check computes it
+    for its own budget. A figure whose resolution is over 4/3 of its minimum effect
+    (RESOLVABLE: +4 % on the 3 % figures, where unchanged code reads same 9 times in 10)
+    is judged only for slower (5.), else reads below resolution, which neither fails nor
+    measures more. `gate` judges every figure in full, `advise` none.
  9. A case over a bound or that can't tell is measured in fresh processes, one at a
     time, at most 8 (DEFAULT_MAX_RERUNS), pooled; it stops once nothing is either.
 10. Work (aten ops, FLOPs, bytes allocated, host syncs per stage and step) and the

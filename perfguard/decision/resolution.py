@@ -3,9 +3,10 @@
 A baseline records its runner's noise. From it follows the *resolution* of each timed
 figure: the smallest slowdown a check against that baseline catches with 80 % probability
 (`answer.POWER`), were the check's processes as spread as the baseline's and as many as
-the check may take (`CHECK_PROCESSES` by default). On the 2-core CPU runner the
-denoising stage resolves +6 % when its processes spread 2 %, and +30-115 % when they
-spread 13-29 % (docs/measurements/2026-12-07-noisy-runner.md). On CPU the session term
+the check may take (`CHECK_PROCESSES` by default). On the 2-core CPU runner, its
+processes spread about 1 %, baselines recorded +4.1-4.7 % on e2e and the denoising stage;
+on simulated runners spread 13-29 % checks caught +49-136 %
+(docs/measurements/2026-12-07-noisy-runner.md). On CPU the session term
 (`tolerances.SESSION_SD`) alone keeps the 3 % figures' resolution near +4 %: there they
 are judged in full only on the quietest runners; a GPU's figures have no such floor.
 
@@ -40,7 +41,7 @@ from perfguard.decision.stats import (
     satterthwaite,
 )
 from perfguard.decision.tolerances import Band
-from perfguard.metrics import metric_class
+from perfguard.metrics import TIMED_CLASSES, metric_class
 
 AUTO, GATE, ADVISE = "auto", "gate", "advise"
 TIMING_GATES = (AUTO, GATE, ADVISE)
@@ -59,8 +60,8 @@ CHECK_PROCESSES = 9
 `gate.DEFAULT_MAX_RERUNS` (8) fresh ones. A baseline records the resolution that many
 reach; a check uses its own budget (`--rigorous` takes more, and resolves more)."""
 
-RESOLVED_CLASSES = ("e2e", "denoise_stage", "denoise_agg", "denoise_step", "non_denoise_stage")
-"""The timed classes a baseline records a resolution for (memory is a count of bytes)."""
+RESOLVED_CLASSES = TIMED_CLASSES
+"""The classes a baseline records a resolution for: the times (memory is a count of bytes)."""
 
 
 def resolution(

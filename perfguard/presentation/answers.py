@@ -5,6 +5,7 @@ renderers escape it). The answers themselves are `perfguard.decision.answer`'s."
 from __future__ import annotations
 
 from perfguard.decision.answer import CANT_TELL, LABELS, SAME, SLOWER, UNRESOLVED
+from perfguard.decision.counters import is_counter
 from perfguard.decision.verdict import CaseVerdict, MetricVerdict
 from perfguard.metrics import metric_class
 from perfguard.storage.reports import Report
@@ -49,9 +50,7 @@ def _below(report: Report) -> list[tuple[CaseVerdict, MetricVerdict]]:
 
 
 def _has_work(report: Report) -> bool:
-    return any(
-        m.answer is not None and m.answer.margin == 0 for c in report.cases for m in c.metrics
-    )
+    return any(is_counter(m.metric) for c in report.cases for m in c.metrics)
 
 
 def unresolved_phrase(report: Report) -> str:
