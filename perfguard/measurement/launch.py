@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -468,17 +469,26 @@ class ResidentChannel(ForkChannel):
         return "the resident server closed the connection"
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a worker runs: the visible devices of `platform` narrowed to `devices`, its
+    intra-op `threads` (`MeasureOptions.threads`), the `cores` a CPU worker is pinned to,
+    and how many CPU workers (`slots`) run side by side. Built once per worker slot."""
+
+    platform: str = ""
+    devices: Sequence[str] | None = None
+    threads: int | None = None
+    cores: Sequence[int] | None = None
+    slots: int = 1
+
+
 def child_environment(
     base: Mapping[str, str] | None = None,
     *,
     update: Mapping[str, str] | None = None,
     unset: Sequence[str] = (),
     import_dir: str | os.PathLike[str] | None = None,
-    platform: str = "",
-    devices: Sequence[str] | None = None,
-    threads: int | None = None,
-    cores: Sequence[int] | None = None,
-    slots: int = 1,
+    placement: Placement | None = None,
 ) -> dict[str, str]:
     """The environment of a process perfguard starts: `base` (default: ours) with
     `update` set and `unset` removed, then, each where given:
@@ -486,13 +496,12 @@ def child_environment(
     - `import_dir` (another revision's side: a relative check's base, a profiled or
       counted side) first on `PYTHONPATH`, and no fault injection: `--inject` slows the
       head under test, and another side is measured as it is;
-    - the visible devices of `platform` narrowed to `devices`, and
-      `MeasureOptions.threads` as `$PERFGUARD_THREADS` (the worker's `case_threads`
-      reads it: the options on the wire leave threads out);
-    - a CPU worker's `cores` as `$PERFGUARD_CPU_AFFINITY` (applied before torch is
-      imported) with as many OpenMP threads; without cores, `slots` parallel CPU
-      workers share the cores' OpenMP threads, else each would start one per core and
-      they would fight.
+    - the worker's `placement`: the visible devices of its platform narrowed to its
+      devices, its threads as `$PERFGUARD_THREADS` (the worker's `case_threads` reads
+      it: the options on the wire leave threads out), a CPU worker's cores as
+      `$PERFGUARD_CPU_AFFINITY` (applied before torch is imported) with as many OpenMP
+      threads; without cores, parallel CPU workers (`slots`) share the cores' OpenMP
+      threads, else each would start one per core and they would fight.
     """
     env = dict(os.environ if base is None else base)
     env.update(update or {})
@@ -502,19 +511,25 @@ def child_environment(
         rest = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = os.pathsep.join([str(import_dir), *([rest] if rest else [])])
         env.pop(ENV_INJECT, None)
-    if threads is not None:
-        env[ENV_THREADS] = str(threads)
-    var = visible_devices_env(platform)
-    if var and devices:
-        env[var] = ",".join(devices)
-    if cores:
+    if placement is not None:
+        _place(env, placement)
+    return env
+
+
+def _place(env: dict[str, str], where: Placement) -> None:
+    """Set `where`'s threads, visible devices and cores in `env` (`child_environment`)."""
+    if where.threads is not None:
+        env[ENV_THREADS] = str(where.threads)
+    var = visible_devices_env(where.platform)
+    if var and where.devices:
+        env[var] = ",".join(where.devices)
+    if where.cores:
         from perfguard.device.platform import cpu_list
 
-        env[ENV_CPU_AFFINITY] = cpu_list(list(cores))
-        env.setdefault("OMP_NUM_THREADS", str(len(cores)))
-    elif platform == "cpu" and slots > 1 and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // slots))
-    return env
+        env[ENV_CPU_AFFINITY] = cpu_list(list(where.cores))
+        env.setdefault("OMP_NUM_THREADS", str(len(where.cores)))
+    elif where.platform == "cpu" and where.slots > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // where.slots))
 
 
 EarlyServer = tuple[dict[str, str], str, str, list[str], WarmServer]
@@ -543,7 +558,7 @@ def early_server(options: Any, wanted: bool) -> EarlyServer | None:
     from perfguard.workloads.modules import preload_for
 
     preload = preload_for(None, options.factory)
-    env = child_environment(threads=options.threads)
+    env = child_environment(placement=Placement(threads=options.threads))
     label = "worker"
     server = WarmServer(env, f"warm server of the {label}", preload=preload, root=import_root())
     return env, label, options.start_method, preload, server

@@ -79,7 +79,7 @@ from perfguard.decision.verdict import ERROR, MetricVerdict
 from perfguard.device.threads import case_threads
 from perfguard.errors import PerfguardError
 from perfguard.measurement.checkout import commit_of
-from perfguard.measurement.launch import SharedFork, child_environment, import_root
+from perfguard.measurement.launch import Placement, SharedFork, child_environment, import_root
 from perfguard.measurement.options import COUNTED_PROCESSES, MeasureOptions
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
@@ -511,9 +511,8 @@ class ProcessBlocks:
         self.servers: dict[int, Any] = {}
 
     def env_for(self, side: Side, threads: int) -> dict[str, str]:
-        env = child_environment(
-            side.env, platform=self.platform, devices=self.devices, threads=side.options.threads
-        )
+        where = Placement(self.platform, self.devices, side.options.threads)
+        env = child_environment(side.env, placement=where)
         # Two sides start together: one OpenMP thread per core each would make them fight.
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         return env

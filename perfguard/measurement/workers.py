@@ -75,6 +75,7 @@ from perfguard.measurement.launch import (
     ForkChannel,
     ForkedProcess,
     LineReader,
+    Placement,
     ResidentChannel,
     SharedFork,
     WarmServer,
@@ -587,9 +588,7 @@ def _env_for(
     threads: int | None = None,
 ) -> dict[str, str]:
     """A worker slot's environment (`launch.child_environment`)."""
-    return child_environment(
-        platform=platform.name, devices=devices, threads=threads, cores=cores, slots=slots
-    )
+    return child_environment(placement=Placement(platform.name, devices, threads, cores, slots))
 
 
 def preload_modules(cases: Sequence[Case] | None, factory: str | None = None) -> list[str]:
