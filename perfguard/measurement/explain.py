@@ -147,6 +147,24 @@ def regressed_timings(report: Any) -> dict[str, list[str]]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class BaseCode:
+    """Where the base side's code is, as a check names it: a `directory` (a checkout) or
+    a `ref` (a revision of this repository), and its import root inside it (`subdir`,
+    sglang: `python`)."""
+
+    directory: str | None = None
+    ref: str | None = None
+    subdir: str | None = None
+
+    @contextlib.contextmanager
+    def side(self) -> Iterator[ProfileSide]:
+        """The profiled base side, its code checked out while it is used (a ref: in a
+        temporary worktree, always removed)."""
+        with base_directory(self.directory, self.ref) as root:
+            yield ProfileSide("base", root / self.subdir if self.subdir else root)
+
+
 @contextlib.contextmanager
 def base_directory(directory: str | None, ref: str | None) -> Iterator[Path]:
     """The base's code: `directory`, or a temporary worktree of `ref` (always removed)."""
@@ -164,11 +182,9 @@ def base_directory(directory: str | None, ref: str | None) -> Iterator[Path]:
 def attribute_report(
     report: Any,
     cases: Sequence[Case],
+    base: BaseCode,
     *,
     platform: str,
-    base_dir: str | None = None,
-    base_ref: str | None = None,
-    subdir: str | None = None,
     inject: Mapping[str, float] | None = None,
     traces_dir: str | os.PathLike[str] | None = None,
     runs: int = PROFILE_RUNS,
@@ -183,8 +199,7 @@ def attribute_report(
     if not todo:
         return report
     head = ProfileSide("head", None, dict(inject or {}))
-    with base_directory(base_dir, base_ref) as root:
-        side = ProfileSide("base", root / subdir if subdir else root)
+    with base.side() as side:
         found = explain_cases(
             todo, side, head, platform=platform, traces_dir=traces_dir, runs=runs,
             metrics=slow, echo=echo,
@@ -230,8 +245,8 @@ def attribute_stored(
         failed = [CaseAttribution(case_id=c, metrics=tuple(m), error=why) for c, m in slow.items()]
         return dataclasses.replace(report, attribution=Attribution(tuple(failed), runs).to_json())
     return attribute_report(
-        report, cases, platform=platform, base_ref=ref, inject=inject, traces_dir=traces_dir,
-        runs=runs, echo=echo,
+        report, cases, BaseCode(ref=ref), platform=platform, inject=inject,
+        traces_dir=traces_dir, runs=runs, echo=echo,
     )  # fmt: skip
 
 
@@ -268,9 +283,10 @@ def attribute_regressions(
             return attribute_stored(
                 report, cases, platform=platform, inject=inject, traces_dir=traces_dir, echo=echo
             )
+        base = BaseCode(against.directory, against.ref, against.subdir)
         return attribute_report(
-            report, cases, platform=platform, base_dir=against.directory, base_ref=against.ref,
-            subdir=against.subdir, inject=inject, traces_dir=traces_dir, echo=echo,
+            report, cases, base, platform=platform, inject=inject, traces_dir=traces_dir,
+            echo=echo,
         )  # fmt: skip
     except PerfguardError as exc:  # a base that cannot be checked out again, say
         slow = regressed_timings(report)
@@ -318,8 +334,7 @@ def explain(
     out.mkdir(parents=True, exist_ok=True)
     inject = dict(getattr(options, "inject", None) or {})
     head = ProfileSide("head", None, inject)
-    with base_directory(against.directory, against.ref) as root:
-        base = ProfileSide("base", root / against.subdir if against.subdir else root)
+    with BaseCode(against.directory, against.ref, against.subdir).side() as base:
         found = explain_cases(cases, base, head, platform=chosen.name, traces_dir=out, runs=runs,
                               echo=echo)  # fmt: skip
     section = found.to_json()
