@@ -113,7 +113,11 @@ class TensorMemory(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        out = func(*args, **(kwargs or {}))
+        return self.dispatch(func, args, kwargs or {})
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one op and track the storages it allocated (a subclass counts more)."""
+        out = func(*args, **kwargs)
         self.ops += 1
         self.track_outputs(func, out)
         return out

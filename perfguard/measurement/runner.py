@@ -261,32 +261,14 @@ def run_case(
             pipeline = _build(case, platform, options, factory, result)
             yardstick = Reference(platform)
             _describe(pipeline, result)
-            counters = getattr(pipeline, "counters", None)
             if _warm_up(pipeline, options, result, hashes):
                 limit = 0  # no timed runs: the last warm-up's output is the one compared
             _count_work(pipeline, platform, case, result, options)
-            separate = platform.separate_memory_run
             before = yardstick.time_ms()
             while result.repeats < limit:
                 if result.repeats >= repeats and until is not None and until(result):
                     break
-                with StageTimer(
-                    platform,
-                    sync=options.sync,  # type: ignore[arg-type]
-                    inject=options.inject,
-                    track_memory=not separate,
-                ) as timer:
-                    output = pipeline()
-                # The yardstick right before and right after each run: a run counts as
-                # contended when either saw the machine slow (perfguard.device.reference).
-                after = yardstick.time_ms()
-                result.reference.append(max(before, after))
-                before = after
-                result.add_run(timer.record())
-                if callable(counters):
-                    result.add_counters(dict(counters()))
-                _keep_output(output, result, hashes)
-                result.repeats += 1
+                before = _timed_run(pipeline, platform, options, yardstick, before, result, hashes)
                 if on_run is not None:
                     on_run(result)
             _observed(pipeline, result)
@@ -302,6 +284,37 @@ def run_case(
         result.output_hash = hashes[0]
         result.deterministic = len(set(hashes)) == 1
     return result
+
+
+def _timed_run(
+    pipeline: Any,
+    platform: Platform,
+    options: MeasureOptions,
+    yardstick: Reference,
+    before: float,
+    result: CaseResult,
+    hashes: list[str],
+) -> float:
+    """One timed run into `result`, with the reference time beside it; the reference time
+    after it (the next run's `before`)."""
+    with StageTimer(
+        platform,
+        sync=options.sync,  # type: ignore[arg-type]
+        inject=options.inject,
+        track_memory=not platform.separate_memory_run,
+    ) as timer:
+        output = pipeline()
+    # The yardstick right before and right after each run: a run counts as
+    # contended when either saw the machine slow (perfguard.device.reference).
+    after = yardstick.time_ms()
+    result.reference.append(max(before, after))
+    result.add_run(timer.record())
+    counters = getattr(pipeline, "counters", None)
+    if callable(counters):
+        result.add_counters(dict(counters()))
+    _keep_output(output, result, hashes)
+    result.repeats += 1
+    return after
 
 
 def _build(

@@ -129,17 +129,31 @@ def count(request: dict[str, Any]) -> dict[str, Any]:
 def profile(request: dict[str, Any]) -> dict[str, Any]:
     """The profiled runs of `request["case"]` (`profiling.profile_case` says what each
     field is); the Chrome trace of the first run goes to `request["trace"]` if set."""
-    import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as profiler
-
     import perfguard
+
+    platform, pipeline = _warm_pipeline(request)
+    activities = _activities(platform)
+    device = len(activities) > 1
+    runs, stage_ms = _profiled_runs(request, platform, pipeline, activities)
+    return {
+        "perfguard": getattr(perfguard, "__version__", None),
+        "perfguard_file": getattr(perfguard, "__file__", None),
+        "platform": platform.name,
+        "activities": [str(a).rsplit(".", 1)[-1] for a in activities],
+        "device_time": device,
+        "runs": runs,
+        "stages_ms": stage_ms,
+    }
+
+
+def _warm_pipeline(request: dict[str, Any]) -> tuple[Any, Any]:
+    """The side's platform and the case's pipeline, built with the side's perfguard (or
+    the request's factory) and run `warmup` times: what a profiled run measures."""
     from perfguard.device import threads
     from perfguard.device.platform import probe
     from perfguard.measurement import runner
     from perfguard.measurement.workers import case_from_json
 
-    host_row = request["host_row"]
     case = case_from_json(request["case"])
     platform = probe(request["platform"])
     threads.apply(threads.case_threads(case, platform.name, request.get("threads")))
@@ -148,14 +162,29 @@ def profile(request: dict[str, Any]) -> dict[str, Any]:
     for _ in range(max(1, int(request["warmup"]))):
         pipeline()
     platform.synchronize()
+    return platform, pipeline
+
+
+def _activities(platform: Any) -> list[Any]:
+    """What the profiler records: the host, and the device where it can."""
+    import torch
+    from torch.profiler import ProfilerActivity
 
     activities = [ProfilerActivity.CPU]
     if platform.name in ("cuda", "rocm") and torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     elif platform.name == "npu" and hasattr(ProfilerActivity, "PrivateUse1"):
         activities.append(ProfilerActivity.PrivateUse1)
-    device = len(activities) > 1
+    return activities
 
+
+def _profiled_runs(
+    request: dict[str, Any], platform: Any, pipeline: Any, activities: list[Any]
+) -> tuple[list[Any], list[dict[str, float]]]:
+    """`request["runs"]` profiled runs: each run's op table and its stage times."""
+    from torch.profiler import profile as profiler
+
+    host_row, device = request["host_row"], len(activities) > 1
     runs, stage_ms = [], []
     scratch = tempfile.mkdtemp(prefix="perfguard-trace-")
     for i in range(int(request["runs"])):
@@ -178,15 +207,7 @@ def profile(request: dict[str, Any]) -> dict[str, Any]:
                 os.remove(path)
         stage_ms.append(dict(t.record().stages_ms))
     os.rmdir(scratch)
-    return {
-        "perfguard": getattr(perfguard, "__version__", None),
-        "perfguard_file": getattr(perfguard, "__file__", None),
-        "platform": platform.name,
-        "activities": [str(a).rsplit(".", 1)[-1] for a in activities],
-        "device_time": device,
-        "runs": runs,
-        "stages_ms": stage_ms,
-    }
+    return runs, stage_ms
 
 
 def _timer(platform: Any, inject: dict[str, float]) -> Any:

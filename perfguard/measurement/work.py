@@ -226,14 +226,9 @@ class WorkCounter(TensorMemory):
             self.device_syncs() if self.device_syncs is not None else 0,
         )
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one op (a composite one as the ops it decomposes into) and count it: its
+        name, FLOPs, whether it waits for the device, and the storages it allocated."""
         name, formula, composite = _op_info(func)
         if composite:
             # Count what executes: a composite op runs as the ops it decomposes into.

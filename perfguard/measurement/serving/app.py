@@ -332,13 +332,23 @@ def _figures(answer: Answer) -> dict[str, Any]:
     return out
 
 
+WARMUP_HEADER = "x-perfguard-warmup"
+"""A request with this header set to `1` is a warm-up: served, not counted."""
+
+
 def create_app(worker: Worker, options: ServeOptions) -> Any:
     """The FastAPI application over `worker`."""
     if FastAPI is None:
         raise PerfguardError("perfguard serve needs FastAPI: pip install 'perfguard[serve]'")
     app = FastAPI(title="perfguard serve")
-    jobs: dict[str, dict[str, Any]] = {}
-    warm_header = "x-perfguard-warmup"
+    _add_info_routes(app, worker, options)
+    _add_image_routes(app, worker)
+    _add_video_routes(app, worker, options)
+    return app
+
+
+def _add_info_routes(app: Any, worker: Worker, options: ServeOptions) -> None:
+    """`/health`, `/v1/models` and the Prometheus `/metrics`."""
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -353,11 +363,15 @@ def create_app(worker: Worker, options: ServeOptions) -> Any:
     async def metrics() -> Any:
         return PlainTextResponse(worker.metrics.render())
 
+
+def _add_image_routes(app: Any, worker: Worker) -> None:
+    """`/v1/images/generations`: one image, answered when it is made."""
+
     @app.post("/v1/images/generations")
     async def generations(request: Request) -> Any:
         try:
             await _body(request)
-            warm = request.headers.get(warm_header) == "1"
+            warm = request.headers.get(WARMUP_HEADER) == "1"
             answer = await asyncio.wrap_future(worker.submit(warmup=warm))
         except Failure as exc:
             return _error(exc.status, str(exc))
@@ -369,13 +383,18 @@ def create_app(worker: Worker, options: ServeOptions) -> Any:
             **_figures(answer),
         }
 
+
+def _add_video_routes(app: Any, worker: Worker, options: ServeOptions) -> None:
+    """`/v1/videos`: a job answered at once, polled, and its frames fetched as a GIF."""
+    jobs: dict[str, dict[str, Any]] = {}
+
     @app.post("/v1/videos")
     async def videos(request: Request) -> Any:
         try:
             await _body(request)
         except Failure as exc:
             return _error(exc.status, str(exc))
-        warm = request.headers.get(warm_header) == "1"
+        warm = request.headers.get(WARMUP_HEADER) == "1"
         fut = worker.submit(options.video_frames, warmup=warm)
         vid = f"video_{uuid.uuid4().hex}"
         job: dict[str, Any] = {"id": vid, "object": "video", "model": options.model}
@@ -397,8 +416,6 @@ def create_app(worker: Worker, options: ServeOptions) -> Any:
         if job is None or job["status"] != "completed":
             return _error(404, f"no completed video job {vid}")
         return Response(_gif(job["_frames"]), media_type="image/gif")
-
-    return app
 
 
 def _finish(job: dict[str, Any], fut: Future[Answer]) -> None:
