@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfguard.decision import answer as answers
-from perfguard.decision import counters
 from perfguard.decision.answer import Answer
 from perfguard.decision.estimate import PairedEstimate
+from perfguard.decision.output import OutputVerdict
 from perfguard.decision.stats import Noise, Summary
 from perfguard.decision.tolerances import Band
+from perfguard.decision.work_counts import is_exact
 from perfguard.metrics import metric_class, metric_sort_key, unit
 from perfguard.results import component_changes
 
@@ -54,10 +55,25 @@ OVERALL_CANT_TELL = "cant_tell"
 
 
 @dataclass(frozen=True)
-class MetricVerdict(counters.CounterVerdict):
+class CounterVerdict:
+    """The verdict on one counter (`perfguard.decision.counters`): the first fields of
+    `MetricVerdict`, which extends it (a counter's verdict becomes one)."""
+
+    metric: str
+    verdict: str
+    measured: Summary | None = None
+    baseline: Summary | None = None
+    band: Band | None = None
+    bound: float | None = None
+    ratio: float | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class MetricVerdict(CounterVerdict):
     """The verdict on one metric of one case, with everything a reader needs to check it.
 
-    Its first fields are a counter's verdict (`counters.CounterVerdict`). `low` / `high`
+    Its first fields are a counter's verdict (`CounterVerdict`). `low` / `high`
     bound median/baseline at the rule's confidence (one-sided each); `significant`:
     `low` > 1; `borderline`: the next process could flip it (reported); `clear`: more
     runs of this process would not change it (`stats.median_reach`); `noise`: where the
@@ -107,7 +123,7 @@ class MetricVerdict(counters.CounterVerdict):
             "ratio": None if self.ratio is None else round(self.ratio, 4),
             "reason": self.reason,
         }
-        if counters.is_exact(self.metric) and self.measured and self.baseline:
+        if is_exact(self.metric) and self.measured and self.baseline:
             out["delta"] = self.measured.median - self.baseline.median
         if self.low is not None and self.high is not None:
             out["ratio_low"] = round(self.low, 4)
@@ -185,7 +201,7 @@ class CaseVerdict:
     def over(self) -> list[str]:
         """The timed metrics over their bound (credible or not); not counters: a count is
         exact, measuring it again in a fresh process (the gate's confirmation) cannot help."""
-        return [m.metric for m in self.metrics if m.over and not counters.is_exact(m.metric)]
+        return [m.metric for m in self.metrics if m.over and not is_exact(m.metric)]
 
     components: Mapping[str, Any] | None = None
     counters: Mapping[str, Any] | None = None
@@ -200,12 +216,12 @@ class CaseVerdict:
         return component_changes(self.baseline_components, self.components)
 
     work: Mapping[str, Any] | None = None  # counters.WorkJudgement: context, notes, op changes
-    output: Mapping[str, Any] | None = None  # counters.OutputVerdict: output equivalence
+    output: Mapping[str, Any] | None = None  # output.OutputVerdict: output equivalence
 
     @property
     def output_failed(self) -> bool:
         """The output changed and neither the case nor the command allowed it."""
-        return self.output is not None and counters.OutputVerdict.from_json(self.output).failed
+        return self.output is not None and OutputVerdict.from_json(self.output).failed
 
     @property
     def answer(self) -> str | None:
