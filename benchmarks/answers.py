@@ -158,7 +158,7 @@ def one_check(
     judging = JudgeOptions(timing_gate=timing_gate)
     if max_reruns is not None:
         judging = judging.replace(max_reruns=max_reruns)
-    outcome = run_gate([case], baseline, judging, measure, adaptive=False, sleep=lambda _s: None)
+    outcome = run_gate([case], baseline, judging, measure, sleep=lambda _s: None)
     (verdict,) = outcome.judgement.cases
     detectable = {
         m.metric: m.answer.detectable

@@ -92,7 +92,6 @@ def check(
             judging,
             measure_cases,
             confirm=confirm if in_process else None,
-            adaptive=adaptive,
             max_repeats=cap if adaptive else None,
             on_event=lambda case_id, message: echo(f"perfguard: {case_id}: {message}"),
         )

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,8 +97,6 @@ def run_gate(
     measure: Measure,
     *,
     confirm: Measure | None = None,
-    adaptive: bool = True,
-    ignore_missing: Iterable[str] = (),
     max_repeats: int | None = None,
     on_event: Callable[[str, str], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
@@ -106,15 +104,18 @@ def run_gate(
     """Measure `cases`, wait out contention, confirm cases over their bounds, judge once.
 
     `confirm` measures in fresh processes (default: `measure`, e.g. when every
-    measurement already runs in workers); `on_event(case_id, message)` is told what the
-    gate does and why (a wait, a confirmation).
+    measurement already runs in workers); `max_repeats` is the first measurement's cap
+    on runs when it samples adaptively, asking the gate after each run whether to stop
+    (None: it does not); `on_event(case_id, message)` is told what the gate does and why
+    (a wait, a confirmation).
     """
+    adaptive = max_repeats is not None
     gate = _Gate(baseline, judging, {c.id: c for c in cases}, on_event, adaptive)
     results = measure(cases, gate.until_for)
     first_runs = {cid: r.repeats for cid, r in results.cases.items()}
     gate.wait_out_contention(results, measure, sleep)
     gate.confirm(results, confirm or measure, sleep)
-    judgement = judge_with(judging, results, baseline, ignore_missing)
+    judgement = judge_with(judging, results, baseline)
     verdicts = []
     for cv in judgement.cases:
         unconfirmed = gate.unconfirmed(cv.case_id)
@@ -124,7 +125,7 @@ def run_gate(
             cv = contended(cv, unconfirmed)
         res = results.cases[cv.case_id]
         sampling = gate.sampling(cv.case_id, res)
-        if adaptive and max_repeats is not None and res.status == "ok":
+        if max_repeats is not None and res.status == "ok":
             sampling["stopped_early"] = first_runs.get(cv.case_id, 0) < max_repeats
         if cv.case_id in gate.notes:
             sampling["note"] = gate.notes[cv.case_id]
