@@ -142,38 +142,44 @@ def _reduced_qwen(
     }
 
 
-def _reduced_glm_ar(
-    hidden: int,
-    layers: int,
-    heads: int,
-    positions: int,
-    mrope: list[int],
-    vision: int,
-    image: int,
-    patch: int,
-    vocab_extra: int,
+def _reduced_glm_text(
+    hidden: int, layers: int, heads: int, positions: int, mrope: list[int]
 ) -> dict[str, Any]:
-    """A reduced GLM-Image AR model's config: MLPs twice the width, half the heads for
-    keys and values, one vision block of 2 heads, a VQ as wide as the vision tower."""
+    """A reduced GLM-Image AR text model: MLPs twice the width, half the heads for keys
+    and values."""
     return dict(
-        text=dict(
-            hidden_size=hidden,
-            intermediate_size=2 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=heads // 2,
-            max_position_embeddings=positions,
-            rope_parameters={"mrope_section": mrope},
-        ),
-        vision=dict(
-            depth=1,
-            hidden_size=vision,
-            num_heads=2,
-            image_size=image,
-            patch_size=patch,
-            intermediate_size=2 * vision,
-        ),
-        vq=dict(embed_dim=vision, latent_channels=vision),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        max_position_embeddings=positions,
+        rope_parameters={"mrope_section": mrope},
+    )
+
+
+def _reduced_glm_vision(width: int, image: int, patch: int) -> dict[str, Any]:
+    """A reduced GLM-Image vision tower: one block of 2 heads, MLP twice the width."""
+    return dict(
+        depth=1,
+        hidden_size=width,
+        num_heads=2,
+        image_size=image,
+        patch_size=patch,
+        intermediate_size=2 * width,
+    )
+
+
+def _reduced_glm_ar(
+    text: dict[str, Any], vision: dict[str, Any], vocab_extra: int
+) -> dict[str, Any]:
+    """A reduced GLM-Image AR model's config: its text model, its vision tower, and a VQ
+    as wide as the vision tower."""
+    width = vision["hidden_size"]
+    return dict(
+        text=text,
+        vision=vision,
+        vq=dict(embed_dim=width, latent_channels=width),
         vision_vocab_extra=vocab_extra,
     )
 
@@ -223,16 +229,20 @@ COMPONENT_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
     "glm_image": {
-        # _reduced_glm_ar(text width, layers, heads, positions, mrope, vision width, image
-        # size, patch size, vision vocab extra); tiny's extra 2: image start / end after
-        # the codebook.
+        # _reduced_glm_text(width, layers, heads, positions, mrope), _reduced_glm_vision(
+        # width, image size, patch size), then the vision vocab extra; tiny's extra 2:
+        # image start / end after the codebook.
         "tiny": {
-            "ar": _reduced_glm_ar(32, 1, 2, 1024, [4, 2, 2], 16, 32, 8, 2),
+            "ar": _reduced_glm_ar(
+                _reduced_glm_text(32, 1, 2, 1024, [4, 2, 2]), _reduced_glm_vision(16, 32, 8), 2
+            ),
             "glyph": dict(d_model=32, d_ff=64, d_kv=16, num_heads=2, num_layers=1),
             "vae": dict(block_out_channels=[8, 8, 16, 16], layers_per_block=1, norm_num_groups=4),
         },
         "small": {
-            "ar": _reduced_glm_ar(128, 2, 4, 4096, [8, 4, 4], 32, 64, 16, 128),
+            "ar": _reduced_glm_ar(
+                _reduced_glm_text(128, 2, 4, 4096, [8, 4, 4]), _reduced_glm_vision(32, 64, 16), 128
+            ),
             "glyph": dict(d_model=128, d_ff=256, d_kv=32, num_heads=4, num_layers=2),
             "vae": dict(block_out_channels=[16, 32, 32, 32], layers_per_block=1, norm_num_groups=8),
         },

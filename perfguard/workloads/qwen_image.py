@@ -700,20 +700,15 @@ class QwenImageTransformer2DModel(nn.Module):
         Over the house limits because the signature is diffusers'
         `QwenImageTransformer2DModel.forward`, which `QwenImagePipeline` calls by keyword.
         """
-        if encoder_hidden_states is None or timestep is None or img_shapes is None:
-            raise ValueError("encoder_hidden_states, timestep and img_shapes are required")
-        if guidance is not None:
-            raise ValueError(
-                "guidance embedding is not supported (diffusers 0.42 has no guidance embedder)"
-            )
+        encoder_hidden_states, timestep, img_shapes = _required_arguments(
+            encoder_hidden_states, timestep, img_shapes, guidance
+        )
         timestep_in = timestep  # the caller's tensor object: what the modulation cache keys on
 
         hidden_states = self.img_in(hidden_states)
-        timestep = timestep.to(hidden_states.dtype)
-        modulate_index = None
-        if self.zero_cond_t:
-            timestep = torch.cat([timestep, timestep * 0], dim=0)
-            modulate_index = _modulate_index(img_shapes, timestep.device)
+        timestep, modulate_index = self._conditioning_timesteps(
+            timestep, img_shapes, hidden_states.dtype
+        )
 
         encoder_hidden_states = self.txt_in(self.txt_norm(encoder_hidden_states))
         batch_size, txt_len = encoder_hidden_states.shape[:2]
@@ -734,27 +729,80 @@ class QwenImageTransformer2DModel(nn.Module):
             hidden_states.device,
         )
 
+        conditioning = (temb, image_rotary_emb, varlen_meta, modulate_index, modulation_key)
+        hidden_states = self._run_blocks(
+            hidden_states, encoder_hidden_states, conditioning, controlnet_block_samples
+        )
+        output = self._project_out(hidden_states, temb)
+        if not return_dict:
+            return (output,)
+        return Transformer2DModelOutput(sample=output)
+
+    def _conditioning_timesteps(
+        self,
+        timestep: torch.Tensor,
+        img_shapes: list[list[tuple[int, int, int]]],
+        dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The timesteps the modulation sees, in the model's dtype. With ``zero_cond_t`` the
+        batch's timesteps are followed by zeros (the condition images are modulated by
+        t = 0) and the index that picks one or the other per image token."""
+        timestep = timestep.to(dtype)
+        if not self.zero_cond_t:
+            return timestep, None
+        timestep = torch.cat([timestep, timestep * 0], dim=0)
+        return timestep, _modulate_index(img_shapes, timestep.device)
+
+    def _run_blocks(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        conditioning: tuple[
+            torch.Tensor,
+            tuple[torch.Tensor, torch.Tensor],
+            VarlenMeta | None,
+            torch.Tensor | None,
+            ModulationKey | None,
+        ],
+        controlnet_block_samples: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """The two streams through every block in turn; each block gets the same
+        ``conditioning`` (timestep embedding, RoPE, varlen metadata, modulation index, cache
+        key). ControlNet samples, if any, are spread evenly over the blocks: each is added
+        after ``interval`` consecutive blocks. Returns the image stream."""
         for index_block, block in enumerate(self.transformer_blocks):
             encoder_hidden_states, hidden_states = block(
-                hidden_states,
-                encoder_hidden_states,
-                temb,
-                image_rotary_emb,
-                varlen_meta,
-                modulate_index,
-                modulation_key,
+                hidden_states, encoder_hidden_states, *conditioning
             )
             if controlnet_block_samples is not None:
                 interval = math.ceil(len(self.transformer_blocks) / len(controlnet_block_samples))
                 hidden_states = hidden_states + controlnet_block_samples[index_block // interval]
+        return hidden_states
 
+    def _project_out(self, hidden_states: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        """The final AdaLN (on the generated image's conditioning only, under
+        ``zero_cond_t``) and the projection back to patches."""
         if self.zero_cond_t:
             temb = temb.chunk(2, dim=0)[0]
         hidden_states = self.norm_out(hidden_states, temb)
-        output = self.proj_out(hidden_states)
-        if not return_dict:
-            return (output,)
-        return Transformer2DModelOutput(sample=output)
+        return self.proj_out(hidden_states)
+
+
+def _required_arguments(
+    encoder_hidden_states: torch.Tensor | None,
+    timestep: torch.Tensor | None,
+    img_shapes: list[list[tuple[int, int, int]]] | None,
+    guidance: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, list[list[tuple[int, int, int]]]]:
+    """The arguments diffusers' signature makes optional that this model needs, checked
+    present, and the guidance embedding it does not have, checked absent."""
+    if encoder_hidden_states is None or timestep is None or img_shapes is None:
+        raise ValueError("encoder_hidden_states, timestep and img_shapes are required")
+    if guidance is not None:
+        raise ValueError(
+            "guidance embedding is not supported (diffusers 0.42 has no guidance embedder)"
+        )
+    return encoder_hidden_states, timestep, img_shapes
 
 
 def _modulate_index(
