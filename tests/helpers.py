@@ -22,6 +22,7 @@ import numpy as np
 from perfguard.decision.stats import Summary
 from perfguard.decision.tolerances import default_profiles
 from perfguard.decision.verdict import judge
+from perfguard.device.platform import Platform
 from perfguard.results import CaseResult, Results
 from perfguard.storage import reports as rep
 from perfguard.storage.baseline import Baseline, Scenario, new_baseline
@@ -83,6 +84,51 @@ def measured(
         repeats=3,
         case={"id": case_id, **(case or {})},
     )
+
+
+def counting_factory(
+    build: Callable[[], Callable[[], Any]], calls: list[Any]
+) -> Callable[[Any, Any], Callable[[], Any]]:
+    """A pipeline factory for `run_case` whose pipeline is `build()`'s, each call of it
+    appending to `calls`: how a test counts the runs the runner made."""
+
+    def factory(case: Any, platform: Any) -> Callable[[], Any]:
+        run = build()
+
+        def counted() -> Any:
+            calls.append(None)
+            return run()
+
+        return counted
+
+    return factory
+
+
+class HostAllocator(Platform):
+    """A device's allocator counted on the host: `allocate` and `release` move the bytes
+    held, the peak follows, and the platform reports per-stage peaks as a device does."""
+
+    def __init__(self, **platform: Any) -> None:
+        super().__init__(**platform)
+        self.allocated = 0
+        self.peak = 0
+
+    @property
+    def stage_memory(self) -> bool:
+        return True
+
+    def reset_peak_memory(self) -> None:
+        self.peak = self.allocated
+
+    def peak_memory_bytes(self) -> int:
+        return self.peak
+
+    def allocate(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak = max(self.peak, self.allocated)
+
+    def release(self, nbytes: int) -> None:
+        self.allocated -= nbytes
 
 
 def history_report(path: Path, denoise_ms: float, seed: int, baseline_ms: float = 20.0) -> Path:

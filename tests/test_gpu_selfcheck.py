@@ -23,6 +23,7 @@ from perfguard.device import platform as pf
 from perfguard.device.timer import MB, stage
 from perfguard.workloads import qwen_image
 from tests.fake_pipeline import SteppedClock
+from tests.helpers import HostAllocator
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location(
@@ -352,34 +353,18 @@ def test_row3_reports_each_optimizations_ratio_and_fails_on_a_slowdown() -> None
 # ---- row 5: per-stage peaks -------------------------------------------------------------------
 
 
-class FakeAllocator(pf.Platform):
+class FakeAllocator(HostAllocator):
     """A device allocator on the host: `hold(n)` returns a block freed when dropped."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.current = 0
-        self.peak = 0
-
-    @property
-    def stage_memory(self) -> bool:
-        return True
-
-    def reset_peak_memory(self) -> None:
-        self.peak = self.current
-
-    def peak_memory_bytes(self) -> int:
-        return self.peak
 
     def hold(self, n: int) -> Any:
         alloc = self
 
         class Block:
             def __init__(self) -> None:
-                alloc.current += n
-                alloc.peak = max(alloc.peak, alloc.current)
+                alloc.allocate(n)
 
             def __del__(self) -> None:
-                alloc.current -= n
+                alloc.release(n)
 
         return Block()
 

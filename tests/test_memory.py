@@ -15,6 +15,7 @@ from perfguard.measurement.memory import MEASURE, TensorMemory, measure_run
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.runner import run_case
 from perfguard.storage.cases import Case
+from tests.helpers import counting_factory
 
 MIB = 1024 * 1024
 FLOATS_PER_MIB = MIB // 4
@@ -113,16 +114,7 @@ class _NoRssPlatform(Platform):
 
 def test_the_cpu_runner_takes_peak_memory_from_one_tracked_run() -> None:
     calls: list[Any] = []
-
-    def factory(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
-        run = _pipeline()
-
-        def counted() -> torch.Tensor:
-            calls.append(None)
-            return run()
-
-        return counted
-
+    factory = counting_factory(_pipeline, calls)
     case = Case(id="mem", workload="qwen_image", preset="tiny")
     result = run_case(case, _NoRssPlatform(), MeasureOptions(repeats=3, warmup=1), factory=factory)
     assert result.status == "ok", result.error

@@ -12,6 +12,7 @@ from perfguard.device.inject import InjectionUnmatched
 from perfguard.device.platform import Platform
 from perfguard.device.timer import StageTimer, current_timer, stage, step
 from perfguard.errors import EXIT_USAGE
+from tests.helpers import HostAllocator
 
 
 def _spin(seconds: float) -> None:
@@ -131,34 +132,21 @@ def test_cpu_records_a_run_level_peak_memory() -> None:
     assert rec.stage_peak_memory_mb == {}  # per stage only where the allocator gives it
 
 
-class _CountingDevice(Platform):
+class _CountingDevice(HostAllocator):
     """A device-like platform: event marks, allocator peak per stage, counted syncs."""
 
     def __init__(self) -> None:
         super().__init__(name="fake")
         self.syncs = 0
-        self.allocated = 0
-        self.peak = 0
-
-    @property
-    def stage_memory(self) -> bool:
-        return True
 
     def synchronize(self) -> None:
         self.syncs += 1
 
-    def reset_peak_memory(self) -> None:
-        self.peak = self.allocated
-
-    def peak_memory_bytes(self) -> int:
-        return self.peak
-
     def alloc(self, mb: int) -> None:
-        self.allocated += mb * 1024 * 1024
-        self.peak = max(self.peak, self.allocated)
+        self.allocate(mb * 1024 * 1024)
 
     def free(self, mb: int) -> None:
-        self.allocated -= mb * 1024 * 1024
+        self.release(mb * 1024 * 1024)
 
 
 def test_device_timing_syncs_once_at_the_end_by_default() -> None:

@@ -18,6 +18,7 @@ from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.runner import output_sketch, run_case
 from perfguard.measurement.work import WorkCounter, counted_run, host_sync
 from perfguard.storage.cases import Case
+from tests.helpers import counting_factory
 
 torch.manual_seed(0)
 
@@ -155,17 +156,8 @@ def test_more_work_shows_in_the_stage_that_does_it() -> None:
 
 
 def test_the_runner_keeps_one_counted_run_per_build_and_the_output_reference() -> None:
-    calls = []
-
-    def factory(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
-        run = _staged()
-
-        def counted() -> torch.Tensor:
-            calls.append(None)
-            return run()
-
-        return counted
-
+    calls: list[Any] = []
+    factory = counting_factory(_staged, calls)
     case = Case(id="work", workload="qwen_image", preset="tiny")
     result = run_case(case, Platform(), MeasureOptions(repeats=2, warmup=1), factory=factory)
     assert result.status == "ok", result.error
@@ -178,12 +170,8 @@ def test_the_runner_keeps_one_counted_run_per_build_and_the_output_reference() -
 
 
 def test_counters_only_runs_no_timed_run() -> None:
-    calls = []
-
-    def factory(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
-        run = _staged()
-        return lambda: calls.append(None) or run()
-
+    calls: list[Any] = []
+    factory = counting_factory(_staged, calls)
     case = Case(id="work", workload="qwen_image", preset="tiny")
     opts = MeasureOptions(repeats=5, warmup=0, counters_only=True)
     result = run_case(case, Platform(), opts, factory=factory)
@@ -194,12 +182,8 @@ def test_counters_only_runs_no_timed_run() -> None:
 
 
 def test_a_build_told_not_to_count_times_its_runs_and_counts_nothing() -> None:
-    calls = []
-
-    def factory(case: Case, platform: Platform) -> Callable[[], torch.Tensor]:
-        run = _staged()
-        return lambda: calls.append(None) or run()
-
+    calls: list[Any] = []
+    factory = counting_factory(_staged, calls)
     case = Case(id="work", workload="qwen_image", preset="tiny")
     result = run_case(case, Platform(), MeasureOptions(repeats=3, warmup=1, count_work=False),
                       factory=factory)  # fmt: skip
