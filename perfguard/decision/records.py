@@ -3,7 +3,7 @@ with their JSON (`perfguard.decision.verdict` decides them; reports read them ba
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,24 +255,10 @@ class CaseVerdict:
             "notes": self.notes,
             "metrics": {m.metric: m.to_json() for m in self.metrics},
         }
-        if self.sampling is not None:
-            out["sampling"] = dict(self.sampling)
-        if self.runner is not None:
-            out["runner"] = dict(self.runner)
-        if self.components is not None:
-            out["components"] = {k: dict(v) for k, v in self.components.items()}
-        if self.counters is not None:
-            out["counters"] = {k: list(v) for k, v in self.counters.items()}
-        if self.arguments is not None:
-            out["arguments"] = dict(self.arguments)
-        if self.observed is not None:
-            out["observed"] = dict(self.observed)
-        if self.baseline_components is not None:
-            out["baseline_components"] = {k: dict(v) for k, v in self.baseline_components.items()}
-        if self.work is not None:
-            out["work"] = dict(self.work)
-        if self.output is not None:
-            out["output"] = dict(self.output)
+        for name, copy in _SECTIONS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = copy(value)
         return out
 
     @classmethod
@@ -297,6 +283,28 @@ class CaseVerdict:
             work=data.get("work"),
             output=data.get("output"),
         )
+
+
+def _copy_each(value: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {k: dict(v) for k, v in value.items()}
+
+
+def _listed(value: Mapping[str, Any]) -> dict[str, list[Any]]:
+    return {k: list(v) for k, v in value.items()}
+
+
+_SECTIONS: tuple[tuple[str, Callable[[Mapping[str, Any]], dict[str, Any]]], ...] = (
+    ("sampling", dict),
+    ("runner", dict),
+    ("components", _copy_each),
+    ("counters", _listed),
+    ("arguments", dict),
+    ("observed", dict),
+    ("baseline_components", _copy_each),
+    ("work", dict),
+    ("output", dict),
+)
+"""The sections of a case's verdict written only when present, in this order, as copies."""
 
 
 def worst(verdicts: Iterable[str]) -> str:
