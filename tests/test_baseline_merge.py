@@ -26,7 +26,7 @@ from perfguard.decision.stats import Summary, summarize
 from perfguard.device.platform import Platform
 from perfguard.device.timer import stage, step
 from perfguard.errors import EXIT_USAGE, PerfguardError
-from perfguard.presentation.render import render_baseline_diff_markdown
+from perfguard.presentation.baseline_diff import render_baseline_diff_markdown
 from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
 from perfguard.storage import baseline_merge as bm

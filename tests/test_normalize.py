@@ -321,7 +321,7 @@ def test_a_baseline_keeps_its_processes_and_refuses_groups_that_do_not_add_up(tm
 
 
 def test_the_report_says_what_share_of_the_reference_each_case_was_scaled_by() -> None:
-    from perfguard.presentation.render import runner_text
+    from perfguard.presentation.summary import runner_text
 
     base = baseline_of(reference_of_its_own(1.0, seed=11, processes=10), normalize.NORMALIZED)
     res = reference_of_its_own(1.0, seed=12, processes=9)

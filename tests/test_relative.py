@@ -38,7 +38,8 @@ from perfguard.decision.verdict import IMPROVEMENT, PASS, REGRESSION, MetricVerd
 from perfguard.errors import PerfguardError
 from perfguard.measurement import checkout, relative
 from perfguard.measurement.options import MeasureOptions
-from perfguard.presentation.render import escape_md, render_markdown, summary_line
+from perfguard.presentation.markdown import escape_md
+from perfguard.presentation.render import render_markdown, summary_line
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 from perfguard.storage.reports import Report, build_relative, merge, read_report, write_report

@@ -10,7 +10,7 @@ import torch
 from perfguard.device.platform import probe
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.runner import components_of, run_case
-from perfguard.presentation.render import components_line, counters_line
+from perfguard.presentation.figures import components_line, counters_line
 from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.cases import Case
 from perfguard.storage.reports import read_results, write_results

@@ -103,7 +103,7 @@ def baselines_diff(a: str, b: str, as_json: bool, fmt: str) -> int:
         click.echo(dumps(d.to_json()), nl=False)
         return EXIT_OK
     if fmt == "md":
-        from perfguard.presentation.render import render_baseline_diff_markdown
+        from perfguard.presentation.baseline_diff import render_baseline_diff_markdown
 
         click.echo(render_baseline_diff_markdown(d, a, b), nl=False)
         return EXIT_OK
