@@ -18,7 +18,8 @@ import pytest
 import perfguard.storage.archive as archive
 from perfguard.errors import PerfguardError
 from perfguard.presentation.history import add_reports, changes, load
-from perfguard.storage.archive import SCHEMA_VERSION, locate
+from perfguard.storage.archive import locate
+from perfguard.storage.archive_schema import SCHEMA_VERSION
 from tests.helpers import history_report as _report  # a real report made by the library
 
 PG = Any

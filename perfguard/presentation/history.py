@@ -13,14 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from perfguard.storage.archive import (
-    FRAME_COLUMNS,
-    Filter,
-    ReportRecord,
-    add_reports,
-    parse_report,
-    read_rows,
-)
+from perfguard.storage.archive import ReportRecord, add_reports, parse_report
+from perfguard.storage.archive_query import FRAME_COLUMNS, Filter, read_rows
 
 __all__ = [
     "SERIES",

@@ -27,10 +27,9 @@ Transactions and concurrency:
 - Creating or migrating the schema on PostgreSQL runs under a transaction-scoped advisory
   lock, so that runners adding to a fresh database at once do not race to create it.
 
-The schema carries its version in `perfguard_meta`. An older archive is migrated (the
-numbered steps in `MIGRATIONS`) inside the add's transaction; a newer one is refused, since
-an older perfguard would silently drop what it does not know. Readers never write: they
-read an older archive as it is, with the columns it lacks read as empty.
+This module opens an archive and adds reports to it; the schema, its version and its
+migrations are `perfguard.storage.archive_schema`, reading rows back is
+`perfguard.storage.archive_query`.
 """
 
 from __future__ import annotations
@@ -46,30 +45,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfguard.errors import EXIT_CASE_FAILED, PerfguardError
+from perfguard.storage.archive_schema import MIGRATIONS as MIGRATIONS  # also named from here
+from perfguard.storage.archive_schema import ensure_schema, tables
 
 if TYPE_CHECKING:  # sqlalchemy is imported when an archive is opened
     from sqlalchemy.engine import Connection, Engine
 
-SCHEMA_VERSION = 2
-"""1: `reports` and `metrics` (perfguard 0.1's SQLite archive, no version table);
-2: `perfguard_meta` with the version, `reports.inject`, `metrics.bound` and
-`improvement_bound` (the band), `ratio_low` and `ratio_high` (the interval the verdict
-was decided on), `metrics.reason` (the verdict's reason)."""
-
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    2: (
-        "CREATE TABLE perfguard_meta (key VARCHAR(64) NOT NULL PRIMARY KEY, value TEXT NOT NULL)",
-        "ALTER TABLE reports ADD COLUMN inject TEXT",
-        "ALTER TABLE metrics ADD COLUMN bound DOUBLE PRECISION",
-        "ALTER TABLE metrics ADD COLUMN improvement_bound DOUBLE PRECISION",
-        "ALTER TABLE metrics ADD COLUMN ratio_low DOUBLE PRECISION",
-        "ALTER TABLE metrics ADD COLUMN ratio_high DOUBLE PRECISION",
-        "ALTER TABLE metrics ADD COLUMN reason TEXT",
-    ),
-}
-"""Version -> the statements that bring an archive of the version below to it. Each
-statement is plain SQL that SQLite and PostgreSQL both run; the version row is written by
-`_migrate` in the same transaction."""
+    from perfguard.decision.verdict import MetricVerdict
+    from perfguard.storage.reports import Report
 
 LOCK_TIMEOUT_S = 10.0
 """How long an SQLite writer waits for another writer's lock before giving up (exit 2)."""
@@ -77,8 +60,6 @@ CONNECT_TIMEOUT_S = 10
 """How long a PostgreSQL connection attempt may take before the server counts as
 unreachable (exit 3)."""
 _SQLITE_HEADER = b"SQLite format 3\x00"
-_ADVISORY_LOCK = 0x70657266  # "perf": serializes schema set-up between runners
-_TABLES = ("reports", "metrics")
 
 METRIC_COLUMNS = (
     "case_id",
@@ -145,32 +126,6 @@ def parse_report(
             "to store it, marked as injected)"
         )
     env = dict(report.environment)
-    rows = []
-    for case in report.cases:
-        for m in case.metrics:
-            s = m.measured
-            faster = None
-            if m.band is not None and m.baseline is not None:
-                faster = m.band.improvement_below(m.baseline.median, report.improvement_threshold)
-            rows.append(
-                (
-                    case.case_id,
-                    m.metric,
-                    None if s is None else s.n,
-                    None if s is None else s.median,
-                    None if s is None else s.iqr,
-                    None if s is None else s.min,
-                    None if s is None else s.max,
-                    None if m.baseline is None else m.baseline.median,
-                    m.ratio,
-                    m.verdict,
-                    m.bound,
-                    faster,
-                    m.low,
-                    m.high,
-                    m.reason or None,
-                )
-            )
     return ReportRecord(
         content_hash=hashlib.sha256(raw).hexdigest(),
         source=str(path),
@@ -182,81 +137,34 @@ def parse_report(
         verdict=report.verdict,
         inject=str(inject) if inject else None,
         environment=env,
-        rows=rows,
+        rows=[_metric_row(case.case_id, m, report) for case in report.cases for m in case.metrics],
     )
 
 
-# ---- the schema ------------------------------------------------------------------------------
-
-
-def _tables() -> Any:
-    """The schema as SQLAlchemy Core tables (built on first use: sqlalchemy loads lazily)."""
-    global _SCHEMA
-    if _SCHEMA is not None:
-        return _SCHEMA
-    from sqlalchemy import (
-        Column,
-        Float,
-        ForeignKey,
-        Index,
-        Integer,
-        MetaData,
-        PrimaryKeyConstraint,
-        String,
-        Table,
-        Text,
+def _metric_row(case_id: str, m: MetricVerdict, report: Report) -> tuple[Any, ...]:
+    """One metric's row in `METRIC_COLUMNS` order: its samples' summary, the baseline, the
+    band's bounds, the ratio with its interval, the verdict and its reason."""
+    s = m.measured
+    faster = None
+    if m.band is not None and m.baseline is not None:
+        faster = m.band.improvement_below(m.baseline.median, report.improvement_threshold)
+    return (
+        case_id,
+        m.metric,
+        None if s is None else s.n,
+        None if s is None else s.median,
+        None if s is None else s.iqr,
+        None if s is None else s.min,
+        None if s is None else s.max,
+        None if m.baseline is None else m.baseline.median,
+        m.ratio,
+        m.verdict,
+        m.bound,
+        faster,
+        m.low,
+        m.high,
+        m.reason or None,
     )
-
-    md = MetaData()
-    meta = Table(
-        "perfguard_meta",
-        md,
-        Column("key", String(64), primary_key=True),
-        Column("value", Text, nullable=False),
-    )
-    reports = Table(
-        "reports",
-        md,
-        Column("id", Integer, primary_key=True, autoincrement=True),
-        Column("content_hash", String(64), nullable=False, unique=True),
-        Column("source", Text, nullable=False),
-        Column("git_commit", Text),
-        Column("date", Text, nullable=False),
-        Column("platform", Text),
-        Column("hardware", Text),
-        Column("profile", Text),
-        Column("verdict", Text),
-        Column("environment", Text, nullable=False),
-        Column("added_at", Text, nullable=False),
-        Column("inject", Text),
-    )
-    metrics = Table(
-        "metrics",
-        md,
-        Column("report_id", Integer, ForeignKey("reports.id", ondelete="CASCADE"), nullable=False),
-        Column("case_id", Text, nullable=False),
-        Column("metric", Text, nullable=False),
-        Column("n", Integer),
-        Column("median", Float),
-        Column("iqr", Float),
-        Column("min", Float),
-        Column("max", Float),
-        Column("baseline", Float),
-        Column("ratio", Float),
-        Column("verdict", Text),
-        Column("bound", Float),
-        Column("improvement_bound", Float),
-        Column("ratio_low", Float),
-        Column("ratio_high", Float),
-        Column("reason", Text),
-        PrimaryKeyConstraint("report_id", "case_id", "metric"),
-    )
-    Index("metrics_by_series", metrics.c.case_id, metrics.c.metric)
-    _SCHEMA = (md, meta, reports, metrics)
-    return _SCHEMA
-
-
-_SCHEMA: Any = None
 
 
 # ---- opening an archive ----------------------------------------------------------------------
@@ -414,7 +322,7 @@ def _first_clause(text: str) -> str:
 
 
 @contextmanager
-def _connected(loc: Location, *, write: bool) -> Iterator[Connection]:
+def connected(loc: Location, *, write: bool) -> Iterator[Connection]:
     """A transaction on the archive, its driver errors mapped by `database_error`."""
     from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
@@ -432,81 +340,6 @@ def _connected(loc: Location, *, write: bool) -> Iterator[Connection]:
         ) from exc
     finally:
         engine.dispose()
-
-
-def _table_names(conn: Connection) -> set[str]:
-    from sqlalchemy import inspect
-
-    return set(inspect(conn).get_table_names())
-
-
-def schema_version(conn: Connection, label: str) -> int | None:
-    """The archive's schema version; None for an empty database; an error for a database
-    with other tables (the wrong `--db`: never add perfguard's tables to it)."""
-    from sqlalchemy import select
-
-    tables = _table_names(conn)
-    if not tables:
-        return None
-    if not set(_TABLES) <= tables:
-        raise PerfguardError(
-            f"{label}: not a perfguard history database (its tables: "
-            f"{', '.join(sorted(tables)[:12])}); left unchanged"
-        )
-    if "perfguard_meta" not in tables:
-        return 1
-    _, meta, _, _ = _tables()
-    value = conn.execute(
-        select(meta.c.value).where(meta.c.key == "schema_version")
-    ).scalar_one_or_none()
-    try:
-        return int(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise PerfguardError(
-            f"{label}: perfguard_meta.schema_version: {value!r} is not a schema version; "
-            "left unchanged"
-        ) from None
-
-
-def _refuse_newer(version: int, label: str) -> None:
-    if version > SCHEMA_VERSION:
-        raise PerfguardError(
-            f"{label}: the archive's schema version {version} is newer than this perfguard's "
-            f"({SCHEMA_VERSION}): upgrade perfguard to read or add to it; left unchanged"
-        )
-
-
-def _migrate(conn: Connection, version: int) -> None:
-    """Bring an archive from `version` to `SCHEMA_VERSION`, in the caller's transaction."""
-    from sqlalchemy import text
-
-    _, meta, _, _ = _tables()
-    for target in range(version + 1, SCHEMA_VERSION + 1):
-        for statement in MIGRATIONS[target]:
-            conn.execute(text(statement))
-    conn.execute(meta.delete().where(meta.c.key == "schema_version"))
-    conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-
-
-def ensure_schema(conn: Connection, loc: Location) -> None:
-    """Create the schema in an empty database or migrate an older one (same transaction)."""
-    from sqlalchemy import text
-
-    version = schema_version(conn, loc.label)
-    if version == SCHEMA_VERSION:
-        return
-    if not loc.is_sqlite:  # the SQLite writer already holds the database's write lock
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ADVISORY_LOCK})
-        version = schema_version(conn, loc.label)  # another runner may have done it meanwhile
-        if version == SCHEMA_VERSION:
-            return
-    if version is None:
-        md, meta, _, _ = _tables()
-        md.create_all(conn)
-        conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-        return
-    _refuse_newer(version, loc.label)
-    _migrate(conn, version)
 
 
 # ---- writing ---------------------------------------------------------------------------------
@@ -542,10 +375,10 @@ def add_records(db: str | Path, records: Sequence[ReportRecord]) -> tuple[int, i
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
     insert = sqlite_insert if loc.is_sqlite else pg_insert
-    _, _, reports, metrics = _tables()
+    _, _, reports, metrics = tables()
     added = skipped = 0
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    with _connected(loc, write=True) as conn:
+    with connected(loc, write=True) as conn:
         ensure_schema(conn, loc)
         for rec in records:
             # Only a report already stored (same bytes) is skipped: the conflict target is
@@ -584,135 +417,3 @@ def add_records(db: str | Path, records: Sequence[ReportRecord]) -> tuple[int, i
                 )
             added += 1
     return added, skipped
-
-
-# ---- reading ---------------------------------------------------------------------------------
-
-FRAME_COLUMNS = (
-    "date",
-    "commit_sha",
-    "platform",
-    "hardware",
-    "profile",
-    "inject",
-    "case",
-    "metric",
-    "n",
-    "median",
-    "iqr",
-    "min",
-    "max",
-    "baseline",
-    "bound",
-    "improvement_bound",
-    "ratio",
-    "ratio_low",
-    "ratio_high",
-    "verdict",
-    "reason",
-    "report_verdict",
-    "report_id",
-    "content_hash",
-)
-
-
-@dataclass(frozen=True)
-class Filter:
-    """The rows a history command looks at (None: any)."""
-
-    case: str | None = None
-    metrics: tuple[str, ...] | None = None
-    since: str | None = None
-    metric_asked: str | None = None  # as typed, for the "no rows match" message
-
-
-def read_rows(db: str | Path, flt: Filter = Filter()) -> list[tuple[Any, ...]]:
-    """One tuple per report, case and metric (`FRAME_COLUMNS`), oldest first (by date, then
-    insertion). The archive is read in a read-only transaction (an SQLite file is opened
-    read-only): reading the wrong file leaves it as it was."""
-    from sqlalchemy import literal, select
-
-    loc = locate(db)
-    if loc.is_sqlite and not Path(loc.target).is_file():
-        raise PerfguardError(
-            f"{loc.label}: no such history database (create it with `history add`)"
-        )
-    _, _, reports, metrics = _tables()
-    with _connected(loc, write=False) as conn:
-        version = schema_version(conn, loc.label)
-        if version is None:
-            raise PerfguardError(f"{loc.label}: not a perfguard history database (no tables)")
-        _refuse_newer(version, loc.label)
-        from sqlalchemy import inspect
-
-        have = {
-            t: {c["name"] for c in inspect(conn).get_columns(t)} for t in ("reports", "metrics")
-        }
-
-        def col(table: Any, name: str, label: str | None = None) -> Any:
-            if name in have[table.name]:
-                return table.c[name].label(label or name)
-            return literal(None).label(label or name)
-
-        stmt = select(
-            col(reports, "date"),
-            col(reports, "git_commit", "commit_sha"),
-            col(reports, "platform"),
-            col(reports, "hardware"),
-            col(reports, "profile"),
-            col(reports, "inject"),
-            col(metrics, "case_id", "case"),
-            col(metrics, "metric"),
-            col(metrics, "n"),
-            col(metrics, "median"),
-            col(metrics, "iqr"),
-            col(metrics, "min"),
-            col(metrics, "max"),
-            col(metrics, "baseline"),
-            col(metrics, "bound"),
-            col(metrics, "improvement_bound"),
-            col(metrics, "ratio"),
-            col(metrics, "ratio_low"),
-            col(metrics, "ratio_high"),
-            col(metrics, "verdict"),
-            col(metrics, "reason"),
-            col(reports, "verdict", "report_verdict"),
-            col(reports, "id", "report_id"),
-            col(reports, "content_hash"),
-        ).select_from(metrics.join(reports, reports.c.id == metrics.c.report_id))
-        if flt.case:
-            stmt = stmt.where(metrics.c.case_id == flt.case)
-        if flt.metrics:
-            stmt = stmt.where(metrics.c.metric.in_(flt.metrics))
-        if flt.since:
-            stmt = stmt.where(reports.c.date >= flt.since)
-        stmt = stmt.order_by(reports.c.date, reports.c.id, metrics.c.case_id, metrics.c.metric)
-        rows = [tuple(r) for r in conn.execute(stmt)]
-        if not rows and (flt.case or flt.metrics or flt.since):
-            raise PerfguardError(f"{loc.label}: {_no_match(conn, flt)}")
-        return rows
-
-
-def _no_match(conn: Connection, flt: Filter) -> str:
-    """Why a filter found nothing, with what the archive does hold (a filter that matches
-    nothing is an error, not an empty table a script would read as "no change")."""
-    from sqlalchemy import select
-
-    _, _, _, metrics = _tables()
-    asked = [
-        f"{k} {v!r}"
-        for k, v in (("--case", flt.case), ("--metric", flt.metric_asked), ("--since", flt.since))
-        if v
-    ]
-    parts = [f"no rows match {' '.join(asked)}"]
-    for column, value, name in (
-        (metrics.c.case_id, flt.case, "cases"),
-        (metrics.c.metric, flt.metric_asked, "metrics"),
-    ):
-        if value:
-            known = [r[0] for r in conn.execute(select(column).distinct().order_by(column))]
-            shown = ", ".join(known[:12]) + (
-                f", ... ({len(known)} in all)" if len(known) > 12 else ""
-            )
-            parts.append(f"{name} stored: {shown or 'none'}")
-    return "; ".join(parts)
