@@ -41,8 +41,11 @@ from typing import Any
 from perfguard.metrics import DENOISING_STAGE, is_work_metric
 
 ATTRIBUTION_VERSION = 1
+"""The layout version of the report's attribution section (`Attribution.to_json`)."""
 NOISE_FLOOR_SHARE = 0.02
-"""Of a stage's base time: the smallest change of one op called real (see the module)."""
+"""Of a stage's base time: the smallest change of one op called real, 2 %. With it, 1 of
+2,535 rows of the two smoke cases' unchanged code came out outside noise on a 2-core
+runner at load ~4.5 (see the module)."""
 NOISE_FLOOR_US = 20.0
 """The floor's least value: below a few tens of microseconds the profiler's own per-op
 cost (~1-2 us a call on CPU) and the timer's resolution dominate a row."""

@@ -62,7 +62,9 @@ Widen = Callable[[Band, Summary], Band]
 """What a check does to a band against one baseline before judging (`Profile.noise_band`)."""
 
 FALSE_ALARM_TARGET = 0.01
+"""The share of unchanged checks a calibrated band may fail: 1 % of simulated checks."""
 CATCH_TARGET = 0.95
+"""How often a slowdown must be caught to count as caught: 95 % of simulated checks."""
 DEFAULT_TRIALS = 400
 """Simulated checks per point: the false-alarm estimate at 1 % then has a standard error
 of 0.5 %, and a whole calibration of a case stays within a few seconds."""
