@@ -246,7 +246,7 @@ def resample(
 
     The pool's block medians are already per reference where `--timing` asked for it
     (`blocks_of`), so the replayed checks compare them as they are."""
-    from perfguard.measurement.relative import run_relative
+    from perfguard.measurement.relative import Schedule, run_relative
     from perfguard.storage.cases import Case
 
     rng = random.Random(seed)
@@ -254,9 +254,8 @@ def resample(
     failures, used = 0, []
     for n in range(checks):
         replay = Replay(pool, rng)
-        outcome = run_relative(
-            cases, replay, clock=replay.clock, seed=seed + n, max_blocks=max_blocks
-        )
+        plan = Schedule(max_blocks=max_blocks, seed=seed + n)
+        outcome = run_relative(cases, replay, plan, clock=replay.clock)
         failures += outcome.judgement.exit_code == 1
         used.append(len(outcome.blocks))
     return failures, used
@@ -265,7 +264,7 @@ def resample(
 def own_blocks(rows: Sequence[dict[str, Any]], timing: str) -> str:
     """Each live check judged again on its own blocks, compared the `timing` way, through
     the real schedule and rule: the exit 1s per condition, beside the live ones."""
-    from perfguard.measurement.relative import run_relative
+    from perfguard.measurement.relative import Schedule, run_relative
     from perfguard.storage.cases import Case
 
     counts: dict[str, list[int]] = {}
@@ -275,7 +274,8 @@ def own_blocks(rows: Sequence[dict[str, Any]], timing: str) -> str:
             continue
         cases = [Case(id=c, workload="qwen_image", preset="tiny") for c in sorted(pool[0][1]["H"])]
         replay = Replay(pool, random.Random(n))
-        outcome = run_relative(cases, replay, clock=replay.clock, seed=n, max_blocks=len(pool))
+        plan = Schedule(max_blocks=len(pool), seed=n)
+        outcome = run_relative(cases, replay, plan, clock=replay.clock)
         got = counts.setdefault(row["condition"], [0, 0, 0])
         got[0] += 1
         got[1] += outcome.judgement.exit_code == 1

@@ -238,7 +238,9 @@ class VirtualBlocks:
 
 
 def run_virtual(blocks: VirtualBlocks, cases: Sequence[Case] = (CASE,), **kw: object) -> object:
-    return relative.run_relative(cases, blocks, clock=blocks.clock, seed=3, **kw)  # type: ignore[arg-type]
+    schedule = {k: kw.pop(k) for k in ("min_blocks", "max_blocks", "budget_s") if k in kw}
+    plan = relative.Schedule(seed=3, **schedule)  # type: ignore[arg-type]
+    return relative.run_relative(cases, blocks, plan, clock=blocks.clock, **kw)  # type: ignore[arg-type]
 
 
 def verdicts(outcome: object, case_id: str = "sleepy") -> dict[str, str]:
@@ -428,9 +430,8 @@ def test_false_alarms_of_unchanged_code_stay_under_alpha_over_repeated_looks() -
     alarms = 0
     for seed in range(200):
         blocks = VirtualBlocks(drift=0.05, process=0.02, run=0.01, seed=seed, block_s=1)
-        outcome = relative.run_relative(
-            (CASE, OTHER), blocks, clock=blocks.clock, seed=seed, budget_s=1e9, max_blocks=24
-        )
+        plan = relative.Schedule(budget_s=1e9, max_blocks=24, seed=seed)
+        outcome = relative.run_relative((CASE, OTHER), blocks, plan, clock=blocks.clock)
         alarms += outcome.judgement.exit_code == 1
     assert alarms <= 2, alarms
 

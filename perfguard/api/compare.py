@@ -149,11 +149,8 @@ def _measure_relative(
         outcome = relative.run_relative(
             cases,
             blocks,
+            against.schedule,
             judging=judging,
-            min_blocks=against.min_blocks,
-            max_blocks=against.max_blocks,
-            budget_s=against.budget_s,
-            seed=against.order_seed,
             on_block=on_block,
             compare=Comparing(timing, platform.name),
         )

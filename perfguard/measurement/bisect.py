@@ -349,6 +349,13 @@ class BisectOptions:
     traces_dir: str | None = None
     """Where the first bad commit's attribution writes both sides' Chrome traces."""
 
+    @property
+    def schedule(self) -> Any:
+        """The blocks of each commit's paired comparison (`relative.Schedule`)."""
+        from perfguard.measurement.relative import Schedule
+
+        return Schedule(self.min_blocks, self.max_blocks, self.budget_s)
+
 
 class Session:
     """One bisect: the repository, GOOD's side measured once (work) or kept checked out
@@ -409,8 +416,7 @@ class Session:
             timing = timing_of({"platform": self.platform}, None)
             with relative.process_blocks(sides, self.platform) as blocks:
                 outcome = relative.run_relative(
-                    cases, blocks, judging=RELATIVE_JUDGING, min_blocks=self.options.min_blocks,
-                    max_blocks=self.options.max_blocks, budget_s=self.options.budget_s,
+                    cases, blocks, self.options.schedule, judging=RELATIVE_JUDGING,
                     compare=Comparing(timing, self.platform),
                 )  # fmt: skip
         return timed_verdict(outcome.judgement, metric)

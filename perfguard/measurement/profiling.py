@@ -78,7 +78,7 @@ def side_request(
     traceback), else the last line its process wrote, else how it ended;
     `TimeoutError` past `timeout_s`. Its output is kept apart and read only then."""
     from perfguard.measurement.launch import SIDE_WORKER
-    from perfguard.measurement.workers import Worker
+    from perfguard.measurement.worker_handle import Worker
 
     with tempfile.TemporaryFile() as log:
         try:

@@ -29,7 +29,7 @@ def in_warm_pool(wanted: Callable[[Any, dict[str, Any]], bool]) -> Any:
             from perfguard.measurement.launch import early_server
 
             early = early_server(options, wanted(options, kw))  # before torch
-            from perfguard.measurement.workers import WarmPool
+            from perfguard.measurement.worker_handle import WarmPool
 
             with WarmPool(early) as warm:
                 return command(selection, options, **{**kw, "warm": warm})

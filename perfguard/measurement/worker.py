@@ -55,7 +55,7 @@ def _serve(result_fd: int) -> int:
     from perfguard.device.inject import InjectionUnmatched
     from perfguard.device.platform import probe
     from perfguard.measurement.options import MeasureOptions
-    from perfguard.measurement.workers import case_from_json, error_result
+    from perfguard.measurement.worker_handle import case_from_json, error_result
 
     send(
         {
@@ -105,7 +105,7 @@ def _rank(request_path: str, result_path: str) -> int:
     from perfguard.device.inject import InjectionUnmatched
     from perfguard.device.platform import probe
     from perfguard.measurement.options import MeasureOptions
-    from perfguard.measurement.workers import case_from_json
+    from perfguard.measurement.worker_handle import case_from_json
 
     options_data = request["options"]
     case = case_from_json(request["case"])

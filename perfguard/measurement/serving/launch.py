@@ -31,7 +31,7 @@ import httpx
 
 from perfguard.errors import PerfguardError
 from perfguard.measurement.launch import import_root
-from perfguard.measurement.workers import _descendants, kill_tree
+from perfguard.measurement.worker_handle import _descendants, kill_tree
 
 TAIL_LINES = 20
 
