@@ -604,10 +604,17 @@ def one_line_error(code: int, err: str) -> str:
     return lines[0]
 
 
-def test_a_missing_directory_is_one_line_and_exit_2(project: Path, pg: PG) -> None:
-    code, _, err = pg("compare", *QUICK, "--against", "./nowhere", "--report", "r.json")
-    assert "--against ./nowhere: no such directory" in one_line_error(code, err)
+def refused_compare(pg: PG, *args: str) -> str:
+    """`compare *args --report r.json`, refused in one line with exit 2 and no report:
+    that line."""
+    code, _, err = pg("compare", *QUICK, *args, "--report", "r.json")
+    line = one_line_error(code, err)
     assert not Path("r.json").exists()
+    return line
+
+
+def test_a_missing_directory_is_one_line_and_exit_2(project: Path, pg: PG) -> None:
+    assert "--against ./nowhere: no such directory" in refused_compare(pg, "--against", "./nowhere")
 
 
 def test_a_directory_that_does_not_provide_the_code_is_refused(
@@ -615,20 +622,16 @@ def test_a_directory_that_does_not_provide_the_code_is_refused(
 ) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    code, _, err = pg("compare", *QUICK, *FACTORY, "--against", str(empty), "--report", "r.json")
-    line = one_line_error(code, err)
+    line = refused_compare(pg, *FACTORY, "--against", str(empty))
     assert "not importable as the base" in line and "pg_rel_pipes" in line
-    assert not Path("r.json").exists()
 
 
 def test_an_incompatible_worker_protocol_names_both_versions(
     project: Path, pg: PG, tmp_path: Path
 ) -> None:
     base = fake_perfguard(tmp_path / "old", protocol=99)
-    code, _, err = pg("compare", *QUICK, "--against", str(base), "--report", "r.json")
-    line = one_line_error(code, err)
+    line = refused_compare(pg, "--against", str(base))
     assert "perfguard 0.0.9 speaks worker protocol 99" in line and "this perfguard 0.1.0" in line
-    assert not Path("r.json").exists()
 
 
 def test_an_unknown_case_field_names_both_versions_and_writes_nothing(

@@ -12,8 +12,9 @@ import base64
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -101,12 +102,28 @@ def plain_baseline(
     return str(root / "b.json"), said
 
 
-def check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, baseline: str, head: str):
-    """A check of the server at `head` against `baseline`: the report."""
+@pytest.fixture
+def check(
+    servers: dict[str, Launched],
+    plain_baseline: tuple[str, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Callable[[str], Any]:
+    """A check of the named server against the plain server's baseline: the report."""
     monkeypatch.setenv("PERFGUARD_ATTRIBUTION", "0")
-    cases = write_case(tmp_path / "cases", head)
-    return api.check(Selection(cases_dir=str(cases)), OPTIONS, judging=JudgeOptions(max_reruns=2),
-                     baseline=baseline, platform="cpu")  # fmt: skip
+
+    def run(name: str) -> Any:
+        cases = write_case(tmp_path / "cases", servers[name].url)
+        return api.check(Selection(cases_dir=str(cases)), OPTIONS,
+                         judging=JudgeOptions(max_reruns=2), baseline=plain_baseline[0],
+                         platform="cpu")  # fmt: skip
+
+    return run
+
+
+def regressions(report: Any) -> set[str]:
+    """The metrics a report calls slower, over all its cases."""
+    return {m.metric for c in report.cases for m in c.metrics if m.verdict == "regression"}
 
 
 def test_the_openai_client_drives_perfguard_serve(servers: dict[str, Launched]) -> None:
@@ -160,15 +177,11 @@ def test_gen_baselines_says_what_it_stored_for_a_server(
 
 
 def test_check_names_the_denoising_stage_of_a_server_slowed_inside_it(
-    servers: dict[str, Launched],
-    plain_baseline: tuple[str, list[str]],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    check: Callable[[str], Any],
 ) -> None:
-    report = check(tmp_path, monkeypatch, plain_baseline[0], servers["denoise"].url)
+    report = check("denoise")
     assert report.exit_code == 1
-    slower = {m.metric for c in report.cases for m in c.metrics if m.verdict == "regression"}
-    assert "stage:c1/DenoisingStage" in slower
+    assert "stage:c1/DenoisingStage" in regressions(report)
     # The denoising stage moved, the decoding stage did not: their ratios differ by the
     # +300 %, whatever the busy test machine did to both since the baseline.
     ratio = ratios(report)
@@ -176,15 +189,11 @@ def test_check_names_the_denoising_stage_of_a_server_slowed_inside_it(
 
 
 def test_check_catches_a_server_slowed_outside_its_stages_on_latency(
-    servers: dict[str, Launched],
-    plain_baseline: tuple[str, list[str]],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    check: Callable[[str], Any],
 ) -> None:
-    report = check(tmp_path, monkeypatch, plain_baseline[0], servers["encode"].url)
+    report = check("encode")
     assert report.exit_code == 1
-    slower = {m.metric for c in report.cases for m in c.metrics if m.verdict == "regression"}
-    assert slower & {"stage:c1/latency_p50", "stage:c1/inv_throughput"}
+    assert regressions(report) & {"stage:c1/latency_p50", "stage:c1/inv_throughput"}
     # The 120 ms are outside every stage: the latency grew, the stages did not (each
     # well under the latency's ratio, whatever the busy test machine did to both).
     ratio = ratios(report)
@@ -203,12 +212,9 @@ def ratios(report: object) -> dict[str, float]:
 
 
 def test_failed_requests_the_baseline_did_not_have_fail_the_check_as_a_count(
-    servers: dict[str, Launched],
-    plain_baseline: tuple[str, list[str]],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    check: Callable[[str], Any],
 ) -> None:
-    report = check(tmp_path, monkeypatch, plain_baseline[0], servers["fail"].url)
+    report = check("fail")
     assert report.exit_code == 1
     (case,) = report.cases
     (failures,) = [m for m in case.metrics if m.metric == "failures:c1"]

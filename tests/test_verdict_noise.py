@@ -443,13 +443,10 @@ def test_a_runner_that_stays_contended_is_contended_never_a_regression() -> None
     assert len(calls) == 3 and slept == [10.0, 10.0]  # bounded: two waits
 
 
-def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> None:
-    # One process over its bound, both confirmations beside a reference 3x slower: the
-    # one process cannot show the spread between processes, so no regression on it.
-    quiet, busy = [1.0] * 10, [3.0] * 10
-    measure, _ = _contended_measure([(15.0, quiet)])
-    confirm, confirmations = _contended_measure([(15.0, busy)])
-    outcome = run_gate(
+def _gate_confirming_in(measure: Callable[..., Results], confirm: Callable[..., Results]) -> Any:
+    """The gate over `CASE` against a quiet reference, measuring with `measure` and
+    confirming with `confirm`, up to two confirmations, no waits."""
+    return run_gate(
         [CASE],
         _with_reference(1.0),
         FULL.replace(max_reruns=2),
@@ -457,6 +454,15 @@ def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> No
         confirm=confirm,
         sleep=_no_wait,
     )
+
+
+def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> None:
+    # One process over its bound, both confirmations beside a reference 3x slower: the
+    # one process cannot show the spread between processes, so no regression on it.
+    quiet, busy = [1.0] * 10, [3.0] * 10
+    measure, _ = _contended_measure([(15.0, quiet)])
+    confirm, confirmations = _contended_measure([(15.0, busy)])
+    outcome = _gate_confirming_in(measure, confirm)
     (case,) = outcome.judgement.cases
     assert len(confirmations) == 2
     assert case.verdict == CONTENDED and outcome.judgement.exit_code == EXIT_CONTENDED
@@ -465,14 +471,7 @@ def test_a_slowdown_whose_every_confirmation_ran_contended_is_no_verdict() -> No
     assert case.sampling is not None and case.sampling["confirmations"] == 0
     # One quiet confirmation is enough for a verdict: the same slowdown fails.
     confirm, _ = _contended_measure([(15.0, busy), (15.05, quiet)])
-    outcome = run_gate(
-        [CASE],
-        _with_reference(1.0),
-        FULL.replace(max_reruns=2),
-        measure,
-        confirm=confirm,
-        sleep=_no_wait,
-    )
+    outcome = _gate_confirming_in(measure, confirm)
     assert outcome.judgement.cases[0].verdict == REGRESSION
 
 

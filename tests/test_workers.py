@@ -370,26 +370,39 @@ def test_a_rank_that_dies_fails_the_case(fake: Path) -> None:
 # ---- through the CLI ---------------------------------------------------------------------------
 
 
+def write_registry(root: Path, *case_ids: str) -> None:
+    """`root/registry/cpu.toml`: a tiny qwen_image case per id."""
+    registry = root / "registry"
+    registry.mkdir()
+    (registry / "cpu.toml").write_text(
+        "\n".join(
+            f'[[case]]\nid = "{cid}"\nworkload = "qwen_image"\npreset = "tiny"\n'
+            for cid in case_ids
+        )
+    )
+
+
+def write_factory_picking(path: Path, case_id: str, fake: str) -> None:
+    """A factory module at `path`: the fake pipeline `fake` for the case `case_id`, 'ok'
+    for the others. A registry cannot name a fake (its options are closed): the factory
+    picks by id."""
+    path.write_text(
+        "import dataclasses\nimport pg_fake_pipes\n\n"
+        "def pipeline(case, platform):\n"
+        f"    fake = {fake!r} if case.id == {case_id!r} else 'ok'\n"
+        "    return pg_fake_pipes.pipeline(dataclasses.replace(case, options={'fake': fake}), "
+        "platform)\n"
+    )
+
+
 def test_run_with_devices_and_isolate_from_the_command_line(
     fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from perfguard.cli import main
     from perfguard.storage.reports import read_results
 
-    registry = tmp_path / "registry"
-    registry.mkdir()
-    (registry / "cpu.toml").write_text(
-        '[[case]]\nid = "hangs"\nworkload = "qwen_image"\npreset = "tiny"\n\n'
-        '[[case]]\nid = "fine"\nworkload = "qwen_image"\npreset = "tiny"\n'
-    )
-    # The registry cannot say "hang" (its options are closed): the factory picks by id.
-    (tmp_path / "pg_cli_pipes.py").write_text(
-        "import dataclasses\nimport pg_fake_pipes\n\n"
-        "def pipeline(case, platform):\n"
-        "    fake = 'hang' if case.id == 'hangs' else 'ok'\n"
-        "    return pg_fake_pipes.pipeline(dataclasses.replace(case, options={'fake': fake}), "
-        "platform)\n"
-    )
+    write_registry(tmp_path, "hangs", "fine")
+    write_factory_picking(tmp_path / "pg_cli_pipes.py", "hangs", "hang")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as info:
         main(["run", "--platform", "cpu", "--cases", "registry", "--repeats", "1",
@@ -415,11 +428,7 @@ def test_gen_baselines_from_a_directory_holding_a_perfguard_folder(
     from perfguard.cli import main
     from perfguard.storage.baseline import load
 
-    registry = tmp_path / "registry"
-    registry.mkdir()
-    (registry / "cpu.toml").write_text(
-        '[[case]]\nid = "fine"\nworkload = "qwen_image"\npreset = "tiny"\n'
-    )
+    write_registry(tmp_path, "fine")
     (tmp_path / "perfguard" / "perfguard").mkdir(parents=True)  # a clone, seen from above
     (tmp_path / "perfguard" / "README.md").write_text("a clone\n")
     monkeypatch.chdir(tmp_path)
@@ -461,19 +470,8 @@ def test_a_warm_server_that_dies_fails_the_case_it_was_running_and_leaves_no_pro
 ) -> None:
     from perfguard.cli import main
 
-    registry = tmp_path / "registry"
-    registry.mkdir()
-    (registry / "cpu.toml").write_text(
-        '[[case]]\nid = "a_dies"\nworkload = "qwen_image"\npreset = "tiny"\n\n'
-        '[[case]]\nid = "b_fine"\nworkload = "qwen_image"\npreset = "tiny"\n'
-    )
-    (tmp_path / "pg_die_pipes.py").write_text(
-        "import dataclasses\nimport pg_fake_pipes\n\n"
-        "def pipeline(case, platform):\n"
-        "    fake = 'kill_server' if case.id == 'a_dies' else 'ok'\n"
-        "    return pg_fake_pipes.pipeline(dataclasses.replace(case, options={'fake': fake}), "
-        "platform)\n"
-    )
+    write_registry(tmp_path, "a_dies", "b_fine")
+    write_factory_picking(tmp_path / "pg_die_pipes.py", "a_dies", "kill_server")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as info:
         main(["run", "--platform", "cpu", "--cases", "registry", "--repeats", "1",
