@@ -1,4 +1,4 @@
-"""The answer a check gives on a timed figure: *same*, *slower* or *can't tell*.
+"""The rule of a timed figure and the answer it gives: *same*, *slower* or *can't tell*.
 
 A regression test alone says "slower" or "not shown slower", and "not shown" is what a
 noisy runner says about every change. So each timed figure also gets an equivalence
@@ -10,7 +10,8 @@ slowdown can fail a check) and the size of the slowdown the check could have cau
 - **same**: the one-sided upper bound on median/baseline, at `SAME_ALPHA`, lies inside
   the minimum effect (`margin`): a slowdown of that size would have been seen. A figure
   credibly faster than its baseline is **faster** (the same answer for the gate: not
-  slower).
+  slower). The relative check states it two-sided, at its own level: the interval lies
+  within +-margin (`Criteria.two_sided`).
 - **can't tell**: neither. The figure carries the smallest slowdown the check could have
   caught (`detectable`) and the margin it would take to call it the same (`needs`).
 - **below resolution**: not slower, on a runner too noisy for this figure's minimum
@@ -18,18 +19,20 @@ slowdown can fail a check) and the size of the slowdown the check could have cau
 
 Work counters and the output are exact: they are *same* or *slower*, never can't tell.
 
-The answer is computed from the figure's ratio and its interval alone, so a report
-read back from disk gives the same answer: the log-scale standard error is the
-interval's half-width over the t quantile of its level.
+Every interval on a ratio is `bound`'s: both checks, the futility stop and a baseline
+diff take their bounds from it, and both checks split their level over the per-step
+figures with `step_level`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from perfguard.decision.stats import MAX_LOG_SPREAD, t_quantile, z_quantile
+from perfguard.decision.stats import t_quantile
+from perfguard.metrics import metric_class
 
 SAME = "same"
 FASTER = "faster"
@@ -82,7 +85,7 @@ class Answer:
     """One timed figure's answer, with the two sizes that explain it.
 
     `margin`: the minimum effect *same* is stated within (a ratio minus 1).
-    `high`: the one-sided (1 - SAME_ALPHA) upper bound on the ratio.
+    `high`: the upper bound on the ratio *same* was judged by (`Criteria.within`).
     `detectable`: the smallest slowdown (ratio - 1) the regression rule catches with
     `POWER` at this noise; None when the noise is unknown.
     `needs`: the margin that would have made the figure *same* (high - 1), for can't tell.
@@ -128,64 +131,111 @@ class Answer:
         )
 
 
+MAX_LOG_SPREAD = 50.0
+"""The widest interval, in log units (a factor of e**50): a tiny `--alpha` with few
+degrees of freedom gives a t quantile in the millions, and `exp` of it overflows. An
+interval that wide says what it has to, that nothing is credible, without a crash."""
+
+
+def bound(ratio: float, se: float, dof: int, alpha: float) -> tuple[float, float]:
+    """The one-sided (1 - alpha) bounds (low, high) on a ratio whose log has standard
+    error `se` on `dof` degrees of freedom (0: the normal quantile): `ratio` divided and
+    multiplied by exp(t se), the exponent capped at `MAX_LOG_SPREAD`."""
+    spread = math.exp(min(t_quantile(alpha, dof) * se, MAX_LOG_SPREAD))
+    return ratio / spread, ratio * spread
+
+
 def log_se(ratio: float, low: float, alpha: float, dof: int) -> float:
     """The log-scale standard error behind a one-sided (1 - alpha) lower bound `low`."""
     t = t_quantile(alpha, dof)
     return math.log(ratio / low) / t if t > 0 and low > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class Criteria:
+    """What a figure's answer is judged against.
+
+    `alpha` and `threshold` are the regression rule's: its one-sided level and the ratio
+    the point estimate must exceed (the band's bound over the baseline, or 1 + the
+    minimum effect side by side). `margin` is the minimum effect *same* is stated
+    within (a ratio minus 1). `two_sided`: *same* is the relative check's, the
+    (1 - alpha) interval within [1 / (1 + margin), 1 + margin]; else the stored check's,
+    the one-sided (1 - `SAME_ALPHA`) upper bound within 1 + margin.
+    """
+
+    alpha: float
+    threshold: float
+    margin: float
+    two_sided: bool = False
+
+    def within(self, ratio: float, se: float, dof: int, faster: bool) -> tuple[bool, float]:
+        """Whether the figure is within the margin, and the upper bound that says so. A
+        credibly faster figure's lower end is no reason to doubt it is not slower."""
+        if not self.two_sided:
+            high = bound(ratio, se, dof, SAME_ALPHA)[1]
+            return high <= 1.0 + self.margin, high
+        low, high = bound(ratio, se, dof, self.alpha)
+        return high <= 1.0 + self.margin and (faster or low >= 1.0 / (1.0 + self.margin)), high
+
+
 def assess(
     ratio: float,
     se: float,
     dof: int,
+    criteria: Criteria,
     *,
-    alpha: float,
-    threshold: float,
-    margin: float,
     slower: bool,
     faster: bool = False,
     enough: bool = True,
 ) -> Answer:
-    """The answer on a figure read at `ratio` (median over baseline) with log-scale
-    standard error `se` on `dof` degrees of freedom.
+    """The answer on a figure read at `ratio` (median over baseline, or head over base)
+    with log-scale standard error `se` on `dof` degrees of freedom, under `criteria`.
 
-    `alpha` and `threshold` are the regression rule's: its one-sided level and the ratio
-    the point estimate must exceed (the band's bound over the baseline, or 1 + the
-    minimum effect side by side). `slower` / `faster` are what the rule decided.
-
-    `detectable`: `catches(se, dof)`.
-
+    `slower` / `faster` are what the regression rule decided. `detectable`: `catches`.
     `dof` is the degrees of freedom of `se` (`stats.Noise.dof`: a session term in it
     counts as known, Welch-Satterthwaite). `enough`: the data may support a *same*
     (`SAME_PROCESSES`); without it the answer is at best can't tell, and the gate
     measures more. Nor is it *same* when the check could not have caught a slowdown of
-    `SAME_PRECISION` times the margin.
+    `SAME_PRECISION` times the margin. With no spread known (`se` 0) the band alone
+    decides, and sameness is the point's.
     """
-    if se <= 0:
-        # No spread known: the band alone decides, and sameness is the point's.
-        high = ratio
-    else:
-        high = ratio * math.exp(min(t_quantile(SAME_ALPHA, dof) * se, MAX_LOG_SPREAD))
-    detectable = catches(se, dof, alpha=alpha, threshold=threshold)
-    precise = detectable is None or detectable <= SAME_PRECISION * margin
+    within, high = criteria.within(ratio, se, dof, faster)
+    detectable = catches(se, dof, alpha=criteria.alpha, threshold=criteria.threshold)
+    precise = detectable is None or detectable <= SAME_PRECISION * criteria.margin
     if slower:
         answer = SLOWER
-    elif high <= 1.0 + margin and enough and precise:
+    elif within and enough and precise:
         answer = FASTER if faster else SAME
     else:
         answer = CANT_TELL
-    return Answer(answer, margin, high, detectable)
+    return Answer(answer, criteria.margin, high, detectable)
 
 
 def catches(se: float, dof: int, *, alpha: float, threshold: float) -> float | None:
     """The smallest slowdown (ratio - 1) the regression rule catches with `POWER` at a
-    log-scale standard error `se` on `dof` degrees of freedom: the rule rejects when
-    log(m) > max(log threshold, t_alpha se), so with probability `POWER` when the true log
-    ratio is that plus z_power se. None when the noise is unknown (`se` 0)."""
+    log-scale standard error `se` on `dof` degrees of freedom: the rule rejects when the
+    ratio is over both `threshold` and its own spread (`bound` at `alpha`), so with
+    probability `POWER` when the true ratio is that times exp(z_power se). None when the
+    noise is unknown (`se` 0)."""
     if se <= 0:
         return None
-    reach = max(math.log(threshold), t_quantile(alpha, dof) * se)
-    return math.exp(min(reach + z_quantile(1.0 - POWER) * se, MAX_LOG_SPREAD)) - 1.0
+    reach = max(threshold, bound(1.0, se, dof, alpha)[1])
+    return min(bound(reach, se, 0, 1.0 - POWER)[1], math.exp(MAX_LOG_SPREAD)) - 1.0
+
+
+def step_level(metric: str, alpha: float, steps: int) -> float:
+    """The level `metric` is judged at in a case that judges `steps` per-step metrics:
+    the steps are one family and share `alpha` (Bonferroni, each at alpha / steps), the
+    other figures take it whole: twenty steps at 1 % each would be twenty chances for
+    noise to fail a case (docs/relative.md)."""
+    if metric_class(metric) != "denoise_step" or steps < 2:
+        return alpha
+    return alpha / steps
+
+
+def step_count(metrics: Iterable[str]) -> int:
+    """How many of `metrics` are per-step figures (the family `step_level` splits over)."""
+    return sum(1 for name in metrics if metric_class(name) == "denoise_step")
 
 
 def below_resolution(answer: Answer, resolution: float | None) -> Answer:

@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from perfguard.decision.answer import bound
 from perfguard.decision.normalize import at_speed_of
-from perfguard.decision.stats import Summary, log_ratio_noise, log_spread, t_quantile, z_quantile
+from perfguard.decision.stats import Summary, log_ratio_noise, log_spread
 from perfguard.decision.tolerances import min_effect
 from perfguard.metrics import metric_sort_key
 
@@ -39,8 +40,7 @@ def credibly_lower(before: Summary, after: Summary, alpha: float = TIGHTEN_ALPHA
     noise = log_ratio_noise(before, after)
     if noise.se <= 0:  # no spread at the stored precision (or one sample): figures decide
         return after.median < before.median
-    high = math.log(after.median / before.median) + t_quantile(alpha, noise.dof) * noise.se
-    return high < 0
+    return bound(after.median / before.median, noise.se, noise.dof, alpha)[1] < 1.0
 
 
 DIFF_CONFIDENCE = 0.99
@@ -79,8 +79,7 @@ def judge_change(
     se = log_ratio_noise(old, new).se
     if se <= 0 and log_spread(old) is None and log_spread(new) is None:
         return None, None, UNKNOWN
-    spread = math.exp(z_quantile((1.0 - DIFF_CONFIDENCE) / 2) * se)
-    low, high = ratio / spread, ratio * spread
+    low, high = bound(ratio, se, 0, (1.0 - DIFF_CONFIDENCE) / 2)  # two-sided, normal
     if low <= 1.0 <= high:
         change = NOISE
     elif abs(math.log(ratio)) < math.log1p(min_effect(metric)):

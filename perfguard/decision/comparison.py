@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from perfguard.decision.answer import bound
 from perfguard.decision.stats import (
-    MAX_LOG_SPREAD,
+    MEDIAN_SE_FACTOR,
     Noise,
     Summary,
     log_ratio_noise,
-    median_reach,
-    t_quantile,
+    log_spread,
 )
 from perfguard.decision.tolerances import Band
 
@@ -34,10 +34,9 @@ pairs, and the level can stay at the nominal 1 % (docs/relative.md)."""
 FUTILITY_ALPHA = 0.01
 """The futility stop's level (`Comparison.clear`): a case stops sampling once its median
 could not cross its bound at this level. It only ever removes rejections, so it is set
-for cost, not for false alarms: 1 %, the level the verdict had when the stop was tuned
-(the detection runs of docs/verdicts.md sampled with it). It is not split over the
-per-step family as the verdict's level is (`verdict.rule_of`): a step's stop is at 1 %,
-where it was at 1 % / m before the stored level moved to 0.1 %."""
+for cost, not for false alarms: 1 %, the level the detection runs of docs/verdicts.md
+sampled with. A step's stop takes it whole, not split over the per-step family as the
+verdict's level is (`answer.step_level`)."""
 
 
 @dataclass(frozen=True)
@@ -63,12 +62,6 @@ class Rule:
             raise ValueError(f"alpha must be in (0, 0.5), not {self.alpha}")
         if self.borderline < 1:
             raise ValueError(f"borderline must be >= 1, not {self.borderline}")
-
-
-def interval(ratio: float, noise: Noise, alpha: float) -> tuple[float, float]:
-    """The one-sided (1 - alpha) bounds [low, high] on a ratio whose log has `noise`."""
-    spread = math.exp(min(t_quantile(alpha, noise.dof) * noise.se, MAX_LOG_SPREAD))
-    return ratio / spread, ratio * spread
 
 
 DEFAULT_RULE = Rule()
@@ -104,7 +97,7 @@ class Comparison:
     ) -> Comparison:
         """`session`: the sd of one session's offset on this metric (`Profile.session`)."""
         noise = log_ratio_noise(baseline, measured, session)
-        low, high = interval(measured.median / baseline.median, noise, rule.alpha)
+        low, high = bound(measured.median / baseline.median, noise.se, noise.dof, rule.alpha)
         return cls(metric, measured, baseline, band, rule, noise, low, high)
 
     @property
@@ -156,8 +149,29 @@ class Comparison:
         adds one. So its level is its own (`FUTILITY_ALPHA`, or the rule's where that is
         looser): a stricter verdict need not cost unchanged code more runs.
         """
-        m, b, bound = self.m, self.b, self.bound
+        m, b, limit = self.m, self.b, self.bound
         level = max(self.rule.alpha, FUTILITY_ALPHA)
-        low, high = interval(m / b, self.noise, level)
+        low, high = bound(m / b, self.noise.se, self.noise.dof, level)
         reach = median_reach(self.measured, self.baseline, level)
-        return not (low * b <= bound < high * b) or m * reach <= bound or m / reach > bound
+        return not (low * b <= limit < high * b) or m * reach <= limit or m / reach > limit
+
+
+def median_reach(current: Summary, other: Summary | None, alpha: float) -> float:
+    """How far (a factor >= 1) more runs of the process that measured `current` could
+    still move its median: `bound` on its own standard error, one-sided at `alpha`.
+
+    The futility stop of adaptive sampling asks this, not the verdict's interval: the
+    interval also holds the baseline's noise and the between-process spread, which no
+    number of further runs of this process can shrink, so a stop that waits for the
+    interval to clear the bound waits for ever (unchanged code ran every case to
+    `--max-repeats`). The per-sample noise is `current`'s (`log_spread`), else
+    `other`'s; with neither known (one sample each: a memory figure, an exact count)
+    the median cannot move and the reach is 1.
+    """
+    spread = log_spread(current)
+    if spread is None and other is not None:
+        spread = log_spread(other)
+    if not spread or current.n < 1:
+        return 1.0
+    se = MEDIAN_SE_FACTOR * spread / math.sqrt(current.n)
+    return bound(1.0, se, max(1, current.n - 1), alpha)[1]

@@ -1,16 +1,25 @@
 """How a check judges: one frozen value (`JudgeOptions`), built once by the command and
-passed whole to the gate and the verdict, as `MeasureOptions` is to the measuring."""
+passed whole to the gate and the verdict, as `MeasureOptions` is to the measuring, and
+resolved once against the baseline (`Judging`: the options with the profile they name)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.comparison import DEFAULT_RULE, RELATIVE_RULE, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy
 from perfguard.decision.resolution import DEFAULT_TIMING_GATE, TIMING_GATES
-from perfguard.decision.tolerances import DEFAULT_PROFILE
+from perfguard.decision.tolerances import (
+    DEFAULT_IMPROVEMENT_THRESHOLD,
+    DEFAULT_PROFILE,
+    Profile,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfguard.storage.baseline import Baseline
 
 DEFAULT_MAX_RERUNS = 8
 """Fresh confirmation processes for a case over its bound or that can't tell: 8, so a check
@@ -67,6 +76,24 @@ class JudgeOptions:
 
     def replace(self, **changes: Any) -> JudgeOptions:
         return dataclasses.replace(self, **changes)
+
+    def against(self, baseline: Baseline) -> Judging:
+        """These options resolved against `baseline`: its profile of that name, its
+        improvement threshold and the steps it gates."""
+        profile = baseline.profile(self.profile)
+        return Judging(self, profile, baseline.improvement_threshold, baseline.step_fractions)
+
+
+@dataclass(frozen=True)
+class Judging:
+    """A check's options (passed whole) with what they resolve to on one baseline, looked
+    up once per check: the tolerance `profile` they name, the baseline's
+    `improvement_threshold` and the `step_fractions` of the steps it gates."""
+
+    options: JudgeOptions
+    profile: Profile
+    improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD
+    step_fractions: Sequence[float] | None = None
 
 
 RELATIVE_JUDGING = JudgeOptions(rule=RELATIVE_RULE)

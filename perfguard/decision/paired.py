@@ -1,15 +1,15 @@
 """Paired verdicts for the relative check: base and head measured in alternating blocks.
 
 Each block of the relative check (`perfguard.measurement.relative`) gives one head/base
-ratio per metric; this module turns the blocks' log-ratios into DIFFERENT / SAME /
-UNKNOWN (Pinpoint's three answers) with a trimmed mean and a t-interval, at a fixed
-sequence of looks that share alpha (`alpha_per_look`).
+ratio per metric; this module judges each metric on the blocks' log ratios
+(`perfguard.decision.estimate`: a trimmed mean and its t-interval) by the one rule of a
+timed figure (`perfguard.decision.answer`), at a fixed sequence of looks that share
+alpha (`perfguard.decision.looks`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -18,7 +18,19 @@ from typing import Any
 
 from perfguard.decision import answer as answers
 from perfguard.decision import counters
-from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate
+from perfguard.decision.estimate import (  # noqa: F401  (re-exported)
+    DIFFERENT,
+    PAIRED_TRIM,
+    SAME,
+    UNKNOWN,
+    PairedEstimate,
+    paired_estimate,
+)
+from perfguard.decision.looks import (  # noqa: F401  (re-exported)
+    LOOK_SCHEDULE,
+    alpha_per_look,
+    look_points,
+)
 from perfguard.decision.normalize import (
     NORMALIZED,
     RAW,
@@ -29,7 +41,7 @@ from perfguard.decision.normalize import (
 )
 from perfguard.decision.options import RELATIVE_JUDGING, JudgeOptions
 from perfguard.decision.resolution import RESOLVED_CLASSES, judged_in_full
-from perfguard.decision.stats import MAX_LOG_SPREAD, summarize, t_quantile
+from perfguard.decision.stats import summarize
 from perfguard.decision.tolerances import Band, min_effect, relative_pad
 from perfguard.decision.verdict import (
     ERROR,
@@ -43,58 +55,22 @@ from perfguard.decision.verdict import (
     MetricVerdict,
     worst,
 )
-from perfguard.errors import PerfguardError
 from perfguard.metrics import metric_class, metric_sort_key
 from perfguard.results import CaseResult, pool
 
-PAIRED_TRIM = 0.2
-"""The share of blocks trimmed from each end before averaging the per-block log ratios (Yuen's
-trimmed mean, winsorized variance): 20 %, none with fewer than 5 blocks. In a 24-block
-check of the smoke cases 19 blocks read 1.02-1.12 and 5 read 0.64-1.98 (a contention
-episode on one side); trimmed, those few stop moving the estimate and widening the
-interval fourfold (docs/measurements/2026-12-07-constants.md)."""
 
+@dataclass(frozen=True)
+class PairedFigure:
+    """One metric of a relative check: every sample of each side (for the summaries),
+    with the processes they came from, and the blocks' log ratios head / base with the
+    share of the reference they were scaled by (`exponent`; None: compared raw)."""
 
-def paired_estimate(
-    log_ratios: Sequence[float], effect: float, alpha: float, trim: float = PAIRED_TRIM
-) -> PairedEstimate:
-    """The paired decision on `log_ratios` (one `log(head / base)` per block) at `alpha`.
-
-    Why per-block ratios: each block runs a fresh base process and a fresh head process
-    next to each other, so the drift of the machine (frequency, neighbours, memory
-    layout of that moment) is common to both and cancels in the ratio, where pooled
-    samples would carry it as noise. Why an interval over blocks and not over runs:
-    the runs of one process share that process's drift, so the block, not the run, is
-    the independent unit (as in Laaber et al.'s RMIT and pyperf's process-level view).
-    The estimate is Yuen's trimmed mean (`PAIRED_TRIM`) with a t-interval on `h - 1`
-    degrees of freedom, `h` the blocks kept.
-    """
-    n = len(log_ratios)
-    if n == 0:
-        raise ValueError("no blocks")
-    ordered = sorted(log_ratios)
-    g = math.floor(trim * n)
-    kept = ordered[g : n - g]
-    h = len(kept)
-    mean = math.fsum(kept) / h
-    ratio = math.exp(mean)
-    if h < 2:
-        return PairedEstimate(n, ratio, 0.0, math.inf, effect, alpha, UNKNOWN)
-    winsorized = [min(max(x, kept[0]), kept[-1]) for x in ordered]
-    wmean = math.fsum(winsorized) / n
-    ss = math.fsum((x - wmean) ** 2 for x in winsorized)
-    se = math.sqrt(ss / (h * (h - 1)))  # = s_w / ((1 - 2 trim) sqrt(n)), Yuen 1974
-    half = min(t_quantile(alpha, h - 1) * se, MAX_LOG_SPREAD)
-    low, high = math.exp(mean - half), math.exp(mean + half)
-    slower = ratio > 1.0 + effect and low > 1.0
-    faster = ratio < 1.0 / (1.0 + effect) and high < 1.0
-    if slower or faster:
-        decision = DIFFERENT
-    elif low > 1.0 / (1.0 + effect) and high < 1.0 + effect:
-        decision = SAME
-    else:
-        decision = UNKNOWN
-    return PairedEstimate(n, ratio, low, high, effect, alpha, decision)
+    head: Sequence[float] | None
+    base: Sequence[float] | None
+    log_ratios: Sequence[float]
+    head_groups: Sequence[int] | None = None
+    base_groups: Sequence[int] | None = None
+    exponent: float | None = None
 
 
 def judge_relative_metric(
@@ -104,11 +80,18 @@ def judge_relative_metric(
     log_ratios: Sequence[float],
     *,
     alpha: float,
-    head_groups: Sequence[int] | None = None,
-    base_groups: Sequence[int] | None = None,
     final: bool = True,
     pad: float = 0.0,
-    exponent: float | None = None,
+) -> MetricVerdict:
+    """`judge_paired` on the samples of each side and the blocks' log ratios: the keyword
+    form of one metric's relative verdict."""
+    return judge_paired(
+        metric, PairedFigure(head, base, log_ratios), alpha=alpha, final=final, pad=pad
+    )
+
+
+def judge_paired(
+    metric: str, figure: PairedFigure, *, alpha: float, final: bool = True, pad: float = 0.0
 ) -> MetricVerdict:
     """The verdict on one metric of a relative check (`perfguard.measurement.relative`).
 
@@ -118,42 +101,26 @@ def judge_relative_metric(
     (the stored gate's floor, `tolerances.MEASURED_FLOOR_MS`: a 5 us stage that reads
     1.3x has moved by less than the timer and dispatch jitter). Faster by more than the
     minimum effect and the pad, and credibly, is an improvement (never a failure). A
-    metric still `unknown` when the check stops (`final`) passes, with the reason
-    saying it was not resolved.
-    `head` / `base` are every sample of each side (for the summaries); a metric only
-    one side produced is `new-stage` or `missing-stage`. `exponent`: the share of the
-    reference the `log_ratios` were scaled by, kept in the estimate for the report.
+    metric the one rule still can't tell when the check stops (`final`) passes, with the
+    reason saying it was not resolved; it is `clear` once its answer is anything else.
+    A metric only one side produced is `new-stage` or `missing-stage`.
     """
-    if not head:
-        if not base:
-            raise ValueError(f"{metric}: neither side produced it")
-        return MetricVerdict(
-            metric,
-            MISSING_STAGE,
-            baseline=summarize(base, groups=base_groups),
-            reason="produced by the base revision but not by this one",
-        )
-    measured = summarize(head, groups=head_groups)
-    if not base:
-        return MetricVerdict(
-            metric, NEW_STAGE, measured=measured, reason="not produced by the base revision"
-        )
-    baseline = summarize(base, groups=base_groups)
-    effect = min_effect(metric)
-    band = Band(effect, pad)
+    if not figure.head or not figure.base:
+        return _one_side_only(metric, figure)
+    measured = summarize(figure.head, groups=figure.head_groups)
+    baseline = summarize(figure.base, groups=figure.base_groups)
+    band = Band(min_effect(metric), pad)
     bound = band.bound(baseline.median)
-    if len(log_ratios) < 2:
+    if len(figure.log_ratios) < 2:
         return MetricVerdict(
             metric, PASS, measured, baseline, band, bound, None,
-            f"{len(log_ratios)} block(s) with a positive figure on both sides: "
+            f"{len(figure.log_ratios)} block(s) with a positive figure on both sides: "
             "too few to compare",
             clear=False,
         )  # fmt: skip
-    est = floored(paired_estimate(log_ratios, effect, alpha), baseline.median, pad)
-    est = dataclasses.replace(est, reference_exponent=exponent)
+    est = floored(paired_estimate(figure.log_ratios, band.rel, alpha), baseline.median, pad)
+    est = dataclasses.replace(est, reference_exponent=figure.exponent)
     verdict, reason = _verdict_of(est, pad, final)
-    floor = pad / baseline.median if baseline.median > 0 else 0.0
-    answer = answer_of(est, verdict == REGRESSION, verdict == IMPROVEMENT, max(effect, floor))
     return MetricVerdict(
         metric,
         verdict,
@@ -166,129 +133,56 @@ def judge_relative_metric(
         low=est.low,
         high=est.high,
         significant=est.low > 1.0,
-        clear=est.decision != UNKNOWN,
+        clear=est.answer.answer != answers.CANT_TELL,
         paired=est,
-        answer=answer,
+        answer=est.answer,
     )
 
 
-def answer_of(est: PairedEstimate, slower: bool, faster: bool, margin: float) -> answers.Answer:
-    """A figure's answer from its paired estimate (the relative check's, `perfguard ab`'s):
-    the stored check's rule (`perfguard.decision.answer.assess`), the standard error
-    read off the interval."""
-    return answers.assess(
-        est.ratio,
-        answers.log_se(est.ratio, est.low, est.alpha, est.blocks - 1),
-        est.blocks - 1,
-        alpha=est.alpha,
-        threshold=1.0 + margin,
-        margin=margin,
-        slower=slower,
-        faster=faster,
+def _one_side_only(metric: str, figure: PairedFigure) -> MetricVerdict:
+    """A metric one side did not produce: `missing-stage` or `new-stage`."""
+    if figure.head:
+        measured = summarize(figure.head, groups=figure.head_groups)
+        return MetricVerdict(
+            metric, NEW_STAGE, measured=measured, reason="not produced by the base revision"
+        )
+    if not figure.base:
+        raise ValueError(f"{metric}: neither side produced it")
+    return MetricVerdict(
+        metric,
+        MISSING_STAGE,
+        baseline=summarize(figure.base, groups=figure.base_groups),
+        reason="produced by the base revision but not by this one",
     )
 
 
 def floored(est: PairedEstimate, base: float, pad: float) -> PairedEstimate:
-    """`est` with the floor `pad` applied in the figure's unit (`base` the base's median):
-    an interval that lies inside the floor is `same`; a difference that is credible as a
-    ratio but within the floor is `unknown` (not shown to matter)."""
-    if pad <= 0 or est.decision == SAME:
+    """`est` with the timer floor `pad` (in the figure's unit; `base` the base's median)
+    as a ratio of the base: a difference must clear it as well as the minimum effect,
+    and an interval within it is the same (`PairedEstimate.margin`)."""
+    if pad <= 0 or base <= 0:
         return est
-    if max(est.high - 1.0, 1.0 - est.low) * base <= pad:
-        return dataclasses.replace(est, decision=SAME)
-    if est.decision == DIFFERENT and abs(est.ratio - 1.0) * base <= pad:
-        return dataclasses.replace(est, decision=UNKNOWN)
-    return est
+    return dataclasses.replace(est, floor=pad / base)
 
 
 def _verdict_of(est: PairedEstimate, pad: float, final: bool) -> tuple[str, str]:
-    """The metric verdict a paired estimate gives, and its reason."""
-    effect = est.min_effect
+    """The metric verdict a paired estimate's answer gives, and its reason."""
+    effect, answer = est.min_effect, est.answer.answer
     interval = f"{1 - est.alpha:.2%} bounds {est.low:.3f}-{est.high:.3f}x over {est.blocks} blocks"
-    if est.slower:
+    if answer == answers.SLOWER:
         return REGRESSION, (
             f"{est.ratio:.3f}x the base, above 1 + {effect:g} and credibly > 1 ({interval})"
         )
-    if est.decision == DIFFERENT:
+    if answer == answers.FASTER:
         return IMPROVEMENT, (
             f"{est.ratio:.3f}x the base: faster by more than {effect:g} ({interval})"
         )
-    if est.decision == SAME or not final:
-        return PASS, "" if est.decision == SAME else "unresolved"
+    if answer == answers.SAME or not final:
+        return PASS, "" if answer == answers.SAME else "unresolved"
     return PASS, (
         f"can't tell: {est.ratio:.3f}x the base ({interval}) is neither credibly slower "
         f"by {effect:g} (and {pad:g} in all) nor within +-{effect:g}"
     )
-
-
-LOOK_SCHEDULE = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-"""Block counts at which the verdicts are looked at: roughly geometric, so that the
-number of looks, and with it the price per look (`alpha_per_look`), grows with the log of the
-blocks, while an easy verdict is still seen after the first two pairs."""
-
-
-def look_points(min_blocks: int, max_blocks: int) -> tuple[int, ...]:
-    """The block counts at which verdicts are looked at: the minimum, the schedule's
-    counts in between, and the maximum."""
-    if min_blocks < 2:
-        raise PerfguardError("--min-blocks must be at least 2 (a spread needs two blocks)")
-    if max_blocks < min_blocks:
-        raise PerfguardError("--max-blocks must be at least --min-blocks")
-    inner = {n for n in LOOK_SCHEDULE if min_blocks < n < max_blocks}
-    return tuple(sorted({min_blocks, *inner, max_blocks}))
-
-
-LOOK_SIMULATIONS = 100_000
-"""A/A checks simulated to find the level per look (`alpha_per_look`): the Monte Carlo
-error of a 1 % family-wise rate is then 0.03 percentage points (one standard error)."""
-
-
-def alpha_per_look(alpha: float, looks: Sequence[int], trim: float = PAIRED_TRIM) -> float:
-    """The level each look tests at, so that noise alone fails a metric at some look with
-    probability at most `alpha`.
-
-    Found by simulating `LOOK_SIMULATIONS` A/A checks of normal blocks through the same
-    statistic as `paired_estimate` (Yuen's trimmed mean and its t on `h - 1` degrees of
-    freedom at each look), with a fixed seed so that a schedule always gets the same
-    level: the largest level `a` with `P(some scheduled look crosses at a) + a <= alpha`,
-    the `+ a` paying (Bonferroni) for the look a budget stop may add between two
-    scheduled ones. One-sided: only a slowdown fails a check.
-
-    Why not plain Bonferroni, `alpha / (K + 1)`: it assumes each look's test holds its
-    level, and Yuen's does not on a handful of blocks: in that simulation each of the
-    default looks (4, 6, 8, 12, 16, 24 blocks) crossed its nominal 0.143 % 1.0-1.5 times
-    as often, so the family reached 0.87 % + 0.14 % for the budget look, over `alpha`.
-    The nested looks' correlation wins back most of it: the level is 0.137 %.
-    """
-    return _simulated_level(float(alpha), tuple(sorted(set(looks))), trim)
-
-
-@functools.lru_cache(maxsize=16)
-def _simulated_level(alpha: float, looks: tuple[int, ...], trim: float) -> float:
-    import numpy as np
-    from scipy.special import stdtr
-
-    rng = np.random.default_rng(20261204)
-    x = rng.standard_normal((LOOK_SIMULATIONS, looks[-1]))
-    smallest_p = np.ones(LOOK_SIMULATIONS)
-    for n in looks:
-        g = math.floor(trim * n)
-        h = n - 2 * g
-        if h < 2:
-            continue  # `paired_estimate` never decides on fewer than two kept blocks
-        ordered = np.sort(x[:, :n], axis=1)
-        kept = ordered[:, g : n - g]
-        winsorized = np.clip(ordered, kept[:, :1], kept[:, -1:])
-        ss = ((winsorized - winsorized.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
-        t = kept.mean(axis=1) / np.sqrt(ss / (h * (h - 1)))
-        smallest_p = np.minimum(smallest_p, stdtr(h - 1, -t))
-    ordered_p = np.sort(smallest_p)
-    # With a level `a` in (p[k-1], p[k]] exactly k checks cross (p < a): the best `a` for
-    # each k is min(p[k], alpha - k / S), usable when it still lies above p[k-1].
-    k = np.arange(LOOK_SIMULATIONS)
-    best = np.minimum(ordered_p, alpha - k / LOOK_SIMULATIONS)
-    usable = best > np.concatenate(([0.0], ordered_p[:-1]))
-    return float(best[usable].max()) if usable.any() else 0.0
 
 
 @dataclass
@@ -427,9 +321,8 @@ class Levels:
 
     Every metric at `alpha_look` (`alpha_per_look(alpha, looks)`), except the per-step
     metrics of a case (`step:0`, `step:1`, ...): one family of `m`, each at the level for
-    `alpha / m`, since a slowdown of the code moves the stage and the step aggregates at
-    the full level, and twenty steps at 1 % each would be twenty chances for noise (the
-    stored gate's `verdict.rule_of` does the same).
+    `alpha / m` (`answer.step_level`, as the stored check splits its level), since a
+    slowdown of the code moves the stage and the step aggregates at the full level.
     """
 
     alpha: float
@@ -442,9 +335,7 @@ class Levels:
 
     def of(self, metric: str, steps: int) -> float:
         """The level of `metric` in a case that has `steps` per-step metrics."""
-        if metric_class(metric) != "denoise_step" or steps < 2:
-            return self.alpha_look
-        return alpha_per_look(self.alpha / steps, self.looks)
+        return alpha_per_look(answers.step_level(metric, self.alpha, steps), self.looks)
 
 
 def judge_blocks(
@@ -544,7 +435,7 @@ def _relative_metrics(
     """The verdict on each metric of either side: latched where decided before, else
     judged on the blocks' log ratios at its level."""
     names = sorted(set(head.samples) | set(base.samples), key=metric_sort_key)
-    steps = sum(1 for m in names if metric_class(m) == "denoise_step")
+    steps = answers.step_count(names)
     compare = levels.compare
     out = []
     for metric in names:
@@ -552,17 +443,20 @@ def _relative_metrics(
             out.append(latched[(cid, metric)])
             continue
         ratios, exponent = compared(blocks, cid, metric, compare.timing)
-        verdict = judge_relative_metric(
-            metric,
+        figure = PairedFigure(
             head.samples.get(metric),
             base.samples.get(metric),
             ratios,
+            head.groups,
+            base.groups,
+            exponent,
+        )
+        verdict = judge_paired(
+            metric,
+            figure,
             alpha=levels.of(metric, steps),
-            head_groups=head.groups,
-            base_groups=base.groups,
             final=final,
             pad=relative_pad(metric, compare.platform),
-            exponent=exponent,
         )
         out.append(verdict)
     return out

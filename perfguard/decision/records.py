@@ -76,7 +76,7 @@ class MetricVerdict(CounterVerdict):
     Its first fields are a counter's verdict (`CounterVerdict`). `low` / `high`
     bound median/baseline at the rule's confidence (one-sided each); `significant`:
     `low` > 1; `borderline`: the next process could flip it (reported); `clear`: more
-    runs of this process would not change it (`stats.median_reach`); `noise`: where the
+    runs of this process would not change it (`comparison.median_reach`); `noise`: where the
     interval came from.
     """
 

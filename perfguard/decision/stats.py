@@ -342,33 +342,6 @@ def log_ratio_noise(baseline: Summary, current: Summary, session: float = 0.0) -
     return Noise(se, within, between, kb, kc, dof, within_dof, session)
 
 
-def median_reach(current: Summary, other: Summary | None, alpha: float) -> float:
-    """How far (a factor >= 1) more runs of the process that measured `current` could
-    still move its median: exp(t x its own standard error), one-sided at `alpha`.
-
-    The futility stop of adaptive sampling asks this, not the verdict's interval: the
-    interval also holds the baseline's noise and the between-process spread, which no
-    number of further runs of this process can shrink, so a stop that waits for the
-    interval to clear the bound waits for ever (unchanged code ran every case to
-    `--max-repeats`). The per-sample noise is `current`'s (`log_spread`), else
-    `other`'s; with neither known (one sample each: a memory figure, an exact count)
-    the median cannot move and the reach is 1.
-    """
-    spread = log_spread(current)
-    if spread is None and other is not None:
-        spread = log_spread(other)
-    if not spread or current.n < 1:
-        return 1.0
-    se = MEDIAN_SE_FACTOR * spread / math.sqrt(current.n)
-    return math.exp(min(t_quantile(alpha, max(1, current.n - 1)) * se, MAX_LOG_SPREAD))
-
-
-MAX_LOG_SPREAD = 50.0
-"""The widest interval, in log units (a factor of e**50): a tiny `--alpha` with few
-degrees of freedom gives a t quantile in the millions, and `exp` of it overflows. An
-interval that wide says what it has to, that nothing is credible, without a crash."""
-
-
 @functools.lru_cache(maxsize=256)
 def satterthwaite(se: float, known: float, dof: int) -> int:
     """Welch-Satterthwaite: the degrees of freedom of se^2 = estimated + known^2, the

@@ -1,10 +1,10 @@
-"""The decision on one metric, one case and one check: slower, same or can't tell.
+"""The decision on one metric and one case: slower, same or can't tell.
 
-Everything that decides lives here, so that "how a regression is decided" is one file:
-the per-metric verdict and its answer (`perfguard.decision.answer`), which verdicts are
-over their bound (the gate confirms the case) or already clear (it stops sampling), the
-per-case verdict and the overall verdict with its exit code. The rule as a card of
-numbered lines, with every constant: `perfguard.decision` (README.md, "The rule").
+The per-metric verdict and its answer (`perfguard.decision.answer`), which verdicts are
+over their bound (the gate confirms the case) or already clear (it stops sampling), and
+the per-case verdict; the check's overall verdict and exit code put the cases together
+(`perfguard.decision.judgement`). The rule as a card of numbered lines, with every
+constant: `perfguard.decision` (README.md, "The rule").
 
 The band, in sglang's words: a metric whose baseline is `b` may not exceed
 `max(b * (1 + rel), b + abs)`; one-sided (only slowdowns fail). The measured figure is
@@ -27,16 +27,18 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.decision import answer as answers
 from perfguard.decision import counters
-from perfguard.decision.answer import SAME_PROCESSES, Answer
+from perfguard.decision.answer import SAME_PROCESSES, Answer, Criteria
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
+from perfguard.decision.contention import ContentionPolicy, Screen
+from perfguard.decision.judgement import Judgement, contended, overall
 from perfguard.decision.normalize import (
     NORMALIZED,
     metric_pair,
     scaled_runs,
     screened_runs,
 )
-from perfguard.decision.options import JudgeOptions
-from perfguard.decision.records import (
+from perfguard.decision.options import JudgeOptions, Judging
+from perfguard.decision.records import (  # noqa: F401  (MISSING, re-exported)
     CONTENDED,
     ERROR,
     IMPROVEMENT,
@@ -44,11 +46,6 @@ from perfguard.decision.records import (
     MISSING_BASELINE,
     MISSING_STAGE,
     NEW_STAGE,
-    OVERALL_CANT_TELL,
-    OVERALL_CONTENDED,
-    OVERALL_ERROR,
-    OVERALL_FAIL,
-    OVERALL_PASS,
     PASS,
     REGRESSION,
     SEVERITY,
@@ -73,18 +70,41 @@ from perfguard.decision.tolerances import (
     Band,
     Profile,
 )
-from perfguard.errors import (
-    EXIT_CASE_FAILED,
-    EXIT_CONTENDED,
-    EXIT_OK,
-    EXIT_REGRESSION,
-)
-from perfguard.metrics import metric_class, metric_sort_key, unit
+from perfguard.metrics import metric_sort_key, unit
 from perfguard.results import CaseResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.results import Results
     from perfguard.storage.baseline import Baseline, Scenario
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One metric of a case as measured: its `samples` (None or empty: not produced), the
+    processes they came from (`groups`: consecutive samples per process or re-run, so
+    that their medians' spread enters the noise), and its `baseline` summary (None: not
+    in the baseline)."""
+
+    metric: str
+    samples: Sequence[float] | None
+    baseline: Summary | None
+    groups: Sequence[int] | None = None
+
+
+@dataclass(frozen=True)
+class Standard:
+    """What one figure is held to: its `band` (the profile's, its pad raised for a noisy
+    baseline), the band *same* is stated within (`same_band`: the profile's own, without
+    that pad: a noisier baseline must not make sameness easier), the evidence `rule`,
+    the offset one session of the runner leaves on it (`session`, `Profile.session`:
+    counted once for the baseline's session and once for this one's), and the
+    baseline's `improvement_threshold`."""
+
+    band: Band
+    same_band: Band
+    rule: Rule = DEFAULT_RULE
+    session: float = 0.0
+    improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD
 
 
 def judge_metric(
@@ -96,14 +116,19 @@ def judge_metric(
     improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
     rule: Rule = DEFAULT_RULE,
     groups: Sequence[int] | None = None,
-    speed: float | None = None,
     session: float = 0.0,
-    same_band: Band | None = None,
 ) -> MetricVerdict:
-    """Compare the median of `samples` with `baseline.median` under `band` and `rule`.
+    """`judge_figure` on `samples` against `baseline` under `band` (*same* stated within
+    it too) and `rule`: the keyword form of one metric's verdict."""
+    standard = Standard(band, band, rule, session, improvement_threshold)
+    return judge_figure(Figure(metric, samples, baseline, groups), standard)
 
-    `samples` None (or empty) means the run did not produce the metric (`missing-stage`);
-    `baseline` None means the baseline does not have it (`new-stage`). Otherwise:
+
+def judge_figure(figure: Figure, standard: Standard, speed: float | None = None) -> MetricVerdict:
+    """Compare the median of `figure`'s samples with its baseline's under `standard`.
+
+    Samples missing mean the run did not produce the metric (`missing-stage`); no
+    baseline means the baseline does not have it (`new-stage`). Otherwise:
 
     - regression: the median is above `band.bound(b)` and the slowdown is credible (the
       rule's lower confidence bound on median/b is above 1);
@@ -111,22 +136,16 @@ def judge_metric(
       stale: never a failure);
     - pass: anything else, including a median above the bound that noise explains.
 
-    `groups` gives the number of consecutive samples from each process (or re-run), so
-    that their medians' spread enters the noise estimate. `speed` is the runner's
-    reference workload now over at baseline time (`perfguard.decision.contention`): when
-    the runner is slower as a whole (speed > 1) and the median divided by it would be
-    within the bound, the metric is `contended` (no verdict, exit 4): the reference
-    tracks the pipelines' speed on average but predicts one measurement's only to
-    11-18 %, several times the minimum effect, so dividing by it would excuse real
-    slowdowns (docs/noise.md). A faster runner adjusts nothing. `session` widens the
-    interval by the offset one session of the runner leaves on the metric
-    (`Profile.session`), once for the baseline's session and once for this one's.
-
-    `same_band` is the band *same* is stated within (`perfguard.decision.answer`): the
-    profile's own, without the noise pad that widens `band` for a noisy baseline (a
-    noisier baseline must not make sameness easier); `band` when not given.
+    `speed` is the runner's reference workload now over at baseline time
+    (`perfguard.decision.contention`): when the runner is slower as a whole (speed > 1)
+    and the median divided by it would be within the bound, the metric is `contended`
+    (no verdict, exit 4): the reference tracks the pipelines' speed on average but
+    predicts one measurement's only to 11-18 %, several times the minimum effect, so
+    dividing by it would excuse real slowdowns (docs/noise.md). A faster runner adjusts
+    nothing.
     """
-    if not samples:
+    metric, baseline, band = figure.metric, figure.baseline, standard.band
+    if not figure.samples:
         if baseline is None:
             raise ValueError(f"{metric}: neither samples nor a baseline")
         return MetricVerdict(
@@ -137,20 +156,24 @@ def judge_metric(
             bound=band.bound(baseline.median),
             reason="in the baseline but not produced by this run",
         )
-    measured = summarize(samples, groups=groups)
+    measured = summarize(figure.samples, groups=figure.groups)
     if baseline is None:
         return MetricVerdict(metric, NEW_STAGE, measured=measured, reason="not in the baseline")
     if baseline.median <= 0 or measured.median <= 0:
         return _judge_on_the_band_alone(metric, measured, baseline, band)
-    c = Comparison.of(metric, measured, baseline, band, rule, session)
-    verdict, reason = _outcome(c, improvement_threshold, speed)
-    answer = _answer(c, verdict, same_band or band)
+    c = Comparison.of(metric, measured, baseline, band, standard.rule, standard.session)
+    verdict, reason = _outcome(c, standard.improvement_threshold, speed)
+    return _compared(c, verdict, reason, _answer(c, verdict, standard.same_band))
+
+
+def _compared(c: Comparison, verdict: str, reason: str, answer: Answer) -> MetricVerdict:
+    """The verdict on a figure compared with its baseline, with the comparison's figures."""
     return MetricVerdict(
-        metric,
+        c.metric,
         verdict,
-        measured,
-        baseline,
-        band,
+        c.measured,
+        c.baseline,
+        c.band,
         c.bound,
         c.ratio,
         reason,
@@ -168,13 +191,12 @@ def _answer(c: Comparison, verdict: str, same_band: Band) -> Answer:
     """The figure's answer (`perfguard.decision.answer.assess`) under the regression
     rule of `c` and the margin of `same_band`. `c.noise.dof` already counts the session
     term as known (`stats.satterthwaite`)."""
+    criteria = Criteria(c.rule.alpha, c.bound / c.b, same_band.bound(c.b) / c.b - 1.0)
     return answers.assess(
         c.ratio,
         c.noise.se,
         c.noise.dof,
-        alpha=c.rule.alpha,
-        threshold=c.bound / c.b,
-        margin=same_band.bound(c.b) / c.b - 1.0,
+        criteria,
         slower=verdict == REGRESSION,
         faster=verdict == IMPROVEMENT,
         enough=c.noise.processes_baseline < 2 or c.noise.processes_current >= SAME_PROCESSES,
@@ -263,8 +285,22 @@ def judge_case(
     step_fractions: Sequence[float] | None = None,
     ignore_missing: Iterable[str] = (),
 ) -> CaseVerdict:
+    """`judge_scenario` under `judging` with `profile`, the improvement threshold and the
+    gated steps' fractions given: the keyword form of one case's verdict."""
+    resolved = Judging(judging, profile, improvement_threshold, step_fractions)
+    return judge_scenario(resolved, case_id, result, scenario, ignore_missing)
+
+
+def judge_scenario(
+    judging: Judging,
+    case_id: str,
+    result: CaseResult,
+    scenario: Scenario | None,
+    ignore_missing: Iterable[str] = (),
+) -> CaseVerdict:
     """Judge every metric of one case's result against its baseline scenario under
-    `judging` (its rule, contention policy, output allowance and timing gate).
+    `judging` (its rule, contention policy, output allowance and timing gate, and the
+    profile they resolved to).
 
     The runs are screened first (`contention.screen`): contended runs are dropped, and a
     measurement mostly contended gets `contended` instead of a judgement on the code. A
@@ -280,84 +316,114 @@ def judge_case(
     if scenario is None:
         return _without_a_baseline(case_id, result, common)
     overrides = [result.case.get("tolerance_overrides") or {}, scenario.tolerance_overrides]
-    allowed = judging.allow_output_change
-    work, output = counters.judge_scenario(result, scenario, profile, overrides, allowed)
+    allowed = judging.options.allow_output_change
+    work, output = counters.judge_scenario(result, scenario, judging.profile, overrides, allowed)
     common |= {"work": work.to_json() or None, "output": output and output.to_json()}
-    raw, scr = screened_runs(result, scenario, judging.policy)
-    result, scaled = scaled_runs(raw, scenario)
-    runner = scr.to_json()
-    speed = scr.speed
-    if scaled:
-        # The runner's speed is divided out run by run: nothing is left for it to excuse.
-        speed, runner["timing"] = None, NORMALIZED
-    base = scenario.metrics
-    steps = gated_steps(scenario.step_count, step_fractions)
-    judged = list(_metrics_to_judge(result.samples, base, steps, set(ignore_missing)))
-    # A server case at a url: its rounds shared one server, whose offset no round shows.
-    shared = result.case.get("workload") == "server" and bool(result.case.get("url"))
-    out, exponents = [], {}
-    for metric in judged:
-        samples, summary, exponent = (
-            metric_pair(metric, raw, result, scenario)
-            if scaled
-            else (result.samples.get(metric), base.get(metric), None)
-        )
-        if exponent is not None:
-            exponents[metric] = round(exponent, 3)
-        own = profile.band(metric, overrides)
-        band = profile.noise_band(own, summary)
-        figure_rule = rule_of(metric, judged, judging.rule)
-        judged_metric = judge_metric(
-            metric,
-            samples,
-            summary,
-            band,
-            improvement_threshold=improvement_threshold,
-            rule=figure_rule,
-            groups=result.groups,
-            speed=speed,
-            session=profile.session(metric, shared_server=shared),
-            same_band=own,
-        )
-        stored = base.get(metric)
-        out.append(
-            _at_resolution(judged_metric, stored, profile, own, figure_rule, judging, shared)
-        )
-    if exponents:
-        runner["reference_exponents"] = exponents
+    runs = Runs.of(result, scenario, judging.options.policy)
+    steps = gated_steps(scenario.step_count, judging.step_fractions)
+    judged = _metrics_to_judge(runs.result.samples, scenario.metrics, steps, set(ignore_missing))
+    out, exponents = _judge_timed(judging, runs, scenario, judged, overrides)
     out.extend(_exact(c) for c in work.metrics)
-    server = (result.observed or {}).get("server")
+    server = (runs.result.observed or {}).get("server")
     out.extend(_exact(c) for c in counters.judge_failures(server, scenario.server))
     kinds = [m.verdict for m in out] + ([REGRESSION] if output and output.failed else [])
-    verdict = CaseVerdict(case_id, worst(kinds), tuple(out), runner=runner, **common)
-    return contended(verdict, scr.reason) if scr.contended else verdict
+    verdict = CaseVerdict(
+        case_id, worst(kinds), tuple(out), runner=runs.runner(exponents), **common
+    )
+    return contended(verdict, runs.screen.reason) if runs.screen.contended else verdict
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A case's runs as its timings are judged: `raw`, the runs the contention screen
+    kept (`screen` says which it dropped and how fast the runner was), and `result`,
+    those runs scaled by the reference beside each where the baseline is normalized
+    (`scaled`)."""
+
+    raw: CaseResult
+    result: CaseResult
+    scaled: bool
+    screen: Screen
+
+    @classmethod
+    def of(cls, result: CaseResult, scenario: Scenario, policy: ContentionPolicy) -> Runs:
+        raw, screen = screened_runs(result, scenario, policy)
+        scaled, is_scaled = scaled_runs(raw, scenario)
+        return cls(raw, scaled, is_scaled, screen)
+
+    @property
+    def speed(self) -> float | None:
+        """The runner's speed the verdict may excuse a slowdown by: none once it is
+        divided out run by run."""
+        return None if self.scaled else self.screen.speed
+
+    def figure(self, metric: str, scenario: Scenario) -> tuple[Figure, float | None]:
+        """`metric`'s figure and, where one was fitted, the reference's exponent."""
+        samples, summary, exponent = (
+            metric_pair(metric, self.raw, self.result, scenario)
+            if self.scaled
+            else (self.result.samples.get(metric), scenario.metrics.get(metric), None)
+        )
+        return Figure(metric, samples, summary, self.result.groups), exponent
+
+    def runner(self, exponents: Mapping[str, float]) -> dict[str, Any]:
+        """What the case verdict records of the runner: the screen, the timing, the
+        reference's fitted exponents."""
+        runner = self.screen.to_json()
+        if self.scaled:
+            runner["timing"] = NORMALIZED
+        if exponents:
+            runner["reference_exponents"] = dict(exponents)
+        return runner
+
+
+def _judge_timed(
+    judging: Judging,
+    runs: Runs,
+    scenario: Scenario,
+    judged: Sequence[str],
+    overrides: Sequence[Any],
+) -> tuple[list[MetricVerdict], dict[str, float]]:
+    """The verdict on each of the `judged` metrics, and the reference's exponent fitted
+    for each that has one."""
+    # A server case at a url: its rounds shared one server, whose offset no round shows.
+    shared = runs.result.case.get("workload") == "server" and bool(runs.result.case.get("url"))
+    out, exponents = [], {}
+    for metric in judged:
+        figure, exponent = runs.figure(metric, scenario)
+        if exponent is not None:
+            exponents[metric] = round(exponent, 3)
+        own = judging.profile.band(metric, overrides)
+        standard = Standard(
+            judging.profile.noise_band(own, figure.baseline),
+            own,
+            rule_of(metric, judged, judging.options.rule),
+            judging.profile.session(metric, shared_server=shared),
+            judging.improvement_threshold,
+        )
+        verdict = judge_figure(figure, standard, runs.speed)
+        out.append(_at_resolution(verdict, scenario.metrics.get(metric), judging, standard))
+    return out, exponents
 
 
 def _at_resolution(
-    m: MetricVerdict,
-    stored: Summary | None,
-    profile: Profile,
-    own: Band,
-    rule: Rule,
-    judging: JudgeOptions,
-    shared_server: bool = False,
+    m: MetricVerdict, stored: Summary | None, judging: Judging, standard: Standard
 ) -> MetricVerdict:
-    """`m` with its answer below resolution where `judging.timing_gate` does not judge it
-    in full on this baseline's runner (`perfguard.decision.resolution`): slower stays
-    slower. The resolution is the stored figure's (`stored`, under the band `own` padded
-    for it), as gen-baselines recorded it, not the figure rescaled to this check's runner
-    speed."""
+    """`m` with its answer below resolution where the timing gate does not judge it in
+    full on this baseline's runner (`perfguard.decision.resolution`): slower stays
+    slower. The resolution is the stored figure's (`stored`, under the band *same* is
+    stated within, padded for it), as gen-baselines recorded it, not the figure rescaled
+    to this check's runner speed."""
     a = m.answer
-    gate = judging.timing_gate
+    gate = judging.options.timing_gate
     if a is None or stored is None or m.metric_class not in RESOLVED_CLASSES or gate == GATE:
         return m
-    band = profile.noise_band(own, stored)
     res = resolution(
         stored,
-        band,
-        alpha=rule.alpha,
-        session=profile.session(m.metric, shared_server=shared_server),
-        processes=1 + judging.max_reruns,
+        judging.profile.noise_band(standard.same_band, stored),
+        alpha=standard.rule.alpha,
+        session=standard.session,
+        processes=1 + judging.options.max_reruns,
     )
     if judged_in_full(gate, res, a.margin):
         return m
@@ -371,13 +437,9 @@ def _exact(counter: counters.CounterVerdict) -> MetricVerdict:
 
 def rule_of(metric: str, judged: Sequence[str], rule: Rule) -> Rule:
     """The rule `metric` is judged by among a case's `judged` metrics: the per-step
-    metrics are one family and share `rule.alpha` (Bonferroni, each at alpha / m of the
-    m steps judged), the others take it whole: twenty steps at 1 % each would be twenty
-    chances for noise to fail a case (docs/relative.md)."""
-    if metric_class(metric) != "denoise_step":
-        return rule
-    m = sum(1 for name in judged if metric_class(name) == "denoise_step")
-    return dataclasses.replace(rule, alpha=rule.alpha / m) if m > 1 else rule
+    metrics share `rule.alpha` (`answer.step_level`), the others take it whole."""
+    level = answers.step_level(metric, rule.alpha, answers.step_count(judged))
+    return rule if level == rule.alpha else dataclasses.replace(rule, alpha=level)
 
 
 def _case_fields(result: CaseResult, scenario: Scenario | None) -> dict[str, Any]:
@@ -423,99 +485,6 @@ def _metrics_to_judge(
     ]
 
 
-# ---- overall -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """Every case's verdict under one profile, and what that means for the exit code.
-
-    `advisory` (from the flag, the profile or the baseline's metadata) reports
-    regressions without failing: a platform whose runners are too noisy to gate on yet,
-    as sglang treats its AMD runners. It does not hide cases that cannot run (exit 3):
-    a crash is a broken setup, not a noisy figure.
-    """
-
-    profile: str
-    cases: tuple[CaseVerdict, ...]
-    fail_on_missing: bool = False
-    advisory: bool = False
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """Metric verdicts by kind, plus case errors under `error`."""
-        out = dict.fromkeys(SEVERITY, 0)
-        for case in self.cases:
-            if case.verdict == ERROR:
-                out[ERROR] += 1
-            for m in case.metrics:
-                out[m.verdict] += 1
-        return out
-
-    @property
-    def answer(self) -> str | None:
-        """The check's answer: its worst case's (None when no case has one)."""
-        return answers.worst([c.answer for c in self.cases if c.answer is not None])
-
-    @property
-    def verdict(self) -> str:
-        return overall(self.cases, self.fail_on_missing, self.advisory)[0]
-
-    @property
-    def exit_code(self) -> int:
-        return overall(self.cases, self.fail_on_missing, self.advisory)[1]
-
-
-def overall(
-    cases: Iterable[CaseVerdict], fail_on_missing: bool = False, advisory: bool = False
-) -> tuple[str, int]:
-    """The run's verdict and exit code: fail (1) > error (3) > contended, can't tell
-    (4) > pass (0).
-
-    A regression (a *slower* answer) fails the run (exit 1) unless advisory; with
-    `fail_on_missing` so do metrics or cases missing from the baseline and stages
-    missing from the run. Else a case that failed to run makes it exit 3; else a case
-    measured on a runner that stayed contended, or a timed figure the check could not
-    tell from its baseline (*can't tell*), makes it exit 4: no verdict on the code (the
-    report says what would resolve it); advisory checks report it with exit 0. Else 0:
-    every figure *same* (or faster). Improvements never fail.
-    """
-    cases = list(cases)
-    bad = {REGRESSION, *MISSING} if fail_on_missing else {REGRESSION}
-    failing = any(m.verdict in bad for c in cases for m in c.metrics)
-    failing = failing or any(c.output_failed for c in cases)
-    if fail_on_missing and any(c.verdict == MISSING_BASELINE for c in cases):
-        failing = True
-    if failing and not advisory:
-        return OVERALL_FAIL, EXIT_REGRESSION
-    if any(c.verdict == ERROR for c in cases):
-        return OVERALL_ERROR, EXIT_CASE_FAILED
-    if any(c.verdict == CONTENDED for c in cases):
-        return OVERALL_CONTENDED, EXIT_CONTENDED
-    if not advisory and any(c.answer == answers.CANT_TELL for c in cases):
-        return OVERALL_CANT_TELL, EXIT_CONTENDED
-    return OVERALL_PASS, EXIT_OK
-
-
-def contended(case: CaseVerdict, why: str) -> CaseVerdict:
-    """`case` re-labelled `contended`: its regressions say the runner was slow, not the code.
-
-    The metric verdicts are kept for the reader, except that a regression becomes
-    `contended` with `why` in its reason: a slowdown measured on a machine that was
-    itself much slower than at baseline time says nothing about the change.
-    """
-    metrics = tuple(
-        dataclasses.replace(m, verdict=CONTENDED, reason=f"{why}; {m.reason}")
-        if m.verdict == REGRESSION and not counters.is_exact(m.metric)
-        else m
-        for m in case.metrics
-    )
-    # A count or an output does not depend on how busy the runner was: they still fail.
-    exact = any(m.verdict == REGRESSION and counters.is_exact(m.metric) for m in metrics)
-    verdict = REGRESSION if exact or case.output_failed else CONTENDED
-    return dataclasses.replace(case, verdict=verdict, metrics=metrics, error=why)
-
-
 def judge_against(
     baseline: Baseline,
     profile: Profile,
@@ -525,17 +494,12 @@ def judge_against(
     judging: JudgeOptions = DEFAULT_JUDGING,
     ignore_missing: Iterable[str] = (),
 ) -> CaseVerdict:
-    """`judge_case` with the case's scenario, improvement threshold and step fractions
-    taken from `baseline`: what `judge` does per case, and the gate after each look."""
-    return judge_case(
-        case_id,
-        result,
-        baseline.scenarios.get(case_id),
-        profile,
-        judging=judging,
-        improvement_threshold=baseline.improvement_threshold,
-        step_fractions=baseline.step_fractions,
-        ignore_missing=ignore_missing,
+    """`judge_scenario` with the case's scenario, improvement threshold and step fractions
+    taken from `baseline`, and `profile` the one `judging` names there (looked up once by
+    the caller): what the gate asks after each look."""
+    resolved = Judging(judging, profile, baseline.improvement_threshold, baseline.step_fractions)
+    return judge_scenario(
+        resolved, case_id, result, baseline.scenarios.get(case_id), ignore_missing
     )
 
 
@@ -545,17 +509,19 @@ def judge_with(
     baseline: Baseline,
     ignore_missing: Iterable[str] = (),
 ) -> Judgement:
-    """Judge every case of `results` against `baseline` under `judging`, passed whole.
+    """Judge every case of `results` against `baseline` under `judging`, passed whole and
+    resolved against the baseline once (`JudgeOptions.against`).
 
     The run is advisory when `judging.advisory` says so, when the profile does, or when
     the baseline's metadata marks its platform advisory.
     """
-    profile = baseline.profile(judging.profile)
+    resolved = judging.against(baseline)
     ignored = tuple(ignore_missing)
     cases = tuple(
-        judge_against(baseline, profile, cid, res, judging=judging, ignore_missing=ignored)
+        judge_scenario(resolved, cid, res, baseline.scenarios.get(cid), ignored)
         for cid, res in sorted(results.cases.items())
     )
+    profile = resolved.profile
     advisory = judging.advisory or profile.advisory or bool(baseline.metadata.get("advisory"))
     return Judgement(judging.profile, cases, judging.fail_on_missing, advisory)
 

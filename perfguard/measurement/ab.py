@@ -30,8 +30,7 @@ from typing import Any
 
 from perfguard.decision.answer import Answer
 from perfguard.decision.comparison import RELATIVE_ALPHA
-from perfguard.decision.estimate import DIFFERENT, PairedEstimate
-from perfguard.decision.paired import answer_of, paired_estimate
+from perfguard.decision.estimate import PairedEstimate, paired_estimate
 from perfguard.decision.stats import summarize
 from perfguard.decision.tolerances import min_effect
 from perfguard.device.platform import Platform
@@ -148,15 +147,13 @@ class ABResult:
                 continue
             effect = min_effect(name)
             est = paired_estimate(logs, effect, RELATIVE_ALPHA)
-            slower = est.slower
-            faster = est.decision == DIFFERENT and est.ratio < 1.0
             out.append(
                 MetricComparison(
                     metric=name,
                     median_a=summarize(a).median,
                     median_b=summarize(b).median,
                     estimate=est,
-                    answer=answer_of(est, slower, faster, effect),
+                    answer=est.answer,
                     n_a=len(a),
                     n_b=len(b),
                 )
