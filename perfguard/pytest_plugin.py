@@ -360,12 +360,12 @@ def check(
     """Judge `results` against a baseline file as `perfguard judge --results` does
     (`perfguard.api.judge_results`); the Report, also written to `report_path`."""
     from perfguard import api
-    from perfguard.decision.tolerances import DEFAULT_PROFILE
+    from perfguard.api.options import DEFAULT_PROFILE, JudgeOptions
 
     report = api.judge_results(
         results,
+        JudgeOptions(profile=profile or DEFAULT_PROFILE),
         baseline=str(baseline_path),
-        profile=profile or DEFAULT_PROFILE,
         source="this pytest session",
     )
     if report_path:

@@ -1,5 +1,6 @@
 """The library API: what each command does, one function each, a module per command
-(`run`, `baselines`, `check`, `judge`, `compare`, `calibrate`; `common` is what they share).
+(`run`, `baselines`, `check`, `judge`, `compare`, `calibrate`, `ab`, `bisect`, `explain`,
+`serve`; `common` is what they share, `options` the values they take from a command line).
 
     from perfguard import MeasureOptions, Selection, check, gen_baselines
 
@@ -18,11 +19,15 @@ Errors the user can fix raise `PerfguardError` (one line, exit 2); progress note
 
 from __future__ import annotations
 
+from perfguard.api.ab import ab, variants
 from perfguard.api.baselines import BaselineUpdate, gen_baselines
-from perfguard.api.calibrate import Calibration, calibrate
-from perfguard.api.check import check, write_report
+from perfguard.api.bisect import BisectOptions, bisect, write_bisect
+from perfguard.api.calibrate import CalibrateOptions, Calibration, calibrate
+from perfguard.api.check import MOVED_FROM_CHECK, check, write_report
 from perfguard.api.common import (
+    NO_OUTPUTS,
     Echo,
+    Outputs,
     baseline_path,
     load_baseline,
     probe,
@@ -32,18 +37,31 @@ from perfguard.api.common import (
     shard,
 )
 from perfguard.api.compare import check_relative
-from perfguard.api.judge import check_perf_log, check_results, judge_results
+from perfguard.api.explain import against_of, attribute_regressions, explain
+from perfguard.api.judge import check_perf_log, check_results, judge, judge_results
 from perfguard.api.run import run
-from perfguard.measurement.explain import attribute_regressions, explain
+from perfguard.api.serve import ServeSettings, serve
+from perfguard.storage.jsonio import write_json_atomic, write_text_atomic
 from perfguard.storage.refresh import RefreshOptions
+from perfguard.storage.reports import Report
 
 __all__ = [
+    "MOVED_FROM_CHECK",
+    "NO_OUTPUTS",
     "BaselineUpdate",
+    "BisectOptions",
+    "CalibrateOptions",
     "Calibration",
     "Echo",
+    "Outputs",
     "RefreshOptions",
+    "Report",
+    "ServeSettings",
+    "ab",
+    "against_of",
     "attribute_regressions",
     "baseline_path",
+    "bisect",
     "calibrate",
     "check",
     "check_perf_log",
@@ -51,6 +69,7 @@ __all__ = [
     "check_results",
     "explain",
     "gen_baselines",
+    "judge",
     "judge_results",
     "load_baseline",
     "probe",
@@ -58,6 +77,11 @@ __all__ = [
     "run",
     "run_cases",
     "select_cases",
+    "serve",
     "shard",
+    "variants",
+    "write_bisect",
+    "write_json_atomic",
     "write_report",
+    "write_text_atomic",
 ]

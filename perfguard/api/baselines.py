@@ -72,12 +72,50 @@ def gen_baselines(
     read, before measuring. `say` hears each case's outcome.
     """
     _refuse_injection(options)
+    from perfguard.storage import baseline as store
+
+    platform = resolve_platform(platform)
+    target = _open_target(selection, baseline, storing, platform, echo)
+    cases = target.cases
+    update = BaselineUpdate(path=target.path, results=Results({}, {}), selected=len(cases))
+    update.tightened = storing.tighten
+    meter = LoadMeter(root=tree_root()).start()
+    record = _Recorder(target, storing, update, meter, say)
+    update.results = run_cases(cases, platform, options, on_case=record, warm=warm)
+    _wait_out_contention(cases, record.waiting, update, say, lambda todo: run_cases(
+        todo, platform, options, on_case=record, warm=warm), meter)  # fmt: skip
+    if storing.prune:
+        known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
+        update.pruned = store.prune(target.path, known)
+    return update
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The baseline file gen-baselines writes and what it needs to write a case: the
+    cases of this shard, this runner's environment, the timing stored and the file as
+    it was before measuring."""
+
+    path: str
+    cases: list[Case]
+    environment: dict[str, Any]
+    timing: str
+    earlier: Any
+
+
+def _open_target(
+    selection: Selection,
+    baseline: str | None,
+    storing: RefreshOptions,
+    platform: Platform,
+    echo: Echo,
+) -> _Target:
+    """The selected cases and the baseline file; a bad timing or a file that cannot be
+    read fails here, before measuring."""
     from perfguard.decision.normalize import timing_of
     from perfguard.device.platform import fingerprint
     from perfguard.storage import baseline as store
-    from perfguard.storage import refresh
 
-    platform = resolve_platform(platform)
     path = baseline_path(baseline, platform.name, platform.hardware_slug())
     cases = select_cases(platform.name, dataclasses.replace(selection, shard=None), echo=echo)
     environment = fingerprint(platform)
@@ -85,40 +123,49 @@ def gen_baselines(
     with store.lock(path):
         earlier = store.open_for_update(path, environment)  # refuse an unreadable file first
     cases = shard(cases, selection.shard, path, echo=echo)
-    update = BaselineUpdate(path=path, results=Results({}, {}), selected=len(cases))
-    update.tightened = storing.tighten
-    meter = LoadMeter(root=tree_root()).start()
-    waiting: dict[str, str] = {}  # case id -> why its session was busy
+    return _Target(path, cases, environment, timing, earlier)
 
-    def on_case(result: CaseResult) -> None:
-        load = meter.read()
+
+class _Recorder:
+    """Stores each measured case as it comes (`refresh.record_measured`), says what it
+    did, and keeps the cases whose session was busy (`waiting`: case id -> why)."""
+
+    def __init__(
+        self,
+        target: _Target,
+        storing: RefreshOptions,
+        update: BaselineUpdate,
+        meter: Any,
+        say: Echo,
+    ) -> None:
+        self.target, self.storing, self.update = target, storing, update
+        self.meter, self.say = meter, say
+        self.waiting: dict[str, str] = {}
+
+    def __call__(self, result: CaseResult) -> None:
+        from perfguard.storage import refresh
+
+        load = self.meter.read()
         if result.status != "ok":
-            say(f"{result.case_id}: error, baseline not updated: {result.error}")
+            self.say(f"{result.case_id}: error, baseline not updated: {result.error}")
             return
+        target, storing = self.target, self.storing
         done = refresh.record_measured(
-            path, result, environment, earlier.scenarios.get(result.case_id),
-            allow_busy=storing.allow_busy, tighten=storing.tighten, timing=timing,
+            target.path, result, target.environment, target.earlier.scenarios.get(result.case_id),
+            allow_busy=storing.allow_busy, tighten=storing.tighten, timing=target.timing,
             foreign_load=load,
         )  # fmt: skip
         if done.stored is None:
-            waiting[result.case_id] = done.busy or "busy"
+            self.waiting[result.case_id] = done.busy or "busy"
             return
-        waiting.pop(result.case_id, None)
+        self.waiting.pop(result.case_id, None)
         if done.busy:
-            say(f"{result.case_id}: warning: the runner was busy ({done.busy}); marked busy")
+            self.say(f"{result.case_id}: warning: the runner was busy ({done.busy}); marked busy")
         if done.contended:
-            update.contended.append(result.case_id)
-            say(f"{result.case_id}: warning: {done.contended}; kept every run, marked busy")
-        update.saved.append(result.case_id)
-        say(_saved_line(done.stored, done.scenario))
-
-    update.results = run_cases(cases, platform, options, on_case=on_case, warm=warm)
-    _wait_out_contention(cases, waiting, update, say, lambda todo: run_cases(
-        todo, platform, options, on_case=on_case, warm=warm), meter)  # fmt: skip
-    if storing.prune:
-        known = {c.id for c in load_registry(platform.name, selection.cases_dir)}
-        update.pruned = store.prune(path, known)
-    return update
+            self.update.contended.append(result.case_id)
+            self.say(f"{result.case_id}: warning: {done.contended}; kept every run, marked busy")
+        self.update.saved.append(result.case_id)
+        self.say(_saved_line(done.stored, done.scenario))
 
 
 def _refuse_injection(options: MeasureOptions) -> None:

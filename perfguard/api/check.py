@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from perfguard.api.common import (
+    NO_OUTPUTS,
     Echo,
+    Outputs,
     baseline_path,
     load_baseline,
     resolve_platform,
@@ -31,6 +33,22 @@ if TYPE_CHECKING:
     from perfguard.device.platform import Platform
 
 
+MOVED_FROM_CHECK = {
+    "--against": "compare --against DIR|REF",
+    "--against-ref": "compare --against REF",
+    "--against-subdir": "compare --against-subdir SUB",
+    "--settle": "compare --against REF (the relative check) where the stored check can't tell",
+    "--budget-s": "compare --budget-s",
+    "--timing": "compare --timing (a stored check follows its baseline's)",
+    "--write-baseline": "compare --write-baseline",
+    "--counters-only": "check-work",
+    "--results": "judge --results FILE",
+    "--sglang-perf-log": "judge --sglang-perf-log FILE",
+}
+"""`check`'s old spellings of the other commands' jobs, and where each went: the command
+line refuses each (exit 2) naming the command that took it over."""
+
+
 # Only a first measurement in workers starts the server first: a server started for
 # confirmations that may never come cost a check ~3 s on a 2-core runner (docs/verdicts.md).
 @in_warm_pool(lambda options, kw: options.isolated and not options.counters_only)
@@ -40,24 +58,22 @@ def check(
     *,
     judging: JudgeOptions | None = None,
     baseline: str | None = None,
-    out: str | None = None,
+    outputs: Outputs = NO_OUTPUTS,
     platform: Platform | str | None = None,
     echo: Echo = to_stderr,
     warm: Any = None,
-    traces_dir: str | None = None,
 ) -> Report:
     """Run the selected cases through the gate and judge them against the baseline.
 
     What can be wrong with the baseline (missing, unreadable, another platform or
     thread count, an unknown profile) fails before anything runs. The gate
     (`perfguard.decision.gate`) measures a case over a bound or that can't tell in
-    fresh processes, drops contended runs and stops sampling clear cases early; `out`
-    also writes the results it judged; `judging` (`JudgeOptions`) says how to judge; a
-    timed regression's attribution traces go to `traces_dir`.
+    fresh processes, drops contended runs and stops sampling clear cases early;
+    `outputs.results` also gets the results it judged; `judging` (`JudgeOptions`) says
+    how to judge; a timed regression's attribution traces go to `outputs.traces_dir()`.
     `options.counters_only` (the work check) times nothing: each case runs once and
     once counted, and only what is exact is judged (work, output, CPU tensor memory).
     """
-    from perfguard.decision.gate import DEFAULT_MAX_REPEATS, run_gate
     from perfguard.measurement.comparable import check_comparable
     from perfguard.storage.reports import build_against, write_results
 
@@ -65,7 +81,36 @@ def check(
     platform = resolve_platform(platform)
     cases, base, path = _stored_setup(selection, options, judging, baseline, platform, echo)
     if options.counters_only:
-        return _check_counters(cases, platform, options, judging, (base, path), selection, out)
+        stored = (base, path)
+        return _check_counters(cases, platform, options, judging, stored, selection, outputs)
+    outcome, first = _through_gate(cases, base, judging, platform, options, warm, echo)
+    results = outcome.results
+    if outputs.results:
+        write_results(outputs.results, results)
+    check_comparable(results, base, path)
+    warn_hardware(results, base, echo)
+    settings = _stored_settings(first, judging, selection)
+    report = build_against(outcome.judgement, results, base, path, settings=settings)
+    # A timed regression gets its per-op attribution against the baseline's revision; a
+    # server case has no pipeline here to profile (its pipeline runs in the server).
+    pipelines = [c for c in cases if c.workload != SERVER]
+    return attribute_regressions(report, pipelines, options, None, platform=platform.name,
+                                 traces_dir=outputs.traces_dir())  # fmt: skip
+
+
+def _through_gate(
+    cases: list[Case],
+    base: Baseline,
+    judging: JudgeOptions,
+    platform: Platform,
+    options: MeasureOptions,
+    warm: Any,
+    echo: Echo,
+) -> tuple[Any, MeasureOptions]:
+    """Measure `cases` through the gate (`run_gate`): its outcome, and the options of the
+    first measurement (adaptive sampling's cap in `max_repeats`)."""
+    from perfguard.decision.gate import DEFAULT_MAX_REPEATS, run_gate
+
     # Adaptive sampling needs the verdict after every run, so it applies when the cases
     # run in this process; in workers each measurement is REPEATS runs.
     in_process = not options.uses_workers(cases)
@@ -95,22 +140,19 @@ def check(
             max_repeats=cap if adaptive else None,
             on_event=lambda case_id, message: echo(f"perfguard: {case_id}: {message}"),
         )
-    results = outcome.results
-    if out:
-        write_results(out, results)
-    check_comparable(results, base, path)
-    warn_hardware(results, base, echo)
-    # The report records how the first measurement sampled (`max_repeats`: its cap).
+    return outcome, first
+
+
+def _stored_settings(
+    first: MeasureOptions, judging: JudgeOptions, selection: Selection
+) -> dict[str, Any]:
+    """The settings a stored check's report records: how the first measurement sampled
+    (`max_repeats`: its cap) and how it was judged."""
     settings = {"source": "run", **first.settings("check"), "shard": selection.shard}
     settings |= {"max_reruns": judging.max_reruns, "confirm_gap_s": judging.confirm_gap_s}
     settings["alpha"] = judging.rule.alpha
     settings["timing_gate"] = judging.timing_gate
-    report = build_against(outcome.judgement, results, base, path, settings=settings)
-    # A timed regression gets its per-op attribution against the baseline's revision; a
-    # server case has no pipeline here to profile (its pipeline runs in the server).
-    pipelines = [c for c in cases if c.workload != SERVER]
-    return attribute_regressions(report, pipelines, options, None, platform=platform.name,
-                                 traces_dir=traces_dir)  # fmt: skip
+    return settings
 
 
 def _stored_setup(
@@ -143,7 +185,7 @@ def _check_counters(
     judging: JudgeOptions,
     stored: tuple[Baseline, str],
     selection: Selection,
-    out: str | None,
+    outputs: Outputs,
 ) -> Report:
     """`check-work`: one counted run per case, judged on what is exact."""
     from perfguard.measurement.work import refuse_another_context
@@ -153,8 +195,8 @@ def _check_counters(
     refuse_another_context(cases, platform, base, path)
     counted = options.replace(counters_only=True, max_repeats=None)
     results = run_cases(cases, platform, counted)
-    if out:
-        write_results(out, results)
+    if outputs.results:
+        write_results(outputs.results, results)
     timed = {
         m
         for cid in results.cases

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perfguard.errors import PerfguardError
@@ -23,6 +24,29 @@ Echo = Callable[[str], None]
 
 def to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What a check writes besides its table: the JSON report, the Markdown report, the
+    results of the cases it ran; and whether the table shows passing step metrics."""
+
+    report: str | None = None
+    markdown: str | None = None
+    results: str | None = None
+    all_metrics: bool = False
+
+    def traces_dir(self) -> str | None:
+        """Where the per-op attribution's Chrome traces go: `$PERFGUARD_TRACES_DIR` when
+        set, else beside the JSON report (none without one)."""
+        from perfguard.measurement.explain import ENV_TRACES_DIR
+
+        if os.environ.get(ENV_TRACES_DIR):
+            return os.environ[ENV_TRACES_DIR]
+        return os.path.dirname(os.path.abspath(self.report)) if self.report else None
+
+
+NO_OUTPUTS = Outputs()
 
 
 def probe(name: str | None = None) -> Platform:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from perfguard.api.common import Echo, probe, select_cases, to_stderr
+from perfguard.api.common import NO_OUTPUTS, Echo, Outputs, probe, select_cases, to_stderr
 from perfguard.decision.gate import RELATIVE_JUDGING, JudgeOptions
 from perfguard.errors import PerfguardError
 from perfguard.measurement.explain import attribute_regressions
@@ -26,10 +26,9 @@ def check_relative(
     against: RelativeOptions,
     *,
     judging: JudgeOptions | None = None,
-    out: str | None = None,
+    outputs: Outputs = NO_OUTPUTS,
     platform: Platform | None = None,
     echo: Echo = to_stderr,
-    traces_dir: str | None = None,
 ) -> Report:
     """The relative check: this revision against a base one, side by side, no baseline.
 
@@ -37,6 +36,8 @@ def check_relative(
     interleaved blocks of fresh processes, judged on their paired per-block ratios
     (`perfguard.decision.paired`). Bad options, registry, base or baseline path fail
     before the first block. `judging` (default `RELATIVE_JUDGING`) less confirmations.
+    `outputs.results` also gets the head's results; the attribution's traces go to
+    `outputs.traces_dir()`.
     """
     from perfguard.decision.paired import BASE, HEAD
     from perfguard.storage import refresh
@@ -63,11 +64,11 @@ def check_relative(
         outcome.judgement, environment=environment, against=against_info, settings=settings
     )  # then the regressed timings' per-op attribution (measurement/explain.py)
     report = attribute_regressions(report, cases, options, against, platform=platform.name,
-                                   traces_dir=traces_dir)  # fmt: skip
-    if out:
+                                   traces_dir=outputs.traces_dir())  # fmt: skip
+    if outputs.results:
         head = Results(environment=environment, settings=settings)
         head.cases = dict(outcome.pooled[HEAD])
-        write_results(out, head)
+        write_results(outputs.results, head)
     if against.write_baseline:
         base_env = {**environment, "git_commit": base.commit}
         for _, result in sorted(outcome.pooled[BASE].items()):

@@ -3,7 +3,7 @@ against a baseline; nothing runs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from perfguard.api.check import warn_hardware
 from perfguard.api.common import Echo, baseline_path, load_baseline, to_stderr
@@ -14,8 +14,30 @@ from perfguard.results import Results
 from perfguard.storage.cases import Selection
 from perfguard.storage.reports import Report
 
-if TYPE_CHECKING:
-    pass
+
+def judge(
+    results_file: str | None,
+    perf_log: str | None,
+    selection: Selection,
+    judging: JudgeOptions,
+    baseline: str | None = None,
+    echo: Echo = to_stderr,
+) -> Report:
+    """`perfguard judge`: a results file (`check_results`) or sglang's performance.log
+    (`check_perf_log`, which needs `baseline` and takes at most one selected case)
+    against a baseline; nothing runs. One of the two files, not both."""
+    if results_file and perf_log:
+        raise PerfguardError("use either --results or --sglang-perf-log, not both")
+    if perf_log:
+        if not baseline:
+            raise PerfguardError("--sglang-perf-log needs --baseline (the log names no platform)")
+        if len(selection.case_ids) > 1:
+            raise PerfguardError("--sglang-perf-log takes at most one --case")
+        case_id = selection.case_ids[0] if selection.case_ids else None
+        return check_perf_log(perf_log, judging=judging, baseline=baseline, case_id=case_id)
+    if results_file:
+        return check_results(results_file, selection, judging=judging, baseline=baseline, echo=echo)
+    raise PerfguardError("judge needs --results FILE or --sglang-perf-log FILE")
 
 
 def check_results(
@@ -37,46 +59,24 @@ def check_results(
         "warmup": results.settings.get("warmup"),
         "inject": results.settings.get("inject"),
     }
-    judging = judging or JudgeOptions()
-    return _judge_results(
+    return judge_results(
         results, judging, baseline=baseline, settings=settings, source=results_file, echo=echo
     )
 
 
 def judge_results(
     results: Results,
+    judging: JudgeOptions | None = None,
     *,
     baseline: str | None = None,
-    profile: str = "pr_test",
-    fail_on_missing: bool = False,
-    advisory: bool = False,
     settings: dict[str, Any] | None = None,
     source: str = "the results",
     echo: Echo = to_stderr,
-    allow_output_change: bool = False,
 ) -> Report:
     """Judge `results` measured elsewhere (a results file, a pytest session) against the
-    baseline at `baseline` (default: its platform and hardware's); no torch."""
-    judging = JudgeOptions(
-        profile=profile,
-        fail_on_missing=fail_on_missing,
-        advisory=advisory,
-        allow_output_change=allow_output_change,
-    )
-    return _judge_results(
-        results, judging, baseline=baseline, settings=settings, source=source, echo=echo
-    )
-
-
-def _judge_results(
-    results: Results,
-    judging: JudgeOptions,
-    *,
-    baseline: str | None,
-    settings: dict[str, Any] | None,
-    source: str,
-    echo: Echo,
-) -> Report:
+    baseline at `baseline` (default: its platform and hardware's), as `judging` says;
+    no torch. `settings` (default: the results') is what the report records; `source`
+    names the results in an error."""
     from perfguard.measurement.comparable import check_comparable
     from perfguard.storage.reports import build_against
 
@@ -89,7 +89,7 @@ def _judge_results(
         )
     check_comparable(results, base, path)
     warn_hardware(results, base, echo)
-    judgement = judge_with(judging, results, base)
+    judgement = judge_with(judging or JudgeOptions(), results, base)
     return build_against(
         judgement, results, base, path, settings=results.settings if settings is None else settings
     )

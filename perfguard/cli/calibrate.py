@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from perfguard import api
+from perfguard.api.calibrate import CalibrateOptions, check_setup_from
+from perfguard.api.options import MeasureOptions, Selection, popped
 from perfguard.cli.common import (
     CONTEXT_SETTINGS,
     baseline_option,
@@ -22,62 +22,54 @@ from perfguard.cli.common import (
     platform_option,
     profile_option,
     selection_options,
+    value_options,
 )
-from perfguard.errors import EXIT_CASE_FAILED, EXIT_CODES_HELP, EXIT_OK, PerfguardError
-from perfguard.measurement.options import MeasureOptions
+from perfguard.errors import EXIT_CASE_FAILED, EXIT_CODES_HELP, EXIT_OK
 from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import ab_table, calibration_table
-from perfguard.storage.cases import Selection
-from perfguard.storage.jsonio import write_json_atomic
 
 if TYPE_CHECKING:
-    from perfguard.decision.calibrate import CheckSetup
+    from perfguard.api.calibrate import CheckSetup
 
 
-def check_setup_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The checks calibrated for (--check-processes, --max-reruns, --baseline-processes,
-    --trials); the command gets `setup: CheckSetup`. Goes below `measurement_options`,
-    whose `options` gives the checks' repeats."""
+_CHECK_SETUP_OPTIONS = [
+    count_option("--check-processes", 1, 1, "The --processes of the checks calibrated for."),
+    max_reruns_option("The --max-reruns of the checks calibrated for."),
+    click.option(
+        "--check-isolate",
+        is_flag=True,
+        help="Accepted for older command lines; no effect: a check's confirmations "
+        "always run in fresh processes, and calibrate simulates them so.",
+    ),
+    count_option(
+        "--baseline-processes",
+        1,
+        1,
+        "The baseline's processes where the baseline does not record them.",
+    ),
+    count_option(
+        "--trials", 400, 50, "Simulated checks per point (false-alarm resolution ~ 1/trials)."
+    ),
+]
 
-    @functools.wraps(fn)
-    def wrapper(**kwargs: Any) -> Any:
-        from perfguard.decision.calibrate import CheckSetup
+check_setup_options = value_options("setup", check_setup_from, _CHECK_SETUP_OPTIONS)
+"""The checks calibrated for (--check-processes, --max-reruns, --baseline-processes,
+--trials); the command gets `setup: CheckSetup`. Goes below `measurement_options`,
+whose `options` gives the checks' repeats."""
 
-        kwargs.pop("check_isolate")
-        kwargs["setup"] = CheckSetup(
-            repeats=kwargs["options"].repeats,
-            baseline_processes=kwargs.pop("baseline_processes"),
-            check_processes=kwargs.pop("check_processes"),
-            max_reruns=kwargs.pop("max_reruns"),
-            trials=kwargs.pop("trials"),
-        )
-        return fn(**kwargs)
 
-    options = [
-        count_option("--check-processes", 1, 1, "The --processes of the checks calibrated for."),
-        max_reruns_option("The --max-reruns of the checks calibrated for."),
-        click.option(
-            "--check-isolate",
-            is_flag=True,
-            help="Accepted for older command lines; no effect: a check's confirmations "
-            "always run in fresh processes, and calibrate simulates them so.",
-        ),
-        count_option(
-            "--baseline-processes",
-            1,
-            1,
-            "The baseline's processes where the baseline does not record them.",
-        ),
-        count_option(
-            "--trials", 400, 50, "Simulated checks per point (false-alarm resolution ~ 1/trials)."
-        ),
-    ]
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
+def _calibrating_from(flags: dict[str, Any]) -> CalibrateOptions:
+    return CalibrateOptions(
+        **popped(flags, "profile", "write", "all_metrics", baseline="baseline_path")
+    )
+
+
+def _variants_from(flags: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return api.variants(*popped(flags, "toggles", "spec_a", "spec_b").values())
 
 
 @click.command("calibrate", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
+@value_options("calibrating", _calibrating_from, [])
 @platform_option
 @selection_options(shard=False)
 @baseline_option
@@ -103,13 +95,10 @@ def check_setup_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def calibrate_command(
     platform_name: str | None,
     selection: Selection,
-    baseline_path: str | None,
     runs: int,
     options: MeasureOptions,
-    profile: str,
     setup: CheckSetup,
-    all_metrics: bool,
-    write: bool,
+    calibrating: CalibrateOptions,
     json_out: str | None,
 ) -> int:
     """Measure this runner's noise per metric and what the gate can catch through it.
@@ -125,10 +114,7 @@ def calibrate_command(
         selection,
         options.replace(processes=runs),
         setup,
-        baseline=baseline_path,
-        profile=profile,
-        write=write,
-        all_metrics=all_metrics,
+        calibrating,
         platform=api.probe(platform_name),
         echo=echo_err,
     )
@@ -143,7 +129,7 @@ def calibrate_command(
         "often (less, as its metrics move together); steps are left out unless --all-metrics"
     )
     if json_out:
-        write_json_atomic(json_out, result.to_json())
+        api.write_json_atomic(json_out, result.to_json())
     if result.written:
         out.print(escape(f"{result.path}: suggested bands written as tolerance_overrides"))
     return EXIT_CASE_FAILED if result.failed else EXIT_OK
@@ -153,14 +139,20 @@ def calibrate_command(
 @platform_option
 @click.argument("case_id")
 @cases_dir_option
-@click.option(
-    "--toggle",
-    "toggles",
-    multiple=True,
-    help="Optimization to measure: A = off (reference), B = on (repeatable).",
+@value_options(
+    "variant_pair",
+    _variants_from,
+    [
+        click.option(
+            "--toggle",
+            "toggles",
+            multiple=True,
+            help="Optimization to measure: A = off (reference), B = on (repeatable).",
+        ),
+        click.option("--a", "spec_a", default=None, help="Variant A as 'key=value,...'."),
+        click.option("--b", "spec_b", default=None, help="Variant B as 'key=value,...'."),
+    ],
 )
-@click.option("--a", "spec_a", default=None, help="Variant A as 'key=value,...'.")
-@click.option("--b", "spec_b", default=None, help="Variant B as 'key=value,...'.")
 @click.option("--pairs", default=10, show_default=True, help="A/B pairs, run in ABBA order.")
 @click.option("--warmup", default=1, show_default=True, help="Untimed runs of each variant.")
 @json_file_option("Also write the comparison (with every sample) to this JSON file.")
@@ -168,9 +160,7 @@ def ab_command(
     platform_name: str | None,
     case_id: str,
     cases_dir: str | None,
-    toggles: tuple[str, ...],
-    spec_a: str | None,
-    spec_b: str | None,
+    variant_pair: tuple[dict[str, Any], dict[str, Any]],
     pairs: int,
     warmup: int,
     json_out: str | None,
@@ -181,24 +171,17 @@ def ab_command(
     ratio B/A with its one-sided 99 % bounds (the relative check's engine), and the
     answer: slower, same (faster) or can't tell. A ratio below 1 means B is faster.
     """
-    from perfguard.measurement.ab import parse_variant, run_ab, toggle_variants
-
-    if toggles and (spec_a or spec_b):
-        raise PerfguardError("use either --toggle or --a/--b, not both")
-    if toggles:
-        variant_a, variant_b = toggle_variants(toggles)
-    elif spec_a is not None and spec_b is not None:
-        variant_a, variant_b = parse_variant(spec_a), parse_variant(spec_b)
-    else:
-        raise PerfguardError("give --toggle NAME, or both --a and --b")
-    platform = api.probe(platform_name)
-    (case,) = api.select_cases(
-        platform.name, Selection(cases_dir=cases_dir, case_ids=(case_id,)), preflight=False
+    result = api.ab(
+        case_id,
+        variant_pair,
+        cases_dir=cases_dir,
+        platform=platform_name,
+        pairs=pairs,
+        warmup=warmup,
     )
-    result = run_ab(case, variant_a, variant_b, platform, pairs=pairs, warmup=warmup)
     console().print(ab_table(result, pairs))
     same = len(set(result.hashes.values())) == 1
     console().print(escape(f"outputs identical: {'yes' if same else 'NO'} ({result.hashes})"))
     if json_out:
-        write_json_atomic(json_out, result.to_json())
+        api.write_json_atomic(json_out, result.to_json())
     return 0

@@ -5,23 +5,36 @@ relative check, against a base revision), `check-work` (work counters only) and 
 Each command takes its option groups as values (`Selection`, `MeasureOptions`,
 `JudgeOptions`, `RelativeOptions`, `Outputs`) and hands them to one function: the
 stored check (`_stored`), the work check (`_counters_only`), the relative check
-(`_relative`), and the file modes that run nothing (`_results_file`, `_perf_log`).
+(`_relative`), and the file modes that run nothing (`api.judge`).
 `check`'s old spellings of the other jobs (`--against`, `--counters-only`,
-`--results`, ...) exit 2 naming the command that took each over.
+`--results`, ...; `api.MOVED_FROM_CHECK`) exit 2 naming the command that took each over.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from perfguard import api
+from perfguard.api import Outputs, Report
+from perfguard.api.options import (
+    DEFAULT_BUDGET_S,
+    DEFAULT_MAX_BLOCKS,
+    DEFAULT_MIN_BLOCKS,
+    RIGOROUS,
+    TIMINGS,
+    JudgeOptions,
+    MeasureOptions,
+    RelativeOptions,
+    Selection,
+    popped,
+    relative_judging,
+    relative_options_from,
+    rigorous_check,
+    rigorous_relative,
+)
 from perfguard.cli.common import (
     CONTEXT_SETTINGS,
     Decorator,
@@ -29,42 +42,16 @@ from perfguard.cli.common import (
     baseline_option,
     console,
     echo_err,
-    given,
+    given_among,
+    import_root_option,
     judge_options,
     measurement_options,
     platform_option,
     selection_options,
+    value_options,
 )
-from perfguard.decision.comparison import RELATIVE_RULE
-from perfguard.decision.gate import JudgeOptions
-from perfguard.decision.normalize import TIMINGS
 from perfguard.errors import EXIT_CODES_HELP, PerfguardError
-from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.relative import (
-    DEFAULT_BUDGET_S,
-    DEFAULT_MAX_BLOCKS,
-    DEFAULT_MIN_BLOCKS,
-    RelativeOptions,
-)
 from perfguard.presentation.render import render_table
-from perfguard.storage.cases import Selection
-from perfguard.storage.reports import Report
-
-
-def _relative_from(kwargs: dict[str, Any]) -> RelativeOptions | None:
-    """The relative group's flags, popped from `kwargs`: a `RelativeOptions` with
-    --against, else None. `--against` names a directory when one of that name exists
-    or it is written as a path (`./base`, `/src/base`), else a revision of this
-    repository."""
-    against, subdir = kwargs.pop("against"), kwargs.pop("against_subdir")
-    names = ("budget_s", "min_blocks", "max_blocks", "order_seed", "write_baseline", "timing")
-    values = {name: kwargs.pop(name) for name in names}
-    if against is None:
-        return None
-    path_like = os.path.isdir(against) or against.startswith((".", os.sep, "~"))
-    directory, ref = (against, None) if path_like else (None, against)
-    return RelativeOptions(directory, ref, subdir, **values)
-
 
 RELATIVE_OPTIONS = [
     click.option(
@@ -75,11 +62,9 @@ RELATIVE_OPTIONS = [
         "repository (checked out in a temporary `git worktree add --detach`, always "
         "removed), e.g. the merge base of a PR.",
     ),
-    click.option(
+    import_root_option(
         "--against-subdir",
-        default=None,
-        metavar="SUB",
-        help="The base's import root inside its checkout, when its package lives in a "
+        "The base's import root inside its checkout, when its package lives in a "
         "subdirectory (sglang: python).",
     ),
     click.option(
@@ -131,60 +116,34 @@ RELATIVE_OPTIONS = [
 """The relative group's click options (`relative_options`)."""
 
 
-def relative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--against / --against-subdir / --budget-s ...: the command gets `relative`
-    (`_relative_from`)."""
-
-    @functools.wraps(fn)
-    def wrapper(**kwargs: Any) -> Any:
-        relative = _relative_from(kwargs)
-        return fn(**kwargs, relative=relative)
-
-    return _apply(wrapper, RELATIVE_OPTIONS)
+relative_options = value_options("relative", relative_options_from, RELATIVE_OPTIONS)
+"""--against / --against-subdir / --budget-s ...: the command gets `relative`
+(`api.options.relative_options_from`)."""
 
 
-@dataclass(frozen=True)
-class Outputs:
-    """What a check writes besides its table: the JSON report, the Markdown report, the
-    results of the cases it ran; and whether the table shows passing step metrics."""
+_FILE = click.Path(dir_okay=False)
 
-    report: str | None = None
-    markdown: str | None = None
-    results: str | None = None
-    all_metrics: bool = False
+_OUTPUT_OPTIONS = [
+    click.option("--report", "report_path", type=_FILE, help="Write the JSON report here."),
+    click.option(
+        "--markdown",
+        "markdown_path",
+        type=_FILE,
+        help="Write the Markdown report (a PR comment) here.",
+    ),
+    click.option("--out", type=_FILE, help="Also write the results judged here."),
+    click.option("--all-metrics", is_flag=True, help="Show passing step metrics in the table too."),
+]
 
 
-def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--report / --markdown / --out / --all-metrics: the command gets `outputs`."""
+def _outputs_from(flags: dict[str, Any]) -> Outputs:
+    renamed = {"report": "report_path", "markdown": "markdown_path", "results": "out"}
+    return Outputs(**popped(flags, "all_metrics", **renamed))
 
-    @functools.wraps(fn)
-    def wrapper(**kwargs: Any) -> Any:
-        kwargs["outputs"] = Outputs(
-            report=kwargs.pop("report_path"),
-            markdown=kwargs.pop("markdown_path"),
-            results=kwargs.pop("out"),
-            all_metrics=kwargs.pop("all_metrics"),
-        )
-        return fn(**kwargs)
 
-    file = click.Path(dir_okay=False)
-    options = [
-        click.option(
-            "--report", "report_path", type=file, default=None, help="Write the JSON report here."
-        ),
-        click.option(
-            "--markdown",
-            "markdown_path",
-            type=file,
-            default=None,
-            help="Write the Markdown report (a PR comment) here.",
-        ),
-        click.option("--out", type=file, default=None, help="Also write the results judged here."),
-        click.option(
-            "--all-metrics", is_flag=True, help="Show passing step metrics in the table too."
-        ),
-    ]
-    return _apply(wrapper, options)
+output_options = value_options("outputs", _outputs_from, _OUTPUT_OPTIONS)
+"""--report / --markdown / --out / --all-metrics: the command gets `outputs`
+(`api.Outputs`)."""
 
 
 def moved(flag: str, instead: str) -> Decorator:
@@ -208,23 +167,9 @@ def moved(flag: str, instead: str) -> Decorator:
 
 FLAG_SPELLINGS = ("--counters-only", "--settle")
 
-MOVED_FROM_CHECK = {
-    "--against": "compare --against DIR|REF",
-    "--against-ref": "compare --against REF",
-    "--against-subdir": "compare --against-subdir SUB",
-    "--settle": "compare --against REF (the relative check) where the stored check can't tell",
-    "--budget-s": "compare --budget-s",
-    "--timing": "compare --timing (a stored check follows its baseline's)",
-    "--write-baseline": "compare --write-baseline",
-    "--counters-only": "check-work",
-    "--results": "judge --results FILE",
-    "--sglang-perf-log": "judge --sglang-perf-log FILE",
-}
-"""`check`'s old spellings of the other commands' jobs, and where each went."""
-
 
 def _moved_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return _apply(fn, [moved(flag, new) for flag, new in MOVED_FROM_CHECK.items()])
+    return _apply(fn, [moved(flag, new) for flag, new in api.MOVED_FROM_CHECK.items()])
 
 
 def preset_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -237,25 +182,6 @@ def preset_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--rigorous, which measures more before it answers can't tell "
         f"(check: {RIGOROUS['check']}; compare: {RIGOROUS['compare']}).",
     )(fn)
-
-
-RIGOROUS = {
-    "check": "3 processes first, up to 16 fresh ones, 40 runs each",
-    "compare": "a 3x budget, up to 96 blocks",
-}
-
-
-def _rigorous_check(
-    options: MeasureOptions, judging: JudgeOptions
-) -> tuple[MeasureOptions, JudgeOptions]:
-    """`--rigorous` for the stored check, where the command line did not set the knob."""
-    if not given("processes"):
-        options = options.replace(processes=3)
-    if not given("max_repeats"):
-        options = options.replace(max_repeats=40)
-    if not given("max_reruns"):
-        judging = judging.replace(max_reruns=16)
-    return options, judging
 
 
 @click.command("check", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
@@ -296,19 +222,15 @@ def check(
     `perfguard judge --results FILE` (judge a results file or sglang's log).
     """
     if rigorous:
-        options, judging = _rigorous_check(options, judging)
+        given = given_among("processes", "max_repeats", "max_reruns")
+        options, judging = rigorous_check(options, judging, given)
     report = _stored(platform_name, selection, baseline_path, options, judging, outputs)
     return _finish(report, outputs)
 
 
 def _traces_dir(outputs: Outputs) -> str | None:
-    """Where the per-op attribution's Chrome traces go: `$PERFGUARD_TRACES_DIR` when set,
-    else beside the JSON report (none without one)."""
-    from perfguard.measurement.explain import ENV_TRACES_DIR
-
-    if os.environ.get(ENV_TRACES_DIR):
-        return os.environ[ENV_TRACES_DIR]
-    return os.path.dirname(os.path.abspath(outputs.report)) if outputs.report else None
+    """Where the per-op attribution's Chrome traces go (`api.Outputs.traces_dir`)."""
+    return outputs.traces_dir()
 
 
 def _finish(report: Report, outputs: Outputs) -> int:
@@ -347,11 +269,7 @@ def compare(
     if relative is None:
         raise PerfguardError("compare needs --against DIR|REF (the base to compare with)")
     if rigorous:
-        relative = dataclasses.replace(
-            relative,
-            budget_s=relative.budget_s * 3 if not given("budget_s") else relative.budget_s,
-            max_blocks=96 if not given("max_blocks") else relative.max_blocks,
-        )
+        relative = rigorous_relative(relative, given_among("budget_s", "max_blocks"))
     report = _relative(platform_name, selection, options, judging, relative, outputs)
     return _finish(report, outputs)
 
@@ -409,14 +327,7 @@ def judge_command(
 ) -> int:
     """Judge measurements made elsewhere against a baseline; nothing runs. The same
     answers as `check` (same, slower, can't tell), without its confirmations."""
-    if results_file and perf_log:
-        raise PerfguardError("use either --results or --sglang-perf-log, not both")
-    if perf_log:
-        report = _perf_log(perf_log, selection, baseline_path, judging)
-    elif results_file:
-        report = _results_file(results_file, selection, baseline_path, judging)
-    else:
-        raise PerfguardError("judge needs --results FILE or --sglang-perf-log FILE")
+    report = api.judge(results_file, perf_log, selection, judging, baseline_path, echo_err)
     return _finish(report, outputs)
 
 
@@ -434,10 +345,9 @@ def _stored(
         options,
         judging=judging,
         baseline=baseline_path,
-        out=outputs.results,
+        outputs=outputs,
         platform=platform_name,
         echo=echo_err,
-        traces_dir=_traces_dir(outputs),
     )
 
 
@@ -463,37 +373,14 @@ def _relative(
     outputs: Outputs,
 ) -> Report:
     """`compare --against DIR|REF`: head and base side by side, no baseline."""
-    if not given("alpha"):
-        judging = judging.replace(rule=RELATIVE_RULE)
+    judging = relative_judging(judging, given_among("alpha"))
     platform = api.probe(platform_name)
     return api.check_relative(
         selection,
         options,
         relative,
         judging=judging,
-        out=outputs.results,
+        outputs=outputs,
         platform=platform,
         echo=echo_err,
-        traces_dir=_traces_dir(outputs),
     )
-
-
-def _results_file(
-    results_file: str, selection: Selection, baseline_path: str | None, judging: JudgeOptions
-) -> Report:
-    """`--results FILE`: judge a results file; nothing runs."""
-    return api.check_results(
-        results_file, selection, judging=judging, baseline=baseline_path, echo=echo_err
-    )
-
-
-def _perf_log(
-    perf_log: str, selection: Selection, baseline_path: str | None, judging: JudgeOptions
-) -> Report:
-    """`--sglang-perf-log FILE`: judge sglang's requests; nothing runs."""
-    if not baseline_path:
-        raise PerfguardError("--sglang-perf-log needs --baseline (the log names no platform)")
-    if len(selection.case_ids) > 1:
-        raise PerfguardError("--sglang-perf-log takes at most one --case")
-    case_id = selection.case_ids[0] if selection.case_ids else None
-    return api.check_perf_log(perf_log, judging=judging, baseline=baseline_path, case_id=case_id)

@@ -17,14 +17,20 @@ from typing import Any
 import click
 from rich.console import Console
 
-from perfguard.decision.comparison import DEFAULT_RULE, RELATIVE_ALPHA, STORED_ALPHA, Rule
-from perfguard.decision.gate import DEFAULT_CONFIRM_GAP_S, DEFAULT_MAX_RERUNS, JudgeOptions
-from perfguard.decision.resolution import DEFAULT_TIMING_GATE, TIMING_GATES
-from perfguard.decision.tolerances import DEFAULT_PROFILE
-from perfguard.device.inject import inject_from
-from perfguard.measurement.launch import START_METHODS
-from perfguard.measurement.options import SYNC_POLICIES, MeasureOptions, factory_from, parse_devices
-from perfguard.storage.cases import PLATFORM_NAMES, Selection
+from perfguard.api.options import (
+    DEFAULT_CONFIRM_GAP_S,
+    DEFAULT_MAX_RERUNS,
+    DEFAULT_TIMING_GATE,
+    PLATFORM_NAMES,
+    RELATIVE_ALPHA,
+    START_METHODS,
+    STORED_ALPHA,
+    SYNC_POLICIES,
+    TIMING_GATES,
+    judge_options_from,
+    measure_options_from,
+    selection_from,
+)
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -52,6 +58,12 @@ def given(name: str, *, environment: bool = True) -> bool:
     return source is not None and source.name not in ambient
 
 
+def given_among(*names: str) -> set[str]:
+    """Those of the options whose parameters are `names` that the command line (or
+    their environment variable) set."""
+    return {name for name in names if given(name)}
+
+
 class SharedOption(click.Option):
     """An option of a shared group (`selection`, `measurement`): the CLI reference lists
     the group once and names it where a command takes all of it."""
@@ -69,6 +81,24 @@ def _apply(fn: Callable[..., Any], options: list[Decorator]) -> Callable[..., An
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def value_options(
+    name: str, build: Callable[[dict[str, Any]], Any], options: list[Decorator]
+) -> Decorator:
+    """`options` whose flags the command gets as one value, its parameter `name`: `build`
+    pops the flags out of the keyword arguments and returns the value (a `Selection`, a
+    `MeasureOptions`, ...), built once, before the command runs."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            kwargs[name] = build(kwargs)
+            return fn(**kwargs)
+
+        return _apply(wrapper, options)
+
+    return decorate
 
 
 def platform_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -97,60 +127,45 @@ def cases_dir_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def selection_options(*, shard: bool = True) -> Decorator:
     """--cases / --case / --match / --tag [/ --shard]; the command gets `selection`."""
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(**kwargs: Any) -> Any:
-            kwargs["selection"] = Selection(
-                cases_dir=kwargs.pop("cases_dir"),
-                case_ids=kwargs.pop("case_ids"),
-                match=kwargs.pop("match"),
-                tags=kwargs.pop("tags"),
-                shard=kwargs.pop("shard_spec", None),
-            )
-            return fn(**kwargs)
-
-        options: list[Decorator] = [
-            cases_dir_option,
-            _shared(
-                "selection",
-                "--case",
-                "case_ids",
-                multiple=True,
-                metavar="ID",
-                help="Case id (repeatable).",
-            ),
-            _shared(
-                "selection",
-                "--match",
+    options: list[Decorator] = [
+        cases_dir_option,
+        _shared(
+            "selection",
+            "--case",
+            "case_ids",
+            multiple=True,
+            metavar="ID",
+            help="Case id (repeatable).",
+        ),
+        _shared(
+            "selection",
+            "--match",
+            default=None,
+            metavar="REGEX",
+            help="Regular expression searched in case ids.",
+        ),
+        _shared(
+            "selection",
+            "--tag",
+            "tags",
+            multiple=True,
+            metavar="TAG",
+            help="Only cases with this tag (repeatable).",
+        ),
+    ]
+    if shard:
+        options.append(
+            click.option(
+                "--shard",
+                "shard_spec",
                 default=None,
-                metavar="REGEX",
-                help="Regular expression searched in case ids.",
-            ),
-            _shared(
-                "selection",
-                "--tag",
-                "tags",
-                multiple=True,
-                metavar="TAG",
-                help="Only cases with this tag (repeatable).",
-            ),
-        ]
-        if shard:
-            options.append(
-                click.option(
-                    "--shard",
-                    "shard_spec",
-                    default=None,
-                    metavar="K/N",
-                    help="Only shard K of N (K from 1): a deterministic split balanced by "
-                    "expected time (estimated_time_s, else the baseline's e2e); every case "
-                    "is in exactly one shard.",
-                )
+                metavar="K/N",
+                help="Only shard K of N (K from 1): a deterministic split balanced by "
+                "expected time (estimated_time_s, else the baseline's e2e); every case "
+                "is in exactly one shard.",
             )
-        return _apply(wrapper, options)
-
-    return decorate
+        )
+    return value_options("selection", selection_from, options)
 
 
 DEFAULT_BASELINE_PROCESSES = 10
@@ -187,46 +202,18 @@ def measurement_options(
     --max-repeats for adaptive sampling (`adaptive`), --inject for fault injection.
     """
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(**kwargs: Any) -> Any:
-            kwargs["options"] = _measure_options_from(kwargs, inject=inject)
-            return fn(**kwargs)
-
-        options = _core_measurement_options(repeats, min_repeats)
-        if progress:
-            options.append(_PROGRESS_OPTION)
-        if workers:
-            options += _WORKER_OPTIONS
-        if processes is not None:
-            options.append(_processes_option(processes))
-        if adaptive:
-            options.append(_MAX_REPEATS_OPTION)
-        if inject:
-            options.append(_INJECT_OPTION)
-        return _apply(wrapper, options)
-
-    return decorate
-
-
-def _measure_options_from(kwargs: dict[str, Any], *, inject: bool) -> MeasureOptions:
-    """Pop the measurement group's raw flags out of `kwargs` into a `MeasureOptions`."""
-    devices = parse_devices(kwargs.pop("devices_spec", None))
-    return MeasureOptions(
-        repeats=kwargs.pop("repeats"),
-        warmup=kwargs.pop("warmup"),
-        timeout=kwargs.pop("timeout"),
-        sync=kwargs.pop("sync"),
-        threads=kwargs.pop("threads"),
-        inject=inject_from(kwargs.pop("inject", None)) if inject else {},
-        factory=factory_from(kwargs.pop("factory_spec")),
-        devices=tuple(devices) if devices is not None else None,
-        isolate=kwargs.pop("isolate", False),
-        start_method=kwargs.pop("start_method", None),
-        processes=kwargs.pop("processes", 1),
-        max_repeats=kwargs.pop("max_repeats", None),
-        progress=kwargs.pop("progress", None),
-    )
+    options = _core_measurement_options(repeats, min_repeats)
+    if progress:
+        options.append(_PROGRESS_OPTION)
+    if workers:
+        options += _WORKER_OPTIONS
+    if processes is not None:
+        options.append(_processes_option(processes))
+    if adaptive:
+        options.append(_MAX_REPEATS_OPTION)
+    if inject:
+        options.append(_INJECT_OPTION)
+    return value_options("options", functools.partial(measure_options_from, inject=inject), options)
 
 
 def _core_measurement_options(repeats: int, min_repeats: int) -> list[Decorator]:
@@ -423,47 +410,35 @@ def judge_options(
     measures fresh processes (not `relative`, `exact` or `files`)."""
     confirms = not (relative or exact or files)
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(**kwargs: Any) -> Any:
-            alpha = kwargs.pop("alpha", None)
-            kwargs["judging"] = JudgeOptions(
-                profile=kwargs.pop("profile", DEFAULT_PROFILE),
-                fail_on_missing=kwargs.pop("fail_on_missing"),
-                advisory=kwargs.pop("advisory"),
-                allow_output_change=kwargs.pop("allow_output_change"),
-                max_reruns=kwargs.pop("max_reruns", DEFAULT_MAX_RERUNS),
-                confirm_gap_s=kwargs.pop("confirm_gap_s", DEFAULT_CONFIRM_GAP_S),
-                rule=DEFAULT_RULE if alpha is None else Rule(alpha),
-                timing_gate=kwargs.pop("timing_gate", DEFAULT_TIMING_GATE),
-            )
-            return fn(**kwargs)
+    options = []
+    if confirms:
+        options += [max_reruns_option(max_reruns_help), confirm_gap_option]
+    if not exact:
+        options.append(alpha_option)
+    if not relative:
+        options.append(profile_option)
+    if not (relative or exact):
+        options.append(timing_gate_option)
+    options += [click.option(name, is_flag=True, help=text) for name, text in _JUDGE_FLAGS]
+    return value_options("judging", judge_options_from, options)
 
-        flags = [
-            (
-                "--fail-on-missing",
-                "Missing baselines, missing and new stages fail the check (exit 1).",
-            ),
-            ("--advisory", "Report regressions but never fail on them."),
-            (
-                "--allow-output-change",
-                "A changed output is reported, not failed (a numerics change; a case can say "
-                "so with `output_may_change = true`).",
-            ),
-        ]
-        options = []
-        if confirms:
-            options += [max_reruns_option(max_reruns_help), confirm_gap_option]
-        if not exact:
-            options.append(alpha_option)
-        if not relative:
-            options.append(profile_option)
-        if not (relative or exact):
-            options.append(timing_gate_option)
-        options += [click.option(name, is_flag=True, help=text) for name, text in flags]
-        return _apply(wrapper, options)
 
-    return decorate
+_JUDGE_FLAGS = [
+    ("--fail-on-missing", "Missing baselines, missing and new stages fail the check (exit 1)."),
+    ("--advisory", "Report regressions but never fail on them."),
+    (
+        "--allow-output-change",
+        "A changed output is reported, not failed (a numerics change; a case can say "
+        "so with `output_may_change = true`).",
+    ),
+]
+"""The flags every gate takes (`judge_options`)."""
+
+
+def import_root_option(flag: str, help: str) -> Decorator:
+    """Another revision's import root inside its checkout, where its package lives in a
+    subdirectory (sglang: python)."""
+    return click.option(flag, default=None, metavar="SUB", help=help)
 
 
 def json_file_option(help: str) -> Decorator:

@@ -1,4 +1,4 @@
-"""`perfguard explain` and `perfguard bisect`: which ops got slower, and which commit did it."""
+"""`perfguard explain`: which ops got slower against a base revision."""
 
 from __future__ import annotations
 
@@ -6,31 +6,18 @@ from pathlib import Path
 
 import click
 
+from perfguard import api
+from perfguard.api.options import Selection
 from perfguard.cli.common import (
     CONTEXT_SETTINGS,
     console,
     echo_err,
+    import_root_option,
     platform_option,
     selection_options,
 )
-from perfguard.errors import EXIT_CODES_HELP, EXIT_OK, PerfguardError
-from perfguard.storage.cases import Selection
-
-
-def against_of(value: str, subdir: str | None) -> object:
-    """`--against DIR|REF`: an existing directory is a checkout, anything else a revision
-    of this repository (checked out in a temporary worktree)."""
-    from perfguard.measurement.relative import RelativeOptions
-
-    if Path(value).is_dir():
-        return RelativeOptions(directory=value, subdir=subdir)
-    from perfguard.measurement.checkout import resolve_ref
-
-    try:
-        resolve_ref(value)
-    except PerfguardError as exc:
-        raise PerfguardError(f"--against {value}: not a directory, and {exc}") from exc
-    return RelativeOptions(ref=value, subdir=subdir)
+from perfguard.errors import EXIT_CODES_HELP, EXIT_OK
+from perfguard.presentation.attribution import console_lines
 
 
 @click.command("explain", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
@@ -44,12 +31,7 @@ def against_of(value: str, subdir: str | None) -> object:
     help="The base: a checkout directory, or a revision of this repository (a temporary "
     "`git worktree`, always removed).",
 )
-@click.option(
-    "--against-subdir",
-    default=None,
-    metavar="SUB",
-    help="The base's import root inside DIR (sglang: python).",
-)
+@import_root_option("--against-subdir", "The base's import root inside DIR (sglang: python).")
 @click.option(
     "--out",
     "out_dir",
@@ -82,10 +64,7 @@ def explain_command(
     change in self time, with calls, shapes and each op's share of the stage's change.
     Nothing is judged and no timed run is profiled; a check attributes its regressed
     timings the same way by itself."""
-    from perfguard import api
-    from perfguard.presentation.attribution import console_lines
-
-    against = against_of(against_value, against_subdir)
+    against = api.against_of(against_value, against_subdir)
     data = api.explain(selection, against, out_dir=out_dir, runs=runs, platform=platform_name)
     out = console()
     for line in console_lines(data["attribution"], top=top):

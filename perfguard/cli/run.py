@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from perfguard import api
+from perfguard.api.options import TIMINGS, MeasureOptions, RefreshOptions, Selection, popped
 from perfguard.cli.common import (
     CONTEXT_SETTINGS,
     DEFAULT_BASELINE_PROCESSES,
@@ -15,8 +18,8 @@ from perfguard.cli.common import (
     measurement_options,
     platform_option,
     selection_options,
+    value_options,
 )
-from perfguard.decision.normalize import TIMINGS
 from perfguard.errors import (
     EXIT_CASE_FAILED,
     EXIT_CODES_HELP,
@@ -24,11 +27,8 @@ from perfguard.errors import (
     EXIT_OK,
     PerfguardError,
 )
-from perfguard.measurement.options import MeasureOptions
 from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import results_table
-from perfguard.storage.cases import Selection
-from perfguard.storage.refresh import RefreshOptions
 
 
 @click.command("run", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
@@ -58,54 +58,62 @@ def run_command(
     return EXIT_CASE_FAILED if failed else EXIT_OK
 
 
+_REFRESH_OPTIONS = [
+    click.option(
+        "--tighten",
+        is_flag=True,
+        help="Only lower a figure, and only on a credible improvement (99 %), to the new median.",
+    ),
+    click.option("--prune", is_flag=True, help="Drop scenarios whose case no longer exists."),
+    click.option(
+        "--work-only",
+        is_flag=True,
+        help="Time nothing: store only what is exact (work counters, output, CPU tensor "
+        "memory), the baseline of the work check; any CPU runner with the same torch can "
+        "check against it (docs/ci.md).",
+    ),
+    click.option(
+        "--timing",
+        type=click.Choice(TIMINGS),
+        default=None,
+        help="Store each timed run as measured (raw) or scaled by the reference workload "
+        "timed beside it to the runner speed of its median (normalized: the shared runner's "
+        "slow and fast spells divide out; docs/verdicts.md). Checks follow the baseline. "
+        "[default: normalized on cpu, raw on devices]",
+    ),
+    click.option(
+        "--allow-busy",
+        is_flag=True,
+        envvar="PERFGUARD_ALLOW_BUSY",
+        help="Store a case measured on a contended runner anyway, marked busy (most runs "
+        "beside a slow reference, other processes using over half a core, or its reference "
+        "workload over 1.3x the baseline's): by default it is measured again after 10 s, "
+        "twice, then not written and the command exits 4 (env: PERFGUARD_ALLOW_BUSY). A "
+        "noisy runner is never refused: its spread is recorded as what a check resolves.",
+    ),
+]
+"""gen-baselines' storing flags: the command gets `storing` (`RefreshOptions`), and
+`work_only`."""
+
+
+def _refresh_from(flags: dict[str, Any]) -> RefreshOptions:
+    return RefreshOptions(**popped(flags, "tighten", "prune", "timing", "allow_busy"))
+
+
 @click.command("gen-baselines", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
 @platform_option
 @selection_options()
 @baseline_option
 @measurement_options(processes=DEFAULT_BASELINE_PROCESSES, inject=False)
-@click.option(
-    "--tighten",
-    is_flag=True,
-    help="Only lower a figure, and only on a credible improvement (99 %), to the new median.",
-)
-@click.option("--prune", is_flag=True, help="Drop scenarios whose case no longer exists.")
-@click.option(
-    "--work-only",
-    is_flag=True,
-    help="Time nothing: store only what is exact (work counters, output, CPU tensor "
-    "memory), the baseline of the work check; any CPU runner with the same torch can "
-    "check against it (docs/ci.md).",
-)
-@click.option(
-    "--timing",
-    type=click.Choice(TIMINGS),
-    default=None,
-    help="Store each timed run as measured (raw) or scaled by the reference workload "
-    "timed beside it to the runner speed of its median (normalized: the shared runner's "
-    "slow and fast spells divide out; docs/verdicts.md). Checks follow the baseline. "
-    "[default: normalized on cpu, raw on devices]",
-)
-@click.option(
-    "--allow-busy",
-    is_flag=True,
-    envvar="PERFGUARD_ALLOW_BUSY",
-    help="Store a case measured on a contended runner anyway, marked busy (most runs "
-    "beside a slow reference, other processes using over half a core, or its reference "
-    "workload over 1.3x the baseline's): by default it is measured again after 10 s, "
-    "twice, then not written and the command exits 4 (env: PERFGUARD_ALLOW_BUSY). A "
-    "noisy runner is never refused: its spread is recorded as what a check resolves.",
-)
+@value_options("storing", _refresh_from, _REFRESH_OPTIONS)
 @click.option("--inject", default=None, hidden=True)
 def gen_baselines(
     platform_name: str | None,
     selection: Selection,
     baseline_path: str | None,
     options: MeasureOptions,
-    tighten: bool,
-    prune: bool,
+    storing: RefreshOptions,
     work_only: bool,
-    timing: str | None,
-    allow_busy: bool,
     inject: str | None,
 ) -> int:
     """Measure the selected cases and store them in the baseline file.
@@ -124,7 +132,7 @@ def gen_baselines(
             "gen-baselines refuses fault injection (--inject is set): "
             "a baseline must never contain injected time"
         )
-    if work_only and tighten:
+    if work_only and storing.tighten:
         raise PerfguardError("--tighten lowers timed figures: --work-only stores none")
     if work_only:  # counts are exact: one counted run in one process says it all
         options = options.replace(counters_only=True, processes=1)
@@ -133,14 +141,14 @@ def gen_baselines(
         selection,
         options,
         baseline=baseline_path,
-        storing=RefreshOptions(tighten=tighten, prune=prune, timing=timing, allow_busy=allow_busy),
+        storing=storing,
         platform=platform_name,
         echo=echo_err,
         say=lambda line: out.print(escape(line)),
     )
     if update.pruned:
         out.print(escape(f"pruned {len(update.pruned)} scenario(s): {', '.join(update.pruned)}"))
-    mode = "tightened" if tighten else "updated"
+    mode = "tightened" if storing.tighten else "updated"
     out.print(escape(f"{update.path}: {mode} {len(update.saved)} of {update.selected} case(s)"))
     if update.failed:
         return EXIT_CASE_FAILED
