@@ -14,20 +14,23 @@ The stored check (`perfguard check`, against a committed baseline; `verdict.py`,
  3. Per timed figure: r = median / baseline median. Its log-scale standard error is the
     larger of the samples' and the process medians' spread, plus twice the offset one
     session of the runner leaves (SESSION_SD: 0.7 % on e2e and the denoising figures,
-    4 % on other stages); Student's t on the processes' degrees of freedom.
+    4 % on other stages); Student's t on the processes' degrees of freedom
+    (`answer.bound`).
  4. The minimum effect d (MIN_EFFECT): 3 % for e2e, the denoising stage and the step
     aggregates, 10 % for a step, 20 % for other stages. Bound: max(b (1 + d), b + pad),
     pad = max(f, 3 standard errors of the baseline median) (NOISE_PAD_K), f the timer
     floor: 10 us on CPU, 50 us on devices (MEASURED_FLOOR_MS).
  5. Slower: the median is over the bound and the one-sided lower bound on r at
-    alpha = 0.1 % (STORED_ALPHA) is over 1. Steps share alpha (Bonferroni).
+    alpha = 0.1 % (STORED_ALPHA) is over 1. Steps share alpha (Bonferroni,
+    `answer.step_level`).
  6. Same: the one-sided 95 % upper bound on r (SAME_ALPHA) is within max(1 + d, 1 + f/b)
     (the band without its noise pad: a noisy baseline must not make sameness easier),
     the check could have caught 3 d (SAME_PRECISION) and, against a baseline of several
-    processes, has 3 of its own (SAME_PROCESSES; `answer.py`).
+    processes, has 3 of its own (SAME_PROCESSES; `answer.assess`).
     Faster: the same, with the median 20 % or more below the baseline.
  7. Can't tell: neither. Each figure carries the slowdown it would catch with 80 %
-    probability (POWER) and the margin that would have made it the same.
+    probability (POWER; `answer.catches`) and the margin that would have made it the
+    same.
  8. Below resolution (`resolution.py`, timing gate `auto`): the baseline records what a
     check of 9 processes (CHECK_PROCESSES) could catch on its runner; a check computes it
     for its own budget. A figure whose resolution is over 4/3 of its minimum effect
@@ -51,12 +54,13 @@ The relative check (`perfguard compare --against DIR|REF`; `paired.py`):
  1. Base and head run in blocks of one fresh process each, in random order, on the
     same runner; each block gives a log ratio head / base per figure (normalized as 2.).
  2. The estimate is Yuen's 20 % trimmed mean of the blocks' log ratios (PAIRED_TRIM),
-    with Student's t on h - 1 degrees of freedom.
+    with Student's t on h - 1 degrees of freedom (`estimate.paired_estimate`).
  3. It looks after 4, 6, 8, 12, 16, 24 blocks, each look at the level that keeps the
     false-alarm rate over all looks at 1 % (RELATIVE_ALPHA; found by 100,000 simulated
-    A/A checks, `alpha_per_look`).
+    A/A checks, `looks.alpha_per_look`).
  4. Slower: the ratio is over 1 + d (and f) and its lower bound over 1. Same: its
-    interval lies within +-d. It stops once every figure is one or the other.
+    interval lies within +-d (`answer.assess`, two-sided, at the look's level). It
+    stops once every figure is one or the other.
  5. Past 50 s of measuring (DEFAULT_BUDGET_S) or 24 blocks a figure still open is can't
     tell (exit 4), or below resolution (exit 0) where the blocks could not have caught
     4/3 of its minimum effect (RESOLVABLE, as 8.). Work and output as 10.; exits as 11.
