@@ -48,20 +48,17 @@ class GlmImagePipeline(T2IPipeline):
         self.latent_channels = config["in_channels"]
         self.codebook_size = config["prior_vq_quantizer_codebook_size"]
         super().__init__(case, platform, device)
-        parts = glm_components(
-            case.preset,
-            text_dim=self.text_dim,
-            latent_channels=self.latent_channels,
-            codebook_size=self.codebook_size,
-            device=device,
-            dtype=self.dtype,
-            seed=case.seed,
+        self.register_modules(  # processor, vision_language_encoder, tokenizer, text_encoder, vae
+            **glm_components(
+                case.preset,
+                text_dim=self.text_dim,
+                latent_channels=self.latent_channels,
+                codebook_size=self.codebook_size,
+                device=device,
+                dtype=self.dtype,
+                seed=case.seed,
+            )
         )
-        self.processor = parts["processor"]
-        self.vision_language_encoder = parts["vision_language_encoder"]
-        self.tokenizer = parts["tokenizer"]
-        self.text_encoder = parts["text_encoder"]
-        self.vae = parts["vae"]
         c = self.vae.config.latent_channels
         self.latents_mean = torch.tensor(self.vae.config.latents_mean).view(1, c, 1, 1)
         self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, c, 1, 1)

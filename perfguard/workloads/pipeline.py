@@ -126,6 +126,12 @@ class T2IPipeline:
 
     image_scale = VAE_SCALE
 
+    def register_modules(self, **modules: Any) -> None:
+        """Each built component as the attribute of its role (diffusers'
+        `DiffusionPipeline.register_modules`)."""
+        for role, module in modules.items():
+            setattr(self, role, module)
+
     def set_toggles(self, toggles: dict[str, bool]) -> None:
         """Switch optimizations on this built pipeline, sharing its weights.
 

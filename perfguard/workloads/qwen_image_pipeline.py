@@ -43,17 +43,16 @@ class QwenImagePipeline(T2IPipeline):
         self.text_dim = config["joint_attention_dim"]
         self.latent_channels = config["in_channels"] // 4  # 2x2 patches packed
         super().__init__(case, platform, device)
-        parts = qwen_components(
-            case.preset,
-            text_dim=self.text_dim,
-            latent_channels=self.latent_channels,
-            device=device,
-            dtype=self.dtype,
-            seed=case.seed,
+        self.register_modules(  # tokenizer, text_encoder, vae
+            **qwen_components(
+                case.preset,
+                text_dim=self.text_dim,
+                latent_channels=self.latent_channels,
+                device=device,
+                dtype=self.dtype,
+                seed=case.seed,
+            )
         )
-        self.tokenizer = parts["tokenizer"]
-        self.text_encoder = parts["text_encoder"]
-        self.vae = parts["vae"]
         z = self.vae.config.z_dim
         self.latents_mean = torch.tensor(self.vae.config.latents_mean).view(1, z, 1, 1, 1)
         self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, z, 1, 1, 1)
