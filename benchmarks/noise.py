@@ -258,6 +258,26 @@ def log_sd(values: list[float]) -> float:
     return statistics.stdev(logs) if len(logs) > 1 else 0.0
 
 
+# The modes that compare something other than thread counts: the flag, its arms, the help.
+COMPARISONS = (
+    (
+        "--start-methods",
+        ("spawn", "forkserver"),
+        "Compare how worker processes start instead of thread counts.",
+    ),
+    (
+        "--commands",
+        ("cold", "resident"),
+        "Compare whole commands: fresh interpreters against resident-server forks.",
+    ),
+    (
+        "--server-arms",
+        ("random", "hash0", "hash0-noaslr"),
+        "Compare servers' shared offsets: random, fixed hash seed, no ASLR.",
+    ),
+)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="qwen_image_t2i_smoke")
@@ -267,27 +287,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--json", default=None, help="Write the per-process figures here.")
     ap.add_argument("--cases", default="cases", help="The case registry (start-method mode).")
-    ap.add_argument(
-        "--start-methods",
-        nargs="+",
-        default=None,
-        choices=("spawn", "forkserver"),
-        help="Compare how worker processes start instead of thread counts.",
-    )
-    ap.add_argument(
-        "--commands",
-        nargs="+",
-        default=None,
-        choices=("cold", "resident"),
-        help="Compare whole commands: fresh interpreters against resident-server forks.",
-    )
-    ap.add_argument(
-        "--server-arms",
-        nargs="+",
-        default=None,
-        choices=("random", "hash0", "hash0-noaslr"),
-        help="Compare servers' shared offsets: random, fixed hash seed, no ASLR.",
-    )
+    for flag, choices, what in COMPARISONS:
+        ap.add_argument(flag, nargs="+", default=None, choices=choices, help=what)
     ap.add_argument("--servers", type=int, default=8, help="Servers per arm (--server-arms).")
     args = ap.parse_args()
     rows: Rows
