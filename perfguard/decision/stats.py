@@ -1,4 +1,4 @@
-"""Sample statistics: the one place for summaries, noise estimates, intervals and tests.
+"""Sample statistics: the one place for summaries, noise estimates and quantiles.
 
 The verdict (`perfguard.decision.verdict`), A/B comparisons (`perfguard.measurement.ab`),
 calibration (`perfguard.decision.calibrate`) and baselines (`perfguard.storage.baseline`)
@@ -9,7 +9,8 @@ Why medians: timings on a shared machine are right-skewed (a preempted run is sl
 never faster), so the mean chases outliers while the median stays put. There are two
 engines, and only two: this module's analytic noise model for the stored check
 (unpaired: a check against a committed baseline), and the paired per-block estimate of
-`perfguard.decision.paired` for the relative check and `perfguard ab`.
+`perfguard.decision.estimate` for the relative check and `perfguard ab`; the bounds both put
+on a ratio are `perfguard.decision.answer.bound`'s.
 
 Why a separate, analytic noise model for the gate (`log_ratio_noise`): the gate judges
 after every run while it samples adaptively, where a bootstrap would cost more than the
