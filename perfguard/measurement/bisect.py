@@ -1,24 +1,16 @@
 """`perfguard bisect GOOD BAD`: the first commit where a selected metric regressed.
 
 Like asv's `find`, it walks the first-parent commits of GOOD..BAD, each checked out in
-a temporary `git worktree` of its own (the user's tree and index are never touched;
-every worktree is removed on every way out, Ctrl-C and SIGTERM included), and halves the
-range at each step: about log2(N) + 2 measured commits for N (GOOD, BAD, then the
+a temporary `git worktree` of its own (`perfguard.measurement.commit_range`), and halves
+the range at each step: about log2(N) + 2 measured commits for N (GOOD, BAD, then the
 halvings). A commit whose code cannot be imported, whose registry cannot be read or
 whose case fails to run is skipped and listed, and the nearest untried commit of the
 range is measured instead, as asv steps over commits that do not build.
 
-Each commit's side imports its own perfguard and code (its import directory first on
-`PYTHONPATH` and as its working directory, as the relative check's base does), and its
-cases come from its own registry (`cases/` of that commit), so a regression made in a
-case definition is found like one made in the code.
-
 How a commit is judged:
 
 - Work counters (the default, and any `ops:` / `flops:` / `alloc:` / `syncs:` metric):
-  exactly, one counted run per commit and case, no repeats: counts do not depend on the
-  runner's speed. A commit is bad when a selected counter of a selected case counts more
-  than at GOOD; the report names the ops whose counts changed.
+  exactly, one counted run per commit and case (`perfguard.measurement.commit_counts`).
 - Timings (`stage:...`, `step_...`, `e2e`): through the relative check's paired
   comparison (`perfguard.measurement.relative`) of the commit against GOOD, both measured
   in this session in interleaved blocks of fresh processes; a commit is bad when the
@@ -34,32 +26,38 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfguard.decision.counters import WorkCounts, judge_counter, op_changes
+from perfguard.decision.counters import WorkCounts
 from perfguard.decision.verdict import REGRESSION
 from perfguard.errors import PerfguardError
-from perfguard.measurement.checkout import git, temporary_worktree
-from perfguard.metrics import is_work_metric, metric_sort_key
-from perfguard.storage.cases import Case, Selection
+from perfguard.measurement.checkout import git
+from perfguard.measurement.commit_counts import (
+    Counter,
+    check_metric,
+    judge_work_step,
+    preload_for,
+    work_of,
+)
+from perfguard.measurement.commit_range import (
+    BAD,
+    GOOD,
+    SKIPPED,
+    Commit,
+    checked_out,
+    commit_cases,
+    commit_range,
+    refuse_dirty,
+    resolve,
+    subject_of,
+)
+from perfguard.metrics import is_work_metric
+from perfguard.storage.cases import Selection
 
 Echo = Callable[[str], None]
-COUNT_TIMEOUT_S = 600.0
-
-GOOD, BAD, SKIPPED = "good", "bad", "skipped"
-
-
-@dataclass(frozen=True)
-class Commit:
-    sha: str
-    subject: str
-
-    @property
-    def short(self) -> str:
-        return self.sha[:12]
 
 
 @dataclass
@@ -84,217 +82,6 @@ class Step:
         }
 
 
-# ---- the range -------------------------------------------------------------------------------
-
-
-def resolve(rev: str, repo: Path, what: str) -> str:
-    """The commit `rev` names in `repo`; one line and exit 2 when there is none."""
-    found = git(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], repo)
-    if found.returncode != 0 or not found.stdout.strip():
-        raise PerfguardError(f"bisect: {what} {rev}: no such commit in {repo}")
-    return found.stdout.strip()
-
-
-def commit_range(good: str, bad: str, repo: Path) -> list[Commit]:
-    """The first-parent commits after GOOD up to BAD, oldest first (BAD last)."""
-    if git(["merge-base", "--is-ancestor", good, bad], repo).returncode != 0:
-        raise PerfguardError(
-            f"bisect: GOOD {good[:12]} is not an ancestor of BAD {bad[:12]}: "
-            "name the older revision first"
-        )
-    listed = git(["log", "--first-parent", "--reverse", "--format=%H %s", f"{good}..{bad}"], repo)
-    commits = []
-    for line in listed.stdout.splitlines():
-        sha, _, subject = line.partition(" ")
-        commits.append(Commit(sha, subject))
-    if not commits:
-        raise PerfguardError(f"bisect: GOOD and BAD are the same commit ({good[:12]})")
-    return commits
-
-
-def subject_of(sha: str, repo: Path) -> str:
-    return git(["log", "-1", "--format=%s", sha], repo).stdout.strip()
-
-
-def refuse_dirty(rev: str, sha: str, repo: Path) -> None:
-    """A revision naming the checked-out commit of a tree with uncommitted changes:
-    bisect measures commits, so those changes would be left out; say so (exit 2)."""
-    head = git(["rev-parse", "HEAD"], repo).stdout.strip()
-    if sha != head:
-        return
-    status = git(["status", "--porcelain", "--untracked-files=no"], repo).stdout.strip()
-    if status:
-        raise PerfguardError(
-            f"bisect: {rev} is the checked-out commit of {repo}, whose working tree has "
-            "uncommitted changes that bisect would not measure: commit or stash them "
-            "yourself, or name a commit"
-        )
-
-
-# ---- one commit's side -----------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def checked_out(sha: str, repo: Path) -> Iterator[Path]:
-    """A temporary worktree of `sha` (always removed), its path."""
-    with temporary_worktree(sha, repo) as path:
-        yield path
-
-
-def commit_cases(
-    root: Path, platform: str, selection: Selection, cases_dir: str | None
-) -> list[Case]:
-    """The selected cases of the commit checked out at `root`, from its own registry."""
-    from perfguard.storage.cases import load_registry
-
-    where = root / (cases_dir or "cases")
-    chosen = Selection(
-        cases_dir=str(where), case_ids=selection.case_ids, match=selection.match,
-        tags=selection.tags,
-    )  # fmt: skip
-    cases = chosen.of(load_registry(platform, str(where)))
-    if not cases:
-        raise PerfguardError(f"no case of {where} matches the selection")
-    return cases
-
-
-class Counter:
-    """Counts commits in side workers (`launch.SIDE_WORKER`, its `count` request) forked
-    from one warm server that imports the heavy libraries once and no perfguard module,
-    as the relative check's shared server does (`launch.SharedFork`): each commit's
-    worker imports that commit's perfguard from its checkout (its import root, first on
-    `sys.path`, and its working directory), makes one counted run of each case
-    (`MeasureOptions(counters_only=True)`: a warm-up, whose output is kept, and the
-    counted run) and exits. A commit then costs its perfguard's import, its builds and
-    its runs, not an interpreter's start and torch's import (seconds each on a 2-core
-    runner). Where forking is not available (`launch.default_start_method`), or the
-    server could not start, each commit's worker is a fresh interpreter."""
-
-    def __init__(self, preload: Sequence[str]) -> None:
-        from perfguard.measurement.launch import (
-            WarmServer,
-            child_environment,
-            default_start_method,
-            import_root,
-        )
-
-        self.server: Any = None
-        if default_start_method() == "forkserver":
-            # No $PYTHONPATH: nothing the server imports may come from a checkout.
-            env = child_environment(unset=("PYTHONPATH",))
-            root = import_root()
-            self.server = WarmServer(env, "count server", preload=preload, root=root, cwd=root)
-
-    def _forks(self) -> Any:
-        """The warm server, once it has imported its modules; None: spawn instead."""
-        from perfguard.measurement.workers import STARTUP_TIMEOUT_S
-
-        if self.server is not None and (
-            not self.server.alive or self.server.start(STARTUP_TIMEOUT_S) is not None
-        ):
-            self.server.kill()
-            self.server = None
-        return self.server
-
-    def count(self, import_dir: Path, cases: Sequence[Case], platform: str) -> dict[str, Any]:
-        """One counted run of each case with the commit's own perfguard: case -> result
-        JSON. A commit that cannot import or run raises `PerfguardError` (it is skipped)."""
-        from perfguard.measurement.launch import SharedFork, child_environment
-        from perfguard.measurement.profiling import side_request
-
-        where = str(import_dir)
-        env = child_environment(import_dir=import_dir)
-        server = self._forks()
-        request = {"kind": "count", "platform": platform, "cases": [c.to_json() for c in cases]}
-        try:
-            data = side_request(
-                request, env=env, cwd=where, root=where, label="the counted run",
-                timeout_s=COUNT_TIMEOUT_S,
-                server=SharedFork(server, env, where, where) if server is not None else None,
-            )  # fmt: skip
-        except TimeoutError as exc:
-            raise PerfguardError(f"the counted run took over {COUNT_TIMEOUT_S:g} s") from exc
-        except PerfguardError as exc:
-            raise PerfguardError(str(exc)[:300]) from exc
-        source = data.get("perfguard_file")
-        if not source or not Path(source).resolve().is_relative_to(import_dir.resolve()):
-            raise PerfguardError(f"perfguard was imported from {source}, not from {import_dir}")
-        results: dict[str, Any] = data["cases"]
-        failed = [
-            f"{cid}: {r.get('error')}" for cid, r in results.items() if r.get("status") != "ok"
-        ]
-        if failed:
-            raise PerfguardError(failed[0][:300])
-        return results
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-
-
-# ---- judging work ----------------------------------------------------------------------------
-
-
-def work_of(results: Mapping[str, Mapping[str, Any]]) -> dict[str, WorkCounts]:
-    out = {}
-    for cid, result in results.items():
-        counts = WorkCounts.from_runs(result.get("work") or [])
-        if counts is not None:
-            out[cid] = counts
-    return out
-
-
-def chosen_counters(counts: Mapping[str, WorkCounts], metric: str | None) -> list[tuple[str, str]]:
-    """(case, counter) pairs judged: `metric` where a case has it, else every counter."""
-    pairs = []
-    for cid, wc in sorted(counts.items()):
-        for m in sorted(wc.counters, key=metric_sort_key):
-            if metric is None or m == metric:
-                pairs.append((cid, m))
-    return pairs
-
-
-def judge_work_step(
-    good: Mapping[str, WorkCounts], current: Mapping[str, WorkCounts], metric: str | None
-) -> tuple[str, str, dict[str, Any]]:
-    """Exact: bad when any judged counter counts more than at GOOD. (verdict, figure,
-    details with the grown counters and, per case, the ops whose counts changed.)"""
-    grown: dict[str, dict[str, list[int]]] = {}
-    for cid, m in chosen_counters(good, metric):
-        if cid not in current or m not in current[cid].counters:
-            continue
-        verdict = judge_counter(m, current[cid].counters[m], good[cid].counters[m], 0.0, 0.0)
-        if verdict.verdict == REGRESSION:
-            grown.setdefault(cid, {})[m] = [good[cid].counters[m][1], current[cid].counters[m][1]]
-    if not grown:
-        return GOOD, "counts as GOOD" if metric is None else f"{metric} as GOOD", {}
-    ops = {
-        cid: op_changes(good[cid].op_counts, current[cid].op_counts)
-        for cid in grown
-        if cid in current
-    }
-    cid, metrics = next(iter(sorted(grown.items())))
-    m, (before, after) = next(iter(sorted(metrics.items(), key=lambda kv: metric_sort_key(kv[0]))))
-    more = sum(len(v) for v in grown.values()) - 1
-    figure = f"{cid} {m} {before:,} -> {after:,} (+{after - before:,})" + (
-        f", {more} more counter(s) grew" if more else ""
-    )
-    return BAD, figure, {"grown": grown, "op_changes": ops}
-
-
-def check_metric(metric: str | None, counts: Mapping[str, WorkCounts]) -> None:
-    """A work metric no selected case has at GOOD is the user's mistake (exit 2)."""
-    if metric is None:
-        return
-    if not any(metric in wc.counters for wc in counts.values()):
-        known = sorted({m for wc in counts.values() for m in wc.counters}, key=metric_sort_key)
-        raise PerfguardError(
-            f"bisect: --metric {metric}: no selected case counts it at GOOD "
-            f"(it counts {', '.join(known[:8])}{', ...' if len(known) > 8 else ''})"
-        )
-
-
 def is_timed(metric: str | None) -> bool:
     return metric is not None and not is_work_metric(metric)
 
@@ -307,17 +94,6 @@ def next_index(lo: int, hi: int, tried: set[int]) -> int | None:
             if lo < i < hi and i not in tried:
                 return i
     return None
-
-
-def preload_for(cases: Sequence[Case]) -> list[str]:
-    """What the count server imports before it forks: torch and the libraries the cases'
-    workloads import (`perfguard.workloads.modules`), never perfguard itself."""
-    from perfguard.workloads.modules import BY_WORKLOAD, RUNNER_LIBRARIES
-
-    names = ["torch", *RUNNER_LIBRARIES]
-    for case in cases:
-        names += [n for n in BY_WORKLOAD.get(case.workload, ()) if n not in names]
-    return names
 
 
 def elapsed(t0: float) -> float:
