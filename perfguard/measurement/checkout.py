@@ -59,7 +59,7 @@ def resolve_ref(ref: str, repo: str | os.PathLike[str] | None = None) -> tuple[P
 def base_exists(directory: str | None, ref: str | None) -> None:
     """Refuse a base that cannot be found (one line, exit 2), before anything runs: DIR
     must be a directory and REF a commit of the working directory's repository. What
-    the base's perfguard can run is learnt later (`relative.probe_base`)."""
+    the base's perfguard can run is learnt later (`base_revision.probe_base`)."""
     if ref is not None:
         resolve_ref(ref)
     elif directory is not None and not Path(directory).is_dir():

@@ -179,30 +179,33 @@ def base_directory(directory: str | None, ref: str | None) -> Iterator[Path]:
         raise PerfguardError("an attribution needs a base: --against DIR|REF")
 
 
-def attribute_report(
-    report: Any,
-    cases: Sequence[Case],
-    base: BaseCode,
-    *,
-    platform: str,
-    inject: Mapping[str, float] | None = None,
-    traces_dir: str | os.PathLike[str] | None = None,
-    runs: int = PROFILE_RUNS,
-    echo: Echo | None = None,
-) -> Any:
+@dataclasses.dataclass(frozen=True)
+class Profiling:
+    """How a check's attribution profiles its regressed cases: on `platform`, the head
+    with the check's `inject`, `runs` profiled runs a side, Chrome traces into
+    `traces_dir` (None: none written), progress told to `echo`."""
+
+    platform: str
+    inject: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    traces_dir: str | os.PathLike[str] | None = None
+    runs: int = PROFILE_RUNS
+    echo: Echo | None = None
+
+
+def attribute_report(report: Any, cases: Sequence[Case], base: BaseCode, how: Profiling) -> Any:
     """`report` with the attribution of its regressed timings; itself when none regressed
     (nothing is profiled). The base is a directory or a ref (and its import
     subdirectory), as the check names it; the head is this process's code with the
-    check's `inject`."""
+    check's injection."""
     slow = regressed_timings(report)
     todo = [c for c in cases if c.id in slow]
     if not todo:
         return report
-    head = ProfileSide("head", None, dict(inject or {}))
+    head = ProfileSide("head", None, dict(how.inject))
     with base.side() as side:
         found = explain_cases(
-            todo, side, head, platform=platform, traces_dir=traces_dir, runs=runs,
-            metrics=slow, echo=echo,
+            todo, side, head, platform=how.platform, traces_dir=how.traces_dir, runs=how.runs,
+            metrics=slow, echo=how.echo,
         )  # fmt: skip
     return dataclasses.replace(report, attribution=found.to_json())
 
@@ -225,29 +228,15 @@ def stored_base_ref(baseline_path: str) -> tuple[str | None, str]:
     return found.stdout.strip(), ""
 
 
-def attribute_stored(
-    report: Any,
-    cases: Sequence[Case],
-    *,
-    platform: str,
-    inject: Mapping[str, float] | None = None,
-    traces_dir: str | os.PathLike[str] | None = None,
-    runs: int = PROFILE_RUNS,
-    echo: Echo | None = None,
-) -> Any:
+def attribute_stored(report: Any, cases: Sequence[Case], how: Profiling) -> Any:
     """A stored check's `attribute_report`: the base is the baseline's revision, in a
     temporary worktree; where the repository lacks it, each regressed case says so."""
-    slow = regressed_timings(report)
-    if not slow:
+    if not regressed_timings(report):
         return report
     ref, why = stored_base_ref(str(report.baseline.get("path")))
     if ref is None:
-        failed = [CaseAttribution(case_id=c, metrics=tuple(m), error=why) for c, m in slow.items()]
-        return dataclasses.replace(report, attribution=Attribution(tuple(failed), runs).to_json())
-    return attribute_report(
-        report, cases, BaseCode(ref=ref), platform=platform, inject=inject,
-        traces_dir=traces_dir, runs=runs, echo=echo,
-    )  # fmt: skip
+        return unattributed(report, why, how.runs)
+    return attribute_report(report, cases, BaseCode(ref=ref), how)
 
 
 ENV_ATTRIBUTION = "PERFGUARD_ATTRIBUTION"
@@ -276,25 +265,26 @@ def attribute_regressions(
     case's `error` in the section, never the check's failure."""
     if os.environ.get(ENV_ATTRIBUTION, "1").strip() == "0" or not regressed_timings(report):
         return report
-    traces_dir = traces_dir or os.environ.get(ENV_TRACES_DIR) or None
-    inject = dict(getattr(options, "inject", None) or {})
+    how = Profiling(
+        platform,
+        inject=dict(getattr(options, "inject", None) or {}),
+        traces_dir=traces_dir or os.environ.get(ENV_TRACES_DIR) or None,
+        echo=echo,
+    )
     try:
         if against is None:
-            return attribute_stored(
-                report, cases, platform=platform, inject=inject, traces_dir=traces_dir, echo=echo
-            )
+            return attribute_stored(report, cases, how)
         base = BaseCode(against.directory, against.ref, against.subdir)
-        return attribute_report(
-            report, cases, base, platform=platform, inject=inject, traces_dir=traces_dir,
-            echo=echo,
-        )  # fmt: skip
+        return attribute_report(report, cases, base, how)
     except PerfguardError as exc:  # a base that cannot be checked out again, say
-        slow = regressed_timings(report)
-        failed = [
-            CaseAttribution(case_id=c, metrics=tuple(m), error=str(exc)) for c, m in slow.items()
-        ]
-        section = Attribution(tuple(failed), PROFILE_RUNS).to_json()
-        return dataclasses.replace(report, attribution=section)
+        return unattributed(report, str(exc), PROFILE_RUNS)
+
+
+def unattributed(report: Any, why: str, runs: int) -> Any:
+    """`report` whose attribution says, for each regressed case, why it has none."""
+    slow = regressed_timings(report)
+    failed = [CaseAttribution(case_id=c, metrics=tuple(m), error=why) for c, m in slow.items()]
+    return dataclasses.replace(report, attribution=Attribution(tuple(failed), runs).to_json())
 
 
 ATTRIBUTION_KIND = "perfguard-attribution"

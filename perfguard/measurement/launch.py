@@ -534,7 +534,7 @@ def _place(env: dict[str, str], where: Placement) -> None:
 
 EarlyServer = tuple[dict[str, str], str, str, list[str], WarmServer]
 """What `early_server` started: the environment, label, start method and modules of the
-one-slot worker it serves, and the server (`workers.WarmPool(early)` takes it over)."""
+one-slot worker it serves, and the server (`worker_handle.WarmPool(early)` takes it over)."""
 
 
 def early_server(options: Any, wanted: bool) -> EarlyServer | None:

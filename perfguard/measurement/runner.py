@@ -280,9 +280,7 @@ def run_case(
         del pipeline
         gc.collect()
         platform.empty_cache()
-    if hashes:
-        result.output_hash = hashes[0]
-        result.deterministic = len(set(hashes)) == 1
+    _settle_output(result, hashes)
     return result
 
 
@@ -398,6 +396,13 @@ def _keep_output(output: torch.Tensor, result: CaseResult, hashes: list[str]) ->
     hashes.append(tensor_hash(output))
     if result.output_sketch is None:
         result.output_sketch = output_sketch(output)
+
+
+def _settle_output(result: CaseResult, hashes: list[str]) -> None:
+    """The output compared: the first timed run's hash, and whether every run's matched."""
+    if hashes:
+        result.output_hash = hashes[0]
+        result.deterministic = len(set(hashes)) == 1
 
 
 def _record_error(result: CaseResult, exc: Exception) -> None:

@@ -14,7 +14,7 @@ than this file, whose perfguard lacks it. So this module imports only the standa
 library at module level; each request imports the perfguard of the process's import
 root (the side's checkout) and what it needs from it, as the side's own code.
 
-- `probe` (`perfguard.measurement.relative.probe_base`): where the side's perfguard
+- `probe` (`perfguard.measurement.base_revision.probe_base`): where the side's perfguard
   (and a factory module) is imported from, its version, worker module and protocol, and
   the case and option fields it knows, so that a base that cannot run the head's cases
   is refused before anything is measured.
@@ -25,7 +25,7 @@ root (the side's checkout) and what it needs from it, as the side's own code.
   `record_function` range per stage and step (`StageTimer(ranges=True)`, opened from
   outside on a perfguard older than that); the result is each run's op table per stage
   and the timer's stage times.
-- `count` (`perfguard.measurement.bisect`): one counted run of each case
+- `count` (`perfguard.measurement.commit_counts`): one counted run of each case
   (`MeasureOptions(counters_only=True)`: a warm-up, whose output is kept, and the counted
   run); the result is each case's result and the file perfguard was imported from.
 """
@@ -68,7 +68,7 @@ def serve(result_fd: int) -> int:
 
 
 def probe(request: dict[str, Any]) -> dict[str, Any]:
-    """What the side's perfguard is and can run (`relative.probe_base` reads it)."""
+    """What the side's perfguard is and can run (`base_revision.probe_base` reads it)."""
     import perfguard
 
     out: dict[str, Any] = {

@@ -53,7 +53,7 @@ from perfguard.storage.cases import Case
 
 WORKER_MODULE = "perfguard.measurement.worker"
 """The worker entry point, `python -m WORKER_MODULE serve|rank` (a base revision of the
-relative check may name another: `perfguard.measurement.relative.Base.worker_module`)."""
+relative check may name another: `perfguard.measurement.base_revision.Base.worker_module`)."""
 
 STARTUP_TIMEOUT_S = 300.0
 """How long a worker may take to import torch and report ready (a cold start on a
