@@ -86,11 +86,15 @@ def measured(
     )
 
 
-def counting_factory(
-    build: Callable[[], Callable[[], Any]], calls: list[Any]
-) -> Callable[[Any, Any], Callable[[], Any]]:
-    """A pipeline factory for `run_case` whose pipeline is `build()`'s, each call of it
-    appending to `calls`: how a test counts the runs the runner made."""
+def run_counting(
+    build: Callable[[], Callable[[], Any]], platform: Any, options: Any, case_id: str
+) -> tuple[CaseResult, int]:
+    """`run_case` of a tiny case `case_id` whose pipeline is `build()`'s: the result, and
+    how many times the runner called the pipeline."""
+    from perfguard.measurement.runner import run_case
+    from perfguard.storage.cases import Case
+
+    calls: list[None] = []
 
     def factory(case: Any, platform: Any) -> Callable[[], Any]:
         run = build()
@@ -101,7 +105,8 @@ def counting_factory(
 
         return counted
 
-    return factory
+    case = Case(id=case_id, workload="qwen_image", preset="tiny")
+    return run_case(case, platform, options, factory=factory), len(calls)
 
 
 class HostAllocator(Platform):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
@@ -13,9 +12,7 @@ from perfguard.device.platform import Platform
 from perfguard.device.timer import stage
 from perfguard.measurement.memory import MEASURE, TensorMemory, measure_run
 from perfguard.measurement.options import MeasureOptions
-from perfguard.measurement.runner import run_case
-from perfguard.storage.cases import Case
-from tests.helpers import counting_factory
+from tests.helpers import run_counting
 
 MIB = 1024 * 1024
 FLOATS_PER_MIB = MIB // 4
@@ -113,12 +110,10 @@ class _NoRssPlatform(Platform):
 
 
 def test_the_cpu_runner_takes_peak_memory_from_one_tracked_run() -> None:
-    calls: list[Any] = []
-    factory = counting_factory(_pipeline, calls)
-    case = Case(id="mem", workload="qwen_image", preset="tiny")
-    result = run_case(case, _NoRssPlatform(), MeasureOptions(repeats=3, warmup=1), factory=factory)
+    options = MeasureOptions(repeats=3, warmup=1)
+    result, runs = run_counting(_pipeline, _NoRssPlatform(), options, "mem")
     assert result.status == "ok", result.error
-    assert len(calls) == 1 + 1 + 3  # warm-up, the memory run, the timed runs
+    assert runs == 1 + 1 + 3  # warm-up, the memory run, the timed runs
     assert result.samples["peak_memory"] == [pytest.approx(3.0)]
     # Per stage too, under the names a device run records them with.
     assert result.samples["peak_memory:TextEncodingStage"] == [pytest.approx(1.0)]

@@ -18,7 +18,7 @@ from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.runner import output_sketch, run_case
 from perfguard.measurement.work import WorkCounter, counted_run, host_sync
 from perfguard.storage.cases import Case
-from tests.helpers import counting_factory
+from tests.helpers import run_counting
 
 torch.manual_seed(0)
 
@@ -156,12 +156,9 @@ def test_more_work_shows_in_the_stage_that_does_it() -> None:
 
 
 def test_the_runner_keeps_one_counted_run_per_build_and_the_output_reference() -> None:
-    calls: list[Any] = []
-    factory = counting_factory(_staged, calls)
-    case = Case(id="work", workload="qwen_image", preset="tiny")
-    result = run_case(case, Platform(), MeasureOptions(repeats=2, warmup=1), factory=factory)
+    result, runs = run_counting(_staged, Platform(), MeasureOptions(repeats=2, warmup=1), "work")
     assert result.status == "ok", result.error
-    assert len(calls) == 1 + 1 + 2  # warm-up, the counted run, the timed runs
+    assert runs == 1 + 1 + 2  # warm-up, the counted run, the timed runs
     assert result.work is not None and len(result.work) == 1
     assert result.work[0]["stages"]["DenoisingStage"]["syncs"] == 6
     assert result.output_sketch is not None and result.output_sketch["shape"] == [4, 16]
@@ -170,31 +167,25 @@ def test_the_runner_keeps_one_counted_run_per_build_and_the_output_reference() -
 
 
 def test_counters_only_runs_no_timed_run() -> None:
-    calls: list[Any] = []
-    factory = counting_factory(_staged, calls)
-    case = Case(id="work", workload="qwen_image", preset="tiny")
     opts = MeasureOptions(repeats=5, warmup=0, counters_only=True)
-    result = run_case(case, Platform(), opts, factory=factory)
+    result, runs = run_counting(_staged, Platform(), opts, "work")
     assert result.status == "ok", result.error
-    assert len(calls) == 2  # one plain run (its output is compared), one counted
+    assert runs == 2  # one plain run (its output is compared), one counted
     assert result.repeats == 0 and "e2e" not in result.samples
     assert result.work and result.output_hash and result.output_sketch
 
 
 def test_a_build_told_not_to_count_times_its_runs_and_counts_nothing() -> None:
-    calls: list[Any] = []
-    factory = counting_factory(_staged, calls)
-    case = Case(id="work", workload="qwen_image", preset="tiny")
-    result = run_case(case, Platform(), MeasureOptions(repeats=3, warmup=1, count_work=False),
-                      factory=factory)  # fmt: skip
+    opts = MeasureOptions(repeats=3, warmup=1, count_work=False)
+    result, runs = run_counting(_staged, Platform(), opts, "work")
     assert result.status == "ok", result.error
-    assert len(calls) == 1 + 3  # the warm-up and the timed runs: no counted run
+    assert runs == 1 + 3  # the warm-up and the timed runs: no counted run
     assert result.work is None and result.memory is None
     assert len(result.samples["e2e"]) == 3 and result.output_hash
     # A counters-only measurement exists to count: it counts whatever count_work says.
-    calls.clear()
     only = MeasureOptions(repeats=3, warmup=0, counters_only=True, count_work=False)
-    assert run_case(case, Platform(), only, factory=factory).work and len(calls) == 2
+    counted, runs = run_counting(_staged, Platform(), only, "work")
+    assert counted.work and runs == 2
 
 
 def test_count_work_travels_to_a_worker_only_when_it_is_off() -> None:

@@ -382,33 +382,44 @@ def write_registry(root: Path, *case_ids: str) -> None:
     )
 
 
-def write_factory_picking(path: Path, case_id: str, fake: str) -> None:
-    """A factory module at `path`: the fake pipeline `fake` for the case `case_id`, 'ok'
-    for the others. A registry cannot name a fake (its options are closed): the factory
-    picks by id."""
-    path.write_text(
+def run_with_a_fake(
+    root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    factory: str,
+    cases: tuple[str, str],
+    fake: str,
+    *options: str,
+) -> int:
+    """`perfguard run *options` in `root` over two tiny cases, the first given the fake
+    pipeline `fake` and the second 'ok', into `root/results.json`: the exit code. A registry
+    cannot name a fake (its options are closed): the factory module `factory` picks by id
+    (a module name per test, as a module once imported stays in `sys.modules`)."""
+    from perfguard.cli import main
+
+    write_registry(root, *cases)
+    (root / f"{factory}.py").write_text(
         "import dataclasses\nimport pg_fake_pipes\n\n"
         "def pipeline(case, platform):\n"
-        f"    fake = {fake!r} if case.id == {case_id!r} else 'ok'\n"
+        f"    fake = {fake!r} if case.id == {cases[0]!r} else 'ok'\n"
         "    return pg_fake_pipes.pipeline(dataclasses.replace(case, options={'fake': fake}), "
         "platform)\n"
     )
+    monkeypatch.chdir(root)
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--platform", "cpu", "--cases", "registry", "--repeats", "1",
+              "--warmup", "0", *options, "--factory", f"{factory}:pipeline",
+              "--out", "results.json"])  # fmt: skip
+    return info.value.code
 
 
 def test_run_with_devices_and_isolate_from_the_command_line(
     fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perfguard.cli import main
     from perfguard.storage.reports import read_results
 
-    write_registry(tmp_path, "hangs", "fine")
-    write_factory_picking(tmp_path / "pg_cli_pipes.py", "hangs", "hang")
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as info:
-        main(["run", "--platform", "cpu", "--cases", "registry", "--repeats", "1",
-              "--warmup", "0", "--timeout", "1", "--devices", "0,1", "--isolate",
-              "--factory", "pg_cli_pipes:pipeline", "--out", "results.json"])  # fmt: skip
-    assert info.value.code == 3  # a case failed to run, nothing else wrong
+    code = run_with_a_fake(tmp_path, monkeypatch, "pg_cli_pipes", ("hangs", "fine"), "hang",
+                           "--timeout", "1", "--devices", "0,1", "--isolate")  # fmt: skip
+    assert code == 3  # a case failed to run, nothing else wrong
     results = read_results(tmp_path / "results.json")
     assert results.cases["fine"].status == "ok"
     assert (results.cases["hangs"].error or "").startswith("timeout: killed after")
@@ -468,16 +479,9 @@ def test_a_worker_that_cannot_import_perfguard_says_why_in_one_line(
 def test_a_warm_server_that_dies_fails_the_case_it_was_running_and_leaves_no_process(
     fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perfguard.cli import main
-
-    write_registry(tmp_path, "a_dies", "b_fine")
-    write_factory_picking(tmp_path / "pg_die_pipes.py", "a_dies", "kill_server")
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as info:
-        main(["run", "--platform", "cpu", "--cases", "registry", "--repeats", "1",
-              "--warmup", "0", "--isolate", "--start-method", "forkserver",
-              "--factory", "pg_die_pipes:pipeline", "--out", "results.json"])  # fmt: skip
-    assert info.value.code == 3  # an error, never a pass or a regression
+    code = run_with_a_fake(tmp_path, monkeypatch, "pg_die_pipes", ("a_dies", "b_fine"),
+                           "kill_server", "--isolate", "--start-method", "forkserver")  # fmt: skip
+    assert code == 3  # an error, never a pass or a regression
     from perfguard.storage.reports import read_results
 
     results = read_results(tmp_path / "results.json")
