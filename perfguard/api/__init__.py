@@ -20,9 +20,18 @@ Errors the user can fix raise `PerfguardError` (one line, exit 2); progress note
 from __future__ import annotations
 
 from perfguard.api.ab import ab, variants
+from perfguard.api.baseline_files import (
+    baseline_json,
+    diff_baselines,
+    diff_json,
+    import_sglang,
+    merge_baselines,
+    read_baseline,
+)
 from perfguard.api.baselines import BaselineUpdate, gen_baselines
 from perfguard.api.bisect import BisectOptions, bisect, write_bisect
 from perfguard.api.calibrate import CalibrateOptions, Calibration, calibrate
+from perfguard.api.cases import case_entries, environment, listed_cases, registry_files
 from perfguard.api.check import MOVED_FROM_CHECK, check, write_report
 from perfguard.api.common import (
     NO_OUTPUTS,
@@ -38,10 +47,13 @@ from perfguard.api.common import (
 )
 from perfguard.api.compare import check_relative
 from perfguard.api.explain import against_of, attribute_regressions, explain
+from perfguard.api.history import archive_label
 from perfguard.api.judge import check_perf_log, check_results, judge, judge_results
+from perfguard.api.reports import merge_reports, read_report, render_json
 from perfguard.api.run import run
 from perfguard.api.serve import ServeSettings, serve
-from perfguard.storage.jsonio import write_json_atomic, write_text_atomic
+from perfguard.api.server import servers, stop_all
+from perfguard.storage.jsonio import write_bytes_atomic, write_json_atomic, write_text_atomic
 from perfguard.storage.refresh import RefreshOptions
 from perfguard.storage.reports import Report
 
@@ -59,28 +71,45 @@ __all__ = [
     "ServeSettings",
     "ab",
     "against_of",
+    "archive_label",
     "attribute_regressions",
+    "baseline_json",
     "baseline_path",
     "bisect",
     "calibrate",
+    "case_entries",
     "check",
     "check_perf_log",
     "check_relative",
     "check_results",
+    "diff_baselines",
+    "diff_json",
+    "environment",
     "explain",
     "gen_baselines",
+    "import_sglang",
     "judge",
     "judge_results",
+    "listed_cases",
     "load_baseline",
+    "merge_baselines",
+    "merge_reports",
     "probe",
+    "read_baseline",
+    "read_report",
+    "registry_files",
+    "render_json",
     "resolve_platform",
     "run",
     "run_cases",
     "select_cases",
     "serve",
+    "servers",
     "shard",
+    "stop_all",
     "variants",
     "write_bisect",
+    "write_bytes_atomic",
     "write_json_atomic",
     "write_report",
     "write_text_atomic",

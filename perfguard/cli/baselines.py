@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from perfguard import api
+from perfguard.api.options import PLATFORM_NAMES
 from perfguard.cli.common import CONTEXT_SETTINGS, Decorator, console
 from perfguard.errors import (
     EXIT_CODES_HELP,
@@ -12,7 +14,6 @@ from perfguard.errors import (
 )
 from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import baseline_diff_table, baseline_tables
-from perfguard.storage.cases import PLATFORM_NAMES
 
 
 @click.group("baselines", context_settings=CONTEXT_SETTINGS)
@@ -24,12 +25,10 @@ def baselines_group() -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def baselines_validate(paths: tuple[str, ...]) -> int:
     """Check each baseline file against the schema; exit 2 if any is invalid."""
-    from perfguard.storage import baseline as store
-
     bad = 0
     for path in paths:
         try:
-            b = store.load(path)
+            b = api.read_baseline(path)
         except PerfguardError as exc:
             bad += 1
             click.echo(f"invalid: {exc}", err=True)
@@ -48,16 +47,12 @@ def baselines_validate(paths: tuple[str, ...]) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print the (selected) JSON.")
 def baselines_show(path: str, case_id: str | None, as_json: bool) -> int:
     """Print a baseline's metadata, tolerance profiles and scenarios."""
-    from perfguard.storage import baseline as store
-    from perfguard.storage.jsonio import dumps
-
-    b = store.load(path)
+    b = api.read_baseline(path)
     if case_id is not None and case_id not in b.scenarios:
         raise PerfguardError(f"{path}: no scenario {case_id!r}")
     ids = [case_id] if case_id else sorted(b.scenarios)
     if as_json:
-        data = b.to_json()
-        click.echo(dumps(data["scenarios"][case_id] if case_id else data), nl=False)
+        click.echo(api.baseline_json(b, case_id), nl=False)
         return EXIT_OK
     out = console()
     meta = b.metadata
@@ -94,13 +89,9 @@ def baselines_diff(a: str, b: str, as_json: bool, fmt: str) -> int:
     unknown (no spread on either side). Also scenarios added / removed and tolerances
     changed.
     """
-    from perfguard.decision.changes import diff
-    from perfguard.storage import baseline as store
-    from perfguard.storage.jsonio import dumps
-
-    d = diff(store.load(a), store.load(b))
+    d = api.diff_baselines(a, b)
     if as_json or fmt == "json":
-        click.echo(dumps(d.to_json()), nl=False)
+        click.echo(api.diff_json(d), nl=False)
         return EXIT_OK
     if fmt == "md":
         from perfguard.presentation.baseline_diff import render_baseline_diff_markdown
@@ -152,9 +143,7 @@ def baselines_merge(paths: tuple[str, ...], out: str, prefer: str | None) -> int
     policy, tolerance profiles and schema version (else exit 2 naming the field). Every
     input's notes and tolerance_overrides are kept; overrides that conflict are an error.
     """
-    from perfguard.storage.baseline_merge import merge_files
-
-    result = merge_files(paths, out, prefer)
+    result = api.merge_baselines(paths, out, prefer)
     b = result.baseline
     # Plain lines, not a rich console: paths are long and must not wrap mid-name in a log.
     click.echo(
@@ -190,12 +179,7 @@ def baselines_import_sglang(
 
     Fields with no perfguard equivalent are kept verbatim under `sglang_extra`.
     """
-    from perfguard.interop.sglang import import_file
-    from perfguard.storage import baseline as store
-
-    b = import_file(src, platform=platform_name, hardware=hardware)
-    with store.lock(dst):
-        store.save(dst, b)
+    b = api.import_sglang(src, dst, platform_name, hardware)
     console().print(
         escape(
             f"{dst}: {len(b.scenarios)} scenario(s) imported from {src} ({b.platform}/{b.hardware})"

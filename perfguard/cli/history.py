@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from perfguard import api
 from perfguard.cli.common import CONTEXT_SETTINGS, console
 from perfguard.errors import (
     EXIT_OK,
@@ -68,7 +69,6 @@ def _load(db: str, case_id: str | None, metric: str | None, hardware: str | None
     """The archive's rows for the asked series; an unknown --hardware is an error naming
     the hardware stored."""
     from perfguard.presentation.history import load
-    from perfguard.storage.archive import locate
 
     frame = load(db, case=case_id, metric=metric, since=_iso_date(since, "--since"))
     if hardware is not None:
@@ -76,7 +76,7 @@ def _load(db: str, case_id: str | None, metric: str | None, hardware: str | None
         frame = frame[frame["hardware"] == hardware].reset_index(drop=True)
         if frame.empty:
             raise PerfguardError(
-                f"{locate(db).label}: no rows match --hardware {hardware!r}; "
+                f"{api.archive_label(db)}: no rows match --hardware {hardware!r}; "
                 f"hardware stored: {', '.join(known) or 'none'}"
             )
     return frame
@@ -102,12 +102,11 @@ def history_add(
 ) -> int:
     """Store reports in the archive in one transaction; the same report twice is stored once."""
     from perfguard.presentation.history import add_reports
-    from perfguard.storage.archive import locate
 
     added, skipped = add_reports(
         db, paths, commit=commit, date=_iso_date(date, "--date"), allow_injected=allow_injected
     )
-    click.echo(f"{locate(db).label}: {added} report(s) added, {skipped} already present")
+    click.echo(f"{api.archive_label(db)}: {added} report(s) added, {skipped} already present")
     return EXIT_OK
 
 
@@ -132,7 +131,6 @@ def history_show(
     With no --case, --metric, --hardware or --since the table shows the newest report of
     each hardware (--all: every row); --json and --csv always give every row matched."""
     from perfguard.presentation.history import latest_report
-    from perfguard.storage.archive import locate
 
     frame = _load(db, case_id, metric, hardware, since)
     if as_json:
@@ -141,7 +139,7 @@ def history_show(
     if as_csv:
         click.echo(frame.to_csv(index=False), nl=False)
         return EXIT_OK
-    label = locate(db).label
+    label = api.archive_label(db)
     reports = frame["report_id"].nunique()
     if show_all or case_id or metric or hardware or since:
         title = f"{label}: {len(frame)} row(s) of {reports} report(s)"

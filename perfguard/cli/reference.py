@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(block)
         return 0
     path = Path(args.write)
-    from perfguard.storage.jsonio import write_text_atomic
+    from perfguard.api import write_text_atomic
 
     write_text_atomic(path, replace_block(path.read_text(encoding="utf-8"), block))
     return 0

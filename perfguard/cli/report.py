@@ -6,6 +6,7 @@ import os
 
 import click
 
+from perfguard import api
 from perfguard.cli.common import CONTEXT_SETTINGS, console
 from perfguard.errors import (
     EXIT_CODES_HELP,
@@ -40,12 +41,8 @@ def report_group() -> None:
 def report_render(path: str, fmt: str, all_metrics: bool, out: str | None) -> int:
     """Render a JSON report as Markdown (a PR comment), a console table, JSON, or one
     self-contained HTML page with a forest plot per case (plotly inlined: opens offline)."""
-    from perfguard.storage import reports as rep
-
-    report = rep.read_report(path)
+    report = api.read_report(path)
     if out is not None or fmt == "html":
-        from perfguard.storage.jsonio import write_bytes_atomic
-
         if fmt == "html":
             from perfguard.presentation.html import render_report_html
 
@@ -53,19 +50,19 @@ def report_render(path: str, fmt: str, all_metrics: bool, out: str | None) -> in
         elif fmt == "md":
             text = render.render_markdown(report)
         elif fmt == "json":
-            text = rep.render_json(report)
+            text = api.render_json(report)
         else:
             raise PerfguardError("--out: the table format prints to the terminal only")
         if out is None:
             click.echo(text, nl=False)
         else:
-            write_bytes_atomic(out, text.encode("utf-8"))
+            api.write_bytes_atomic(out, text.encode("utf-8"))
             click.echo(out)
         return EXIT_OK
     if fmt == "md":
         click.echo(render.render_markdown(report), nl=False)
     elif fmt == "json":
-        click.echo(rep.render_json(report), nl=False)
+        click.echo(api.render_json(report), nl=False)
     else:
         render.render_table(report, console(), all_metrics=all_metrics)
     return EXIT_OK
@@ -83,10 +80,7 @@ def report_render(path: str, fmt: str, all_metrics: bool, out: str | None) -> in
 )
 def merge_command(paths: tuple[str, ...], out: str, markdown_path: str | None) -> int:
     """Combine the reports of shards (disjoint case sets) into one; exits with its code."""
-    from perfguard.storage import reports as rep
-
-    merged = rep.merge([rep.read_report(p) for p in paths], sources=list(paths))
-    rep.write_report(out, merged)
+    merged = api.merge_reports(paths, out)
     if markdown_path:
         render.write_markdown(markdown_path, render.render_markdown(merged))
     console().print(escape(render.summary_line(merged)))
@@ -100,9 +94,8 @@ def merge_command(paths: tuple[str, ...], out: str, markdown_path: str | None) -
 def report_plot(path: str, out: str, case_ids: tuple[str, ...]) -> int:
     """Draw a report's per-stage medians against their baselines (extra `plots`)."""
     from perfguard.presentation.plots import plot_report_stages
-    from perfguard.storage import reports as rep
 
-    report = rep.read_report(path)
+    report = api.read_report(path)
     rows = [
         {
             "case": case.case_id,

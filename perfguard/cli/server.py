@@ -12,6 +12,7 @@ import time
 
 import click
 
+from perfguard import api
 from perfguard.cli.common import CONTEXT_SETTINGS, console
 
 
@@ -25,9 +26,7 @@ def server_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status_command(as_json: bool) -> None:
     """List this user's resident servers: pid, age, idle limit, imports, processes forked."""
-    from perfguard.measurement.resident import servers
-
-    found = servers()
+    found = api.servers()
     if as_json:
         click.echo(json.dumps(found, indent=2, sort_keys=True))
         return
@@ -51,6 +50,4 @@ def status_command(as_json: bool) -> None:
 @server_group.command("stop")
 def stop_command() -> None:
     """Stop this user's resident servers (a command they are running is killed)."""
-    from perfguard.measurement.resident import stop_all
-
-    click.echo(f"stopped {stop_all()} resident server(s)")
+    click.echo(f"stopped {api.stop_all()} resident server(s)")
