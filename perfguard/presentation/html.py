@@ -22,6 +22,7 @@ script's `esc()`, which shows them too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -115,20 +116,26 @@ def page(
 # ---- one report ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ForestFigures:
+    """A metric's figures in a forest plot, as the report or the archive holds them: the
+    medians, the ratio with its interval, and the band's bounds (absolute, like the
+    medians; the row gives them as ratios to the baseline)."""
+
+    median: float | None
+    baseline: float | None
+    ratio: float | None
+    low: float | None
+    high: float | None
+    bound: float | None
+    improvement_bound: float | None
+
+
 def forest_row(
-    metric: str,
-    *,
-    verdict: str,
-    median: float | None,
-    baseline: float | None,
-    ratio: float | None,
-    low: float | None,
-    high: float | None,
-    bound: float | None,
-    improvement_bound: float | None,
-    reason: str | None,
+    metric: str, figures: ForestFigures, *, verdict: str, reason: str | None
 ) -> dict[str, Any]:
     """One metric of a forest plot: its ratio, interval and band as ratios to the baseline."""
+    baseline = figures.baseline
 
     def rel(value: float | None) -> float | None:
         if value is None or not baseline:
@@ -142,13 +149,13 @@ def forest_row(
         "metric": metric,
         "unit": metric_unit(metric),
         "verdict": verdict,
-        "median": r6(median),
+        "median": r6(figures.median),
         "baseline": r6(baseline),
-        "ratio": r6(ratio),
-        "low": r6(low),
-        "high": r6(high),
-        "band_low": rel(improvement_bound),
-        "band_high": rel(bound),
+        "ratio": r6(figures.ratio),
+        "low": r6(figures.low),
+        "high": r6(figures.high),
+        "band_low": rel(figures.improvement_bound),
+        "band_high": rel(figures.bound),
         "reason": reason or "",
     }
 
@@ -171,20 +178,16 @@ def report_cases(report: Any) -> list[dict[str, Any]]:
             faster = None
             if m.band is not None and m.baseline is not None:
                 faster = m.band.improvement_below(m.baseline.median, report.improvement_threshold)
-            rows.append(
-                forest_row(
-                    m.metric,
-                    verdict=m.verdict,
-                    median=None if m.measured is None else m.measured.median,
-                    baseline=None if m.baseline is None else m.baseline.median,
-                    ratio=m.ratio,
-                    low=m.low,
-                    high=m.high,
-                    bound=m.bound,
-                    improvement_bound=faster,
-                    reason=m.reason,
-                )
+            figures = ForestFigures(
+                median=None if m.measured is None else m.measured.median,
+                baseline=None if m.baseline is None else m.baseline.median,
+                ratio=m.ratio,
+                low=m.low,
+                high=m.high,
+                bound=m.bound,
+                improvement_bound=faster,
             )
+            rows.append(forest_row(m.metric, figures, verdict=m.verdict, reason=m.reason))
         entry = {"id": case.case_id, "verdict": case.verdict, "div": f"case-{i}", "rows": rows}
         levels = server_rows(case)
         if levels:  # a server case: latency against concurrency, measured / baseline

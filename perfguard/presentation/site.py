@@ -44,6 +44,7 @@ from perfguard.presentation.escape import shorten, show_controls
 from perfguard.presentation.history import changes, load
 from perfguard.presentation.html import (
     ASSETS,
+    ForestFigures,
     asset_text,
     attr,
     esc,
@@ -337,6 +338,12 @@ class _Site:
         """A forest-plot page per report. Plain dicts, not pandas, in this loop: it runs
         once per report (a thousand times), where a groupby or itertuples per report costs
         more than the page."""
+        info = self.reports.set_index("report_id").to_dict("index")
+        for rid, per_case in self._forest_rows().items():
+            self._report_page(rid, per_case, info[rid])
+
+    def _forest_rows(self) -> dict[int, dict[str, list[dict[str, Any]]]]:
+        """report id -> case -> its forest rows, read column by column from the frame."""
         cols = [
             "report_id", "case", "metric", "verdict", "median", "baseline", "ratio",
             "ratio_low", "ratio_high", "bound", "improvement_bound", "reason",
@@ -348,54 +355,48 @@ class _Site:
             for c in cols
         ]  # fmt: skip
         for rid, case, metric, verdict, *values, reason in zip(*columns, strict=True):
-            med, base, ratio, low, high, bound, faster = values
-            row = forest_row(
-                str(metric),
-                verdict=_s(verdict) or "-",
-                median=med,
-                baseline=base,
-                ratio=ratio,
-                low=low,
-                high=high,
-                bound=bound,
-                improvement_bound=faster,
-                reason=_s(reason),
-            )
+            figures = ForestFigures(*values)  # median ... improvement_bound, in cols' order
+            row = forest_row(str(metric), figures, verdict=_s(verdict) or "-", reason=_s(reason))
             by_report.setdefault(int(rid), {}).setdefault(str(case), []).append(row)
-        info = self.reports.set_index("report_id").to_dict("index")
-        for rid, per_case in by_report.items():
-            first = info[rid]
-            cases = []
-            for i, case in enumerate(sorted(per_case)):
-                forest = per_case[case]
-                cases.append(
-                    {"id": case, "verdict": _case_verdict(forest), "div": f"case-{i}",
-                     "rows": forest}
-                )  # fmt: skip
-            facts = [
-                ("verdict", _s(first["report_verdict"]) or "-"),
-                ("profile", _s(first["profile"]) or "-"),
-                ("commit", _s(first["commit_sha"]) or "-"),
-                ("hardware", first["hw"]),
-                ("date", str(first["date"])[:19]),
-            ]
-            extra = self.nav("../")
-            if _s(first["inject"]):
-                extra += (
-                    f'<p class="warn">Measured with a fault injection ({esc(first["inject"])}):'
-                    " its slowdown was made on purpose.</p>"
-                )
-            name = str(first["content_hash"])[:16]
-            self.files[self.href[rid]] = page(
-                f"{self.title}: report {name}",
-                forest_body(f"report {name}", facts, cases, extra=extra),
-                data={"cases": cases},
-                data_id="perfguard-report",
-                scripts=["forest.js"],
-                asset_prefix="../assets/",
+        return by_report
+
+    def _report_page(
+        self, rid: int, per_case: dict[str, list[dict[str, Any]]], first: dict[str, Any]
+    ) -> None:
+        """One report's page: its facts line, a warning if injected, a plot per case."""
+        cases = []
+        for i, case in enumerate(sorted(per_case)):
+            forest = per_case[case]
+            cases.append(
+                {"id": case, "verdict": _case_verdict(forest), "div": f"case-{i}",
+                 "rows": forest}
+            )  # fmt: skip
+        facts = [
+            ("verdict", _s(first["report_verdict"]) or "-"),
+            ("profile", _s(first["profile"]) or "-"),
+            ("commit", _s(first["commit_sha"]) or "-"),
+            ("hardware", first["hw"]),
+            ("date", str(first["date"])[:19]),
+        ]
+        extra = self.nav("../")
+        if _s(first["inject"]):
+            extra += (
+                f'<p class="warn">Measured with a fault injection ({esc(first["inject"])}):'
+                " its slowdown was made on purpose.</p>"
             )
+        name = str(first["content_hash"])[:16]
+        self.files[self.href[rid]] = page(
+            f"{self.title}: report {name}",
+            forest_body(f"report {name}", facts, cases, extra=extra),
+            data={"cases": cases},
+            data_id="perfguard-report",
+            scripts=["forest.js"],
+            asset_prefix="../assets/",
+        )
 
     def index_page(self) -> None:
+        """The front page: the span of the archive, what moved most recently, the newest
+        report of each hardware, and the cases."""
         moved = sorted(self.changes, key=lambda c: (str(c["date"]), c["report_id"]), reverse=True)
         dates = sorted(str(d) for d in self.reports["date"])
         body = [
@@ -406,47 +407,10 @@ class _Site:
             + ", ".join(f'<b style="color:{self.colour[h]}">{esc(h)}</b>' for h in self.hw)
             + "</p>",
             "<h2>What moved most recently</h2>",
+            *self._moved_table(moved),
+            *self._newest_table(),
+            "</tbody></table><h2>Cases</h2><ul>",
         ]
-        if moved:
-            body.append(
-                '<table id="moved"><thead><tr><th>date</th><th>commit</th><th>hardware</th>'
-                "<th>case</th><th>metric</th><th>change</th></tr></thead><tbody>"
-            )
-            for c in moved[:200]:
-                hw = _hw_key(c["platform"], c["hardware"])
-                link = f"{self.case_file[c['case']]}#m-{slug(c['metric'])}"
-                body.append(
-                    f'<tr class="change" data-metric="{attr(c["metric"])}">'
-                    f"<td>{esc(str(c['date'])[:19])}</td>"
-                    f'<td><a href="{attr(self.href[c["report_id"]])}">'
-                    f"{esc(_s(c['commit']) or '?')}</a></td><td>{esc(hw)}</td>"
-                    f"<td>{esc(short_id(c['case']))}</td>"
-                    f'<td><a href="{attr(link)}">{esc(c["metric"])}</a></td>'
-                    f'<td class="{attr(c["direction"])}">{_pct(c["ratio"])} '
-                    f"{esc(c['direction'])}</td></tr>"
-                )
-            body.append("</tbody></table>")
-        else:
-            body.append(
-                "<p>No change point yet (a series needs at least 6 reports, two levels of 3).</p>"
-            )
-        body.append(
-            "<h2>Newest report of each hardware</h2><table><thead><tr><th>hardware</th>"
-            "<th>date</th><th>commit</th><th>verdict</th><th>regressions</th></tr></thead><tbody>"
-        )
-        for h in self.hw:
-            last = self.reports[self.reports["hw"] == h].iloc[-1]
-            rid = int(last["report_id"])
-            rows = self.frame[self.frame["report_id"] == rid]
-            n_reg = int((rows["verdict"] == "regression").sum())
-            verdict = _s(last["report_verdict"]) or "-"
-            body.append(
-                f"<tr><td>{esc(h)}</td><td>{esc(str(last['date'])[:19])}</td>"
-                f"<td>{esc(_s(last['commit_sha']) or '-')}</td>"
-                f'<td class="{attr(verdict)}"><a href="{attr(self.href[rid])}">{esc(verdict)}</a>'
-                f'</td><td class="num">{n_reg}</td></tr>'
-            )
-        body.append("</tbody></table><h2>Cases</h2><ul>")
         for c in self.cases:
             n = self.frame[self.frame["case"] == c]["metric"].nunique()
             link = f'<a href="{self.case_file[c]}">{esc(short_id(c))}</a>'
@@ -461,6 +425,53 @@ class _Site:
             asset_prefix="assets/",
             plotly=False,
         )
+
+    def _moved_table(self, moved: list[dict[str, Any]]) -> list[str]:
+        """The 200 newest change points, each linked to its report and its series."""
+        if not moved:
+            return [
+                "<p>No change point yet (a series needs at least 6 reports, two levels of 3).</p>"
+            ]
+        body = [
+            '<table id="moved"><thead><tr><th>date</th><th>commit</th><th>hardware</th>'
+            "<th>case</th><th>metric</th><th>change</th></tr></thead><tbody>"
+        ]
+        for c in moved[:200]:
+            hw = _hw_key(c["platform"], c["hardware"])
+            link = f"{self.case_file[c['case']]}#m-{slug(c['metric'])}"
+            body.append(
+                f'<tr class="change" data-metric="{attr(c["metric"])}">'
+                f"<td>{esc(str(c['date'])[:19])}</td>"
+                f'<td><a href="{attr(self.href[c["report_id"]])}">'
+                f"{esc(_s(c['commit']) or '?')}</a></td><td>{esc(hw)}</td>"
+                f"<td>{esc(short_id(c['case']))}</td>"
+                f'<td><a href="{attr(link)}">{esc(c["metric"])}</a></td>'
+                f'<td class="{attr(c["direction"])}">{_pct(c["ratio"])} '
+                f"{esc(c['direction'])}</td></tr>"
+            )
+        body.append("</tbody></table>")
+        return body
+
+    def _newest_table(self) -> list[str]:
+        """Each hardware's newest report with its verdict and regression count (the table
+        is closed by the caller)."""
+        body = [
+            "<h2>Newest report of each hardware</h2><table><thead><tr><th>hardware</th>"
+            "<th>date</th><th>commit</th><th>verdict</th><th>regressions</th></tr></thead><tbody>"
+        ]
+        for h in self.hw:
+            last = self.reports[self.reports["hw"] == h].iloc[-1]
+            rid = int(last["report_id"])
+            rows = self.frame[self.frame["report_id"] == rid]
+            n_reg = int((rows["verdict"] == "regression").sum())
+            verdict = _s(last["report_verdict"]) or "-"
+            body.append(
+                f"<tr><td>{esc(h)}</td><td>{esc(str(last['date'])[:19])}</td>"
+                f"<td>{esc(_s(last['commit_sha']) or '-')}</td>"
+                f'<td class="{attr(verdict)}"><a href="{attr(self.href[rid])}">{esc(verdict)}</a>'
+                f'</td><td class="num">{n_reg}</td></tr>'
+            )
+        return body
 
 
 def _case_verdict(rows: list[dict[str, Any]]) -> str:
