@@ -275,17 +275,7 @@ def merge(inputs: Sequence[MergeInput], prefer: str | None = None) -> MergeResul
     case_ids = sorted({cid for item in inputs for cid in item.baseline.scenarios})
     for cid in case_ids:
         holders = [(i, i.baseline.scenarios[cid]) for i in inputs if cid in i.baseline.scenarios]
-        threads = {
-            item.path: _scenario_threads(item.data["scenarios"][cid])
-            for item, _ in holders
-            if _scenario_threads(item.data["scenarios"][cid]) is not None
-        }
-        if len(set(map(repr, threads.values()))) > 1:
-            (pa, ta), (pb, tb) = list(threads.items())[:2]
-            raise PerfguardError(
-                f"{pb}: scenarios.{cid}: threads {tb!r} != {ta!r} ({pa}): figures measured "
-                "with different thread counts cannot be merged"
-            )
+        _check_threads(cid, holders)
         kept, conflict = _choose(cid, holders, prefer)
         item, chosen = holders[kept]
         everywhere = len(holders) == len(inputs) and conflict is None
@@ -302,8 +292,43 @@ def merge(inputs: Sequence[MergeInput], prefer: str | None = None) -> MergeResul
             tolerance_overrides=_merge_overrides(cid, holders),
             source=source,
         )
-    # The file-level fields are the most recently updated input's (its environment is
-    # that of the last measurement); `created` is the earliest input's.
+    base, first_created = _file_fields(inputs)
+    merged = replace(
+        base,
+        metadata={**base.metadata, "created": first_created},
+        scenarios=scenarios,
+        extra=_merge_extra(inputs),
+    )
+    return MergeResult(
+        merged,
+        tuple(i.path for i in inputs),
+        tuple(collapsed),
+        tuple(conflicts),
+        sources,
+    )
+
+
+def _check_threads(cid: str, holders: Sequence[tuple[MergeInput, Scenario]]) -> None:
+    """Figures measured with different thread counts are not one case's: refuse them."""
+    threads = {
+        item.path: _scenario_threads(item.data["scenarios"][cid])
+        for item, _ in holders
+        if _scenario_threads(item.data["scenarios"][cid]) is not None
+    }
+    if len(set(map(repr, threads.values()))) > 1:
+        (pa, ta), (pb, tb) = list(threads.items())[:2]
+        raise PerfguardError(
+            f"{pb}: scenarios.{cid}: threads {tb!r} != {ta!r} ({pa}): figures measured "
+            "with different thread counts cannot be merged"
+        )
+
+
+def _file_fields(inputs: Sequence[MergeInput]) -> tuple[Baseline, Any]:
+    """The input whose file-level fields the merge keeps, and the earliest `created`.
+
+    The file-level fields are the most recently updated input's (its environment is that
+    of the last measurement); `created` is the earliest input's.
+    """
     updated = [
         _timestamp(i.baseline.metadata["updated"], f"{i.path}: $.metadata.updated") for i in inputs
     ]
@@ -311,7 +336,11 @@ def merge(inputs: Sequence[MergeInput], prefer: str | None = None) -> MergeResul
         _timestamp(i.baseline.metadata["created"], f"{i.path}: $.metadata.created") for i in inputs
     ]
     base = inputs[updated.index(max(updated))].baseline
-    first_created = inputs[created.index(min(created))].baseline.metadata["created"]
+    return base, inputs[created.index(min(created))].baseline.metadata["created"]
+
+
+def _merge_extra(inputs: Sequence[MergeInput]) -> dict[str, Any]:
+    """Every input's `sglang_extra`, which must agree key by key."""
     extra: dict[str, Any] = {}
     for item in inputs:
         for key, value in item.baseline.extra.items():
@@ -321,19 +350,7 @@ def merge(inputs: Sequence[MergeInput], prefer: str | None = None) -> MergeResul
                     "resolve it by hand before merging"
                 )
             extra[key] = value
-    merged = replace(
-        base,
-        metadata={**base.metadata, "created": first_created},
-        scenarios=scenarios,
-        extra=extra,
-    )
-    return MergeResult(
-        merged,
-        tuple(i.path for i in inputs),
-        tuple(collapsed),
-        tuple(conflicts),
-        sources,
-    )
+    return extra
 
 
 def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

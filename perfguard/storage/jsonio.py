@@ -131,6 +131,49 @@ def _problem(data: Any, duplicates: dict[int, str]) -> tuple[list[Any] | None, s
     return None
 
 
+class _DuplicateKeys:
+    """The `object_pairs_hook` that notes the first object holding a key twice (json keeps
+    the last value silently); `_problem` reports it with its path."""
+
+    def __init__(self) -> None:
+        self.duplicates: dict[int, str] = {}
+        self.keep: list[Any] = []  # the objects whose id() is a key of `duplicates` stay alive
+
+    def pairs(self, items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items) and not self.duplicates:
+            seen: set[str] = set()
+            for key, _ in items:
+                if key in seen:
+                    self.duplicates[id(obj)] = key
+                    self.keep.append(obj)
+                    break
+                seen.add(key)
+        return obj
+
+
+def _too_long(token: str) -> _NotFinite | None:
+    if len(token) > MAX_NUMBER_CHARS:
+        return _NotFinite(
+            f"{token[:12]}...",
+            f"is a number of {len(token)} characters (limit {MAX_NUMBER_CHARS})",
+        )
+    return None
+
+
+def _parse_float(token: str) -> Any:
+    long = _too_long(token)
+    if long is not None:
+        return long
+    value = float(token)  # 1e400 overflows to inf without complaint
+    return _NotFinite(token, "is not a finite number") if math.isinf(value) else value
+
+
+def _parse_int(token: str) -> Any:
+    long = _too_long(token)
+    return long if long is not None else int(token)
+
+
 def loads(text: str, source: str) -> Any:
     """Parse JSON text from `source` (a file name for messages), strictly (module doc)."""
     if not text.strip():
@@ -139,47 +182,14 @@ def loads(text: str, source: str) -> Any:
         raise PerfguardError(f"{source}: starts with a byte-order mark (save it without)")
     if len(text) > MAX_BYTES:
         raise PerfguardError(f"{source}: over the {MAX_BYTES // 2**20} MiB limit")
-    duplicates: dict[int, str] = {}
-    keep: list[Any] = []  # the objects whose id() is a key of `duplicates` stay alive
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        obj = dict(items)
-        if len(obj) != len(items) and not duplicates:
-            seen: set[str] = set()
-            for key, _ in items:
-                if key in seen:
-                    duplicates[id(obj)] = key
-                    keep.append(obj)
-                    break
-                seen.add(key)
-        return obj
-
-    def too_long(token: str) -> _NotFinite | None:
-        if len(token) > MAX_NUMBER_CHARS:
-            return _NotFinite(
-                f"{token[:12]}...",
-                f"is a number of {len(token)} characters (limit {MAX_NUMBER_CHARS})",
-            )
-        return None
-
-    def parse_float(token: str) -> Any:
-        long = too_long(token)
-        if long is not None:
-            return long
-        value = float(token)  # 1e400 overflows to inf without complaint
-        return _NotFinite(token, "is not a finite number") if math.isinf(value) else value
-
-    def parse_int(token: str) -> Any:
-        long = too_long(token)
-        return long if long is not None else int(token)
-
+    keys = _DuplicateKeys()
     try:
         data = json.loads(
             text,
-            object_pairs_hook=pairs,
+            object_pairs_hook=keys.pairs,
             parse_constant=lambda token: _NotFinite(token, "is not a valid number here"),
-            parse_float=parse_float,
-            parse_int=parse_int,
+            parse_float=_parse_float,
+            parse_int=_parse_int,
         )
     except json.JSONDecodeError as exc:
         raise PerfguardError(
@@ -191,7 +201,7 @@ def loads(text: str, source: str) -> Any:
         raise PerfguardError(f"{source}: too large to parse in memory") from exc
     except ValueError as exc:  # pragma: no cover - the hooks above catch what json passes on
         raise PerfguardError(f"{source}: {exc}") from exc
-    found = _problem(data, duplicates)
+    found = _problem(data, keys.duplicates)
     if found is not None:
         where = "" if found[0] is None else f"{json_path(found[0])}: "
         raise PerfguardError(f"{source}: {where}{found[1]}")
