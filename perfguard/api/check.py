@@ -228,7 +228,7 @@ def write_report(
     renderings are made from that, so that `perfguard report render` of the file later
     prints exactly the same thing.
     """
-    from perfguard.presentation.render import append_step_summary, render_markdown, write_markdown
+    from perfguard.presentation.markdown import append_step_summary, render_markdown, write_markdown
     from perfguard.storage import reports
 
     data = reports.write_report(json_path, report) if json_path else report.to_json()

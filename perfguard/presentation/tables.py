@@ -3,7 +3,8 @@
 Every value that came from a file or a case id is escaped before it reaches rich markup,
 its control characters shown (`perfguard.presentation.escape.rich_markup`: an ESC from a
 file cannot start a terminal sequence).
-Reports have their own renderings, table and Markdown, in `perfguard.presentation.render`.
+Reports have their own renderings: the table in `perfguard.presentation.render`, the
+Markdown in `perfguard.presentation.markdown`.
 """
 
 from __future__ import annotations

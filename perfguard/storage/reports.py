@@ -5,8 +5,8 @@ came from (environment), what they were compared with (the baseline file and its
 sha256), under which profile, and per case and metric the sample summary, the baseline,
 the bound, the ratio and the verdict; the output hashes; the overall verdict and exit
 code. `perfguard merge` joins the reports of shards that ran disjoint case sets; the
-renderings (Markdown for a PR comment, the console table) are
-`perfguard.presentation.render`'s.
+renderings are `perfguard.presentation.markdown`'s (a PR comment) and
+`perfguard.presentation.render`'s (the console table).
 
 This module builds, reads, writes and combines; it decides nothing. The overall verdict
 of a merged report is recomputed by `perfguard.decision.verdict.overall`, from the same
