@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,12 +62,13 @@ from perfguard.workloads.attention import (
     varlen_attention,
 )
 from perfguard.workloads.graphs import is_in_breakable_cuda_graph, is_stream_capturing
+from perfguard.workloads.modulation_cache import ModulationKey, ModulationSlot, tensor_version
 
 __all__ = ["ModulationKey", "QwenImageTransformer2DModel", "QwenImageTransformerBlock"]
 
 
 # ----------------------------------------------------------------------------------------
-# Helpers: timestep embedding, RoPE, modulation-cache key
+# Helpers: timestep embedding, RoPE, when the modulation cache may hit
 # ----------------------------------------------------------------------------------------
 
 
@@ -192,12 +192,6 @@ class QwenEmbedRope(nn.Module):
         return torch.cat(vid_freqs, dim=0), txt_freqs
 
 
-def _tensor_version(t: torch.Tensor) -> int | None:
-    # Inference tensors have no version counter (reading `_version` raises); they can only be
-    # mutated inside inference_mode, which this cache then cannot detect -- see ModulationKey.
-    return None if t.is_inference() else t._version
-
-
 def _modulation_cache_allowed() -> bool:
     """Whether python-side caching of modulation outputs is sound right now."""
     if torch.is_grad_enabled():  # autograd must see img_mod/txt_mod in each pass's graph
@@ -207,50 +201,6 @@ def _modulation_cache_allowed() -> bool:
     if is_in_breakable_cuda_graph():  # replay never re-enters python: a hit can't be replayed
         return False
     return not is_stream_capturing()
-
-
-@dataclass(frozen=True, eq=False)
-class ModulationKey:
-    """Identity of the conditioning a block's ``img_mod``/``txt_mod`` outputs derive from.
-
-    The key holds strong references to the keyed tensors, not just their ``id``: an ``id``
-    is a memory address, and once a tensor is freed a *new* timestep tensor can be allocated
-    at the same address with different values -- an id-only key would then return stale
-    projections. Holding the reference keeps the address occupied for as long as the key
-    lives (one CFG pair: the slot is consumed on the hit), at the cost of keeping a ``[B]``
-    tensor alive. ``_version`` catches in-place edits (``t.add_(0)`` bumps it) of normal
-    tensors; inference tensors have no version counter (``None``), so an in-place edit of an
-    inference-mode timestep between the two passes is not detected -- pipelines create a
-    fresh timestep tensor per step anyway.
-    """
-
-    timestep: torch.Tensor
-    timestep_version: int | None
-    additional_t_cond: torch.Tensor | None
-    additional_t_cond_version: int | None
-    dtype: torch.dtype
-    device: torch.device
-    # Versions of the timestep-embedder weights: temb also depends on them.
-    weights_version: tuple[int | None, ...]
-
-    def matches(self, other: ModulationKey) -> bool:
-        return (
-            self.timestep is other.timestep
-            and self.timestep_version == other.timestep_version
-            and self.additional_t_cond is other.additional_t_cond
-            and self.additional_t_cond_version == other.additional_t_cond_version
-            and self.dtype == other.dtype
-            and self.device == other.device
-            and self.weights_version == other.weights_version
-        )
-
-
-@dataclass(frozen=True, eq=False)
-class _ModulationSlot:
-    key: ModulationKey
-    weights_version: tuple[int | None, ...]  # img_mod / txt_mod weights of the block
-    img_mod_params: torch.Tensor
-    txt_mod_params: torch.Tensor
 
 
 # ----------------------------------------------------------------------------------------
@@ -363,7 +313,7 @@ class QwenImageTransformerBlock(nn.Module):
         self.txt_mlp = FeedForward(dim=dim, dim_out=dim, activation_fn="gelu-approximate")
 
         self.zero_cond_t = zero_cond_t
-        self._modulation_slot: _ModulationSlot | None = None
+        self._modulation_slot: ModulationSlot | None = None
         # Hits served from the slot since construction: a pipeline reads the difference per
         # run, so a report shows whether the optimization engaged (a plain int, no sync).
         self.modulation_cache_hits = 0
@@ -391,7 +341,7 @@ class QwenImageTransformerBlock(nn.Module):
 
     def _mod_weights_version(self) -> tuple[int | None, ...]:
         img, txt = self.img_mod[1], self.txt_mod[1]
-        return tuple(_tensor_version(p) for p in (img.weight, img.bias, txt.weight, txt.bias))
+        return tuple(tensor_version(p) for p in (img.weight, img.bias, txt.weight, txt.bias))
 
     def clear_modulation_cache(self) -> None:
         self._modulation_slot = None
@@ -417,9 +367,7 @@ class QwenImageTransformerBlock(nn.Module):
             return slot.img_mod_params, slot.txt_mod_params
         img_mod_params = self.img_mod(temb)
         txt_mod_params = self.txt_mod(temb_txt)
-        self._modulation_slot = _ModulationSlot(
-            key, weights_version, img_mod_params, txt_mod_params
-        )
+        self._modulation_slot = ModulationSlot(key, weights_version, img_mod_params, txt_mod_params)
         return img_mod_params, txt_mod_params
 
     def forward(
@@ -580,14 +528,14 @@ class QwenImageTransformer2DModel(nn.Module):
             return None
         return ModulationKey(
             timestep=timestep,
-            timestep_version=_tensor_version(timestep),
+            timestep_version=tensor_version(timestep),
             additional_t_cond=additional_t_cond,
             additional_t_cond_version=(
-                None if additional_t_cond is None else _tensor_version(additional_t_cond)
+                None if additional_t_cond is None else tensor_version(additional_t_cond)
             ),
             dtype=dtype,
             device=device,
-            weights_version=tuple(_tensor_version(p) for p in self.time_text_embed.parameters()),
+            weights_version=tuple(tensor_version(p) for p in self.time_text_embed.parameters()),
         )
 
     @staticmethod
