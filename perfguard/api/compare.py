@@ -26,8 +26,8 @@ def check_relative(
     against: RelativeOptions,
     *,
     judging: JudgeOptions | None = None,
-    outputs: Outputs = NO_OUTPUTS,
     platform: Platform | None = None,
+    outputs: Outputs = NO_OUTPUTS,
     echo: Echo = to_stderr,
 ) -> Report:
     """The relative check: this revision against a base one, side by side, no baseline.

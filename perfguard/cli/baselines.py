@@ -7,11 +7,7 @@ import click
 from perfguard import api
 from perfguard.api.options import PLATFORM_NAMES
 from perfguard.cli.common import CONTEXT_SETTINGS, Decorator, console
-from perfguard.errors import (
-    EXIT_CODES_HELP,
-    EXIT_OK,
-    PerfguardError,
-)
+from perfguard.errors import EXIT_CODES_HELP, EXIT_OK, PerfguardError
 from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import baseline_diff_table, baseline_tables
 

@@ -14,6 +14,7 @@ from perfguard.cli.common import (
     CONTEXT_SETTINGS,
     console,
     echo_err,
+    file_option,
     import_root_option,
     json_file_option,
     platform_option,
@@ -72,11 +73,9 @@ _BISECT_OPTIONS = [
     "Write the bisect report (JSON) here; timings also write the first bad "
     "commit's Chrome traces beside it."
 )
-@click.option(
+@file_option(
     "--markdown",
     "markdown_path",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="Also write the outcome as Markdown (a CI step summary): the steps, the first bad "
     "commit and, for timings, its per-op attribution.",
 )

@@ -12,6 +12,7 @@ from perfguard.cli.common import (
     CONTEXT_SETTINGS,
     console,
     echo_err,
+    file_option,
     platform_option,
     selection_options,
 )
@@ -34,11 +35,9 @@ def env(platform_name: str | None, as_json: bool) -> None:
 @click.command("list-cases", context_settings=CONTEXT_SETTINGS)
 @platform_option
 @selection_options()
-@click.option(
+@file_option(
     "--baseline",
     "baseline_path",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="With --shard: the baseline whose e2e times cases without estimated_time_s "
     "(default: baselines/<platform>/<hardware-slug>.json, as check uses).",
 )

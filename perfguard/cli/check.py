@@ -3,9 +3,9 @@ relative check, against a base revision), `check-work` (work counters only) and 
 (measurements made elsewhere).
 
 Each command takes its option groups as values (`Selection`, `MeasureOptions`,
-`JudgeOptions`, `RelativeOptions`, `Outputs`) and hands them to one function: the
-stored check (`_stored`), the work check (`_counters_only`), the relative check
-(`_relative`), and the file modes that run nothing (`api.judge`).
+`JudgeOptions`, `RelativeOptions`, `Outputs`) and hands them to one library function:
+the stored and the work check (`api.check`), the relative check (`api.check_relative`),
+and the file modes that run nothing (`api.judge`).
 `check`'s old spellings of the other jobs (`--against`, `--counters-only`,
 `--results`, ...; `api.MOVED_FROM_CHECK`) exit 2 naming the command that took each over.
 """
@@ -37,11 +37,14 @@ from perfguard.api.options import (
 )
 from perfguard.cli.common import (
     CONTEXT_SETTINGS,
+    FILE,
     Decorator,
     _apply,
     baseline_option,
     console,
+    count_option,
     echo_err,
+    file_option,
     given_among,
     import_root_option,
     judge_options,
@@ -75,20 +78,13 @@ RELATIVE_OPTIONS = [
         help="Stop starting blocks past this many seconds of measuring (--min-blocks "
         "always run); a figure still unresolved then can't tell (exit 4).",
     ),
-    click.option(
+    count_option(
         "--min-blocks",
-        default=DEFAULT_MIN_BLOCKS,
-        show_default=True,
-        type=click.IntRange(min=2),
-        help="Relative check: blocks (one base and one head process each) before the first look.",
+        DEFAULT_MIN_BLOCKS,
+        2,
+        "Relative check: blocks (one base and one head process each) before the first look.",
     ),
-    click.option(
-        "--max-blocks",
-        default=DEFAULT_MAX_BLOCKS,
-        show_default=True,
-        type=click.IntRange(min=2),
-        help="Relative check: blocks at most.",
-    ),
+    count_option("--max-blocks", DEFAULT_MAX_BLOCKS, 2, "Relative check: blocks at most."),
     click.option(
         "--order-seed",
         default=None,
@@ -99,7 +95,7 @@ RELATIVE_OPTIONS = [
     click.option(
         "--write-baseline",
         default=None,
-        type=click.Path(dir_okay=False),
+        type=FILE,
         metavar="PATH",
         help="Relative check: also store the base side's measurement as a baseline file.",
     ),
@@ -121,17 +117,12 @@ relative_options = value_options("relative", relative_options_from, RELATIVE_OPT
 (`api.options.relative_options_from`)."""
 
 
-_FILE = click.Path(dir_okay=False)
-
 _OUTPUT_OPTIONS = [
-    click.option("--report", "report_path", type=_FILE, help="Write the JSON report here."),
-    click.option(
-        "--markdown",
-        "markdown_path",
-        type=_FILE,
-        help="Write the Markdown report (a PR comment) here.",
+    file_option("--report", "report_path", help="Write the JSON report here."),
+    file_option(
+        "--markdown", "markdown_path", help="Write the Markdown report (a PR comment) here."
     ),
-    click.option("--out", type=_FILE, help="Also write the results judged here."),
+    file_option("--out", help="Also write the results judged here."),
     click.option("--all-metrics", is_flag=True, help="Show passing step metrics in the table too."),
 ]
 
@@ -224,7 +215,7 @@ def check(
     if rigorous:
         given = given_among("processes", "max_repeats", "max_reruns")
         options, judging = rigorous_check(options, judging, given)
-    report = _stored(platform_name, selection, baseline_path, options, judging, outputs)
+    report = _stored(selection, options, judging, outputs, baseline_path, platform_name)
     return _finish(report, outputs)
 
 
@@ -270,7 +261,16 @@ def compare(
         raise PerfguardError("compare needs --against DIR|REF (the base to compare with)")
     if rigorous:
         relative = rigorous_relative(relative, given_among("budget_s", "max_blocks"))
-    report = _relative(platform_name, selection, options, judging, relative, outputs)
+    judging = relative_judging(judging, given_among("alpha"))
+    report = api.check_relative(
+        selection,
+        options,
+        relative,
+        judging=judging,
+        platform=api.probe(platform_name),
+        outputs=outputs,
+        echo=echo_err,
+    )
     return _finish(report, outputs)
 
 
@@ -294,7 +294,8 @@ def check_work(
     the output, CPU tensor memory). Seconds on any CPU runner, for GPU code too: the
     answers are same or slower, never can't tell.
     """
-    report = _counters_only(platform_name, selection, baseline_path, options, judging, outputs)
+    counted = options.replace(counters_only=True)  # one counted run per case, exact figures
+    report = _stored(selection, counted, judging, outputs, baseline_path, platform_name)
     return _finish(report, outputs)
 
 
@@ -302,18 +303,12 @@ def check_work(
 @selection_options(shard=False)
 @baseline_option
 @judge_options("", exact=False, files=True)
-@click.option(
-    "--results",
-    "results_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Judge this results file (from `perfguard run --out`).",
+@file_option(
+    "--results", "results_file", help="Judge this results file (from `perfguard run --out`)."
 )
-@click.option(
+@file_option(
     "--sglang-perf-log",
     "perf_log",
-    type=click.Path(dir_okay=False),
-    default=None,
     help="Judge the requests of sglang's performance.log (needs --baseline).",
 )
 @output_options
@@ -332,14 +327,15 @@ def judge_command(
 
 
 def _stored(
-    platform_name: str | None,
     selection: Selection,
-    baseline_path: str | None,
     options: MeasureOptions,
     judging: JudgeOptions,
     outputs: Outputs,
+    baseline_path: str | None,
+    platform_name: str | None,
 ) -> Report:
-    """The check against a stored baseline: the cases run through the gate."""
+    """The check against a stored baseline (`check`, and `check-work` with
+    `options.counters_only`): the cases run through the gate."""
     return api.check(
         selection,
         options,
@@ -347,40 +343,5 @@ def _stored(
         baseline=baseline_path,
         outputs=outputs,
         platform=platform_name,
-        echo=echo_err,
-    )
-
-
-def _counters_only(
-    platform_name: str | None,
-    selection: Selection,
-    baseline_path: str | None,
-    options: MeasureOptions,
-    judging: JudgeOptions,
-    outputs: Outputs,
-) -> Report:
-    """`check-work`: one counted run per case, judged on what is exact."""
-    counted = options.replace(counters_only=True)
-    return _stored(platform_name, selection, baseline_path, counted, judging, outputs)
-
-
-def _relative(
-    platform_name: str | None,
-    selection: Selection,
-    options: MeasureOptions,
-    judging: JudgeOptions,
-    relative: RelativeOptions,
-    outputs: Outputs,
-) -> Report:
-    """`compare --against DIR|REF`: head and base side by side, no baseline."""
-    judging = relative_judging(judging, given_among("alpha"))
-    platform = api.probe(platform_name)
-    return api.check_relative(
-        selection,
-        options,
-        relative,
-        judging=judging,
-        outputs=outputs,
-        platform=platform,
         echo=echo_err,
     )

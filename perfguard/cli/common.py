@@ -339,14 +339,21 @@ _INJECT_OPTION = click.option(
 )
 
 
-def baseline_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--baseline",
-        "baseline_path",
-        type=click.Path(dir_okay=False),
-        default=None,
-        help="Baseline file (default: baselines/<platform>/<hardware-slug>.json).",
-    )(fn)
+FILE = click.Path(dir_okay=False)
+"""A file path (not a directory) a command reads or writes."""
+
+
+def file_option(*names: str, help: str) -> Decorator:
+    """An optional file the command reads or writes: `names` are the flag and its
+    parameter's name, as click takes them."""
+    return click.option(*names, type=FILE, default=None, help=help)
+
+
+baseline_option = file_option(
+    "--baseline",
+    "baseline_path",
+    help="Baseline file (default: baselines/<platform>/<hardware-slug>.json).",
+)
 
 
 def profile_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -444,6 +451,4 @@ def import_root_option(flag: str, help: str) -> Decorator:
 def json_file_option(help: str) -> Decorator:
     """`--json FILE`: write the command's figures to FILE (not a flag: see --json on
     the file commands, which prints JSON)."""
-    return click.option(
-        "--json", "json_out", type=click.Path(dir_okay=False), default=None, help=help
-    )
+    return file_option("--json", "json_out", help=help)

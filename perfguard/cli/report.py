@@ -7,12 +7,8 @@ import os
 import click
 
 from perfguard import api
-from perfguard.cli.common import CONTEXT_SETTINGS, console
-from perfguard.errors import (
-    EXIT_CODES_HELP,
-    EXIT_OK,
-    PerfguardError,
-)
+from perfguard.cli.common import CONTEXT_SETTINGS, console, file_option
+from perfguard.errors import EXIT_CODES_HELP, EXIT_OK, PerfguardError
 from perfguard.presentation import render
 from perfguard.presentation.escape import rich_markup as escape
 
@@ -32,12 +28,7 @@ def report_group() -> None:
     show_default=True,
 )
 @click.option("--all-metrics", is_flag=True, help="Table: show passing step metrics too.")
-@click.option(
-    "--out",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="Write to this file (atomically) instead of stdout.",
-)
+@file_option("--out", help="Write to this file (atomically) instead of stdout.")
 def report_render(path: str, fmt: str, all_metrics: bool, out: str | None) -> int:
     """Render a JSON report as Markdown (a PR comment), a console table, JSON, or one
     self-contained HTML page with a forest plot per case (plotly inlined: opens offline)."""
@@ -71,13 +62,7 @@ def report_render(path: str, fmt: str, all_metrics: bool, out: str | None) -> in
 @click.command("merge", context_settings=CONTEXT_SETTINGS, epilog=EXIT_CODES_HELP)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Merged report.")
-@click.option(
-    "--markdown",
-    "markdown_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Also write the merged Markdown report here.",
-)
+@file_option("--markdown", "markdown_path", help="Also write the merged Markdown report here.")
 def merge_command(paths: tuple[str, ...], out: str, markdown_path: str | None) -> int:
     """Combine the reports of shards (disjoint case sets) into one; exits with its code."""
     merged = api.merge_reports(paths, out)

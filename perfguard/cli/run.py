@@ -14,6 +14,7 @@ from perfguard.cli.common import (
     baseline_option,
     console,
     echo_err,
+    file_option,
     given,
     measurement_options,
     platform_option,
@@ -35,12 +36,7 @@ from perfguard.presentation.tables import results_table
 @platform_option
 @selection_options()
 @measurement_options()
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write every sample to this results file (input of `judge --results`).",
-)
+@file_option("--out", help="Write every sample to this results file (input of `judge --results`).")
 def run_command(
     platform_name: str | None, selection: Selection, options: MeasureOptions, out: str | None
 ) -> int:
