@@ -21,6 +21,7 @@ _EXPORTS = {
     "check_results": "perfguard.api",
     "check_perf_log": "perfguard.api",
     "check_relative": "perfguard.api",
+    "judge": "perfguard.api",
     "judge_results": "perfguard.api",
     "calibrate": "perfguard.api",
     "write_report": "perfguard.api",
@@ -32,6 +33,8 @@ _EXPORTS = {
     "Selection": "perfguard.storage.cases",
     "RelativeOptions": "perfguard.measurement.relative",
     "RefreshOptions": "perfguard.storage.refresh",
+    "CalibrateOptions": "perfguard.api",
+    "Outputs": "perfguard.api",
     "JudgeOptions": "perfguard.decision.options",
     "Case": "perfguard.storage.cases",
     # and return
