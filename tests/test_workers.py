@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from perfguard.errors import PerfguardError
 from perfguard.measurement import workers
 from perfguard.measurement.options import COUNTED_PROCESSES, MeasureOptions, parse_devices
 from perfguard.measurement.runner import import_factory, run_case
+from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 
 FAKE_PIPES = """
@@ -107,6 +109,13 @@ def gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def wait_gone(pids: Sequence[int], seconds: float) -> None:
+    """Wait up to `seconds` for every process of `pids` to be gone."""
+    deadline = time.monotonic() + seconds
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 CPU = Platform()
@@ -340,29 +349,27 @@ def test_a_two_device_case_runs_on_two_gloo_ranks_cfg_parallel() -> None:
     assert res.deterministic is True
 
 
-def test_a_hung_rank_is_killed_with_every_rank(fake: Path) -> None:
+def run_two_ranks(behaviour: str, timeout: float) -> CaseResult:
+    """The fake case `ranks` on two ranks, `behaviour` as its pipeline: its result."""
     results = workers.run_in_workers(
-        [fake_case("ranks", "hang_rank1", devices=2)],
+        [fake_case("ranks", behaviour, devices=2)],
         CPU,
-        MeasureOptions(repeats=1, warmup=0, timeout=1.0, factory=FACTORY),
+        MeasureOptions(repeats=1, warmup=0, timeout=timeout, factory=FACTORY),
     )
-    res = results.cases["ranks"]
+    return results.cases["ranks"]
+
+
+def test_a_hung_rank_is_killed_with_every_rank(fake: Path) -> None:
+    res = run_two_ranks("hang_rank1", timeout=1.0)
     assert res.status == "error" and (res.error or "").startswith("timeout: killed after")
     rank_pids = {pid for cid, pid, _ in log_lines(fake, "build") if cid == "ranks"}
     assert len(rank_pids) == 2
-    deadline = time.monotonic() + 5
-    while not all(gone(pid) for pid in rank_pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_gone(list(rank_pids), 5)
     assert all(gone(pid) for pid in rank_pids)
 
 
 def test_a_rank_that_dies_fails_the_case(fake: Path) -> None:
-    results = workers.run_in_workers(
-        [fake_case("ranks", "crash_rank1", devices=2)],
-        CPU,
-        MeasureOptions(repeats=1, warmup=0, timeout=60, factory=FACTORY),
-    )
-    res = results.cases["ranks"]
+    res = run_two_ranks("crash_rank1", timeout=60)
     assert res.status == "error"
     assert "2 ranks" in (res.error or "") and "failed" in (res.error or "")
 
@@ -494,9 +501,7 @@ def test_a_warm_server_that_dies_fails_the_case_it_was_running_and_leaves_no_pro
     server = [int(ln.split()[2]) for ln in lines if ln.split()[1] == "server"]
     worker = [int(ln.split()[2]) for ln in lines if ln.split()[1] == "worker"]
     assert server and worker
-    deadline = time.monotonic() + 10
-    while not all(gone(p) for p in server + worker) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_gone(server + worker, 10)
     assert all(gone(p) for p in server + worker)
 
 
@@ -568,9 +573,7 @@ def test_a_warm_pool_serves_several_calls_from_one_server(fake: Path, tmp_path: 
             assert res.cases[f"c{i}"].status == "ok", res.cases[f"c{i}"].error
         (server,) = {pid for _, pid, _ in log_lines(fake, "parent")}
         assert not gone(server) and server != os.getpid()
-    deadline = time.monotonic() + 10
-    while not gone(server) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_gone([server], 10)
     assert gone(server)  # closing the pool ended it
 
 
@@ -593,9 +596,7 @@ def test_a_parent_killed_outright_leaves_no_warm_server_nor_worker(tmp_path: Pat
     assert not gone(server) and not gone(worker)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    deadline = time.monotonic() + 10
-    while not (gone(server) and gone(worker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_gone([server, worker], 10)
     assert gone(server) and gone(worker)
 
 
