@@ -175,9 +175,6 @@ def report_cases(report: Any) -> list[dict[str, Any]]:
     for i, case in enumerate(report.cases):
         rows = []
         for m in sorted(case.metrics, key=lambda m: _sort_key(m.metric)):
-            faster = None
-            if m.band is not None and m.baseline is not None:
-                faster = m.band.improvement_below(m.baseline.median, report.improvement_threshold)
             figures = ForestFigures(
                 median=None if m.measured is None else m.measured.median,
                 baseline=None if m.baseline is None else m.baseline.median,
@@ -185,7 +182,7 @@ def report_cases(report: Any) -> list[dict[str, Any]]:
                 low=m.low,
                 high=m.high,
                 bound=m.bound,
-                improvement_bound=faster,
+                improvement_bound=report.improvement_bound(m),
             )
             rows.append(forest_row(m.metric, figures, verdict=m.verdict, reason=m.reason))
         entry = {"id": case.case_id, "verdict": case.verdict, "div": f"case-{i}", "rows": rows}

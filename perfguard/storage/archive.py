@@ -145,9 +145,6 @@ def _metric_row(case_id: str, m: MetricVerdict, report: Report) -> tuple[Any, ..
     """One metric's row in `METRIC_COLUMNS` order: its samples' summary, the baseline, the
     band's bounds, the ratio with its interval, the verdict and its reason."""
     s = m.measured
-    faster = None
-    if m.band is not None and m.baseline is not None:
-        faster = m.band.improvement_below(m.baseline.median, report.improvement_threshold)
     return (
         case_id,
         m.metric,
@@ -160,7 +157,7 @@ def _metric_row(case_id: str, m: MetricVerdict, report: Report) -> tuple[Any, ..
         m.ratio,
         m.verdict,
         m.bound,
-        faster,
+        report.improvement_bound(m),
         m.low,
         m.high,
         m.reason or None,

@@ -24,6 +24,7 @@ from typing import Any
 from perfguard.decision.verdict import (
     CaseVerdict,
     Judgement,
+    MetricVerdict,
 )
 from perfguard.errors import PerfguardError
 from perfguard.results import Results, utc_now
@@ -99,6 +100,13 @@ class Report:
     @property
     def cases(self) -> tuple[CaseVerdict, ...]:
         return self.judgement.cases
+
+    def improvement_bound(self, m: MetricVerdict) -> float | None:
+        """The median below which `m` would be an improvement at this report's threshold
+        (the lower end of its band); None without a band or a baseline."""
+        if m.band is None or m.baseline is None:
+            return None
+        return m.band.improvement_below(m.baseline.median, self.improvement_threshold)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
