@@ -26,6 +26,7 @@ from perfguard.decision.normalize import TIMINGS
 from perfguard.decision.resolution import DEFAULT_TIMING_GATE, TIMING_GATES
 from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.device.inject import inject_from
+from perfguard.errors import PerfguardError
 from perfguard.measurement.launch import START_METHODS
 from perfguard.measurement.options import SYNC_POLICIES, MeasureOptions, factory_from, parse_devices
 from perfguard.measurement.relative import (
@@ -66,6 +67,7 @@ __all__ = [
     "rigorous_check",
     "rigorous_relative",
     "selection_from",
+    "work_only_options",
 ]
 
 
@@ -135,6 +137,14 @@ def relative_judging(judging: JudgeOptions, given: Container[str]) -> JudgeOptio
     """A relative check judges at the relative level (`RELATIVE_RULE`) unless `--alpha`
     was given."""
     return judging if "alpha" in given else judging.replace(rule=RELATIVE_RULE)
+
+
+def work_only_options(options: MeasureOptions, storing: RefreshOptions) -> MeasureOptions:
+    """`gen-baselines --work-only`: time nothing, one counted run in one process (counts
+    are exact: one says it all); `--tighten`, which lowers timed figures, is refused."""
+    if storing.tighten:
+        raise PerfguardError("--tighten lowers timed figures: --work-only stores none")
+    return options.replace(counters_only=True, processes=1)
 
 
 RIGOROUS = {

@@ -7,7 +7,14 @@ from typing import Any
 import click
 
 from perfguard import api
-from perfguard.api.options import TIMINGS, MeasureOptions, RefreshOptions, Selection, popped
+from perfguard.api.options import (
+    TIMINGS,
+    MeasureOptions,
+    RefreshOptions,
+    Selection,
+    popped,
+    work_only_options,
+)
 from perfguard.cli.common import (
     CONTEXT_SETTINGS,
     DEFAULT_BASELINE_PROCESSES,
@@ -128,10 +135,8 @@ def gen_baselines(
             "gen-baselines refuses fault injection (--inject is set): "
             "a baseline must never contain injected time"
         )
-    if work_only and storing.tighten:
-        raise PerfguardError("--tighten lowers timed figures: --work-only stores none")
-    if work_only:  # counts are exact: one counted run in one process says it all
-        options = options.replace(counters_only=True, processes=1)
+    if work_only:
+        options = work_only_options(options, storing)
     out = console()
     update = api.gen_baselines(
         selection,
