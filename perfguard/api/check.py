@@ -19,7 +19,7 @@ from perfguard.api.common import (
     shard,
     to_stderr,
 )
-from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.options import JudgeOptions, Judging
 from perfguard.decision.verdict import judge_with
 from perfguard.measurement.explain import attribute_regressions
 from perfguard.measurement.options import MeasureOptions
@@ -79,11 +79,13 @@ def check(
 
     judging = judging or JudgeOptions()
     platform = resolve_platform(platform)
-    cases, base, path = _stored_setup(selection, options, judging, baseline, platform, echo)
+    cases, (base, path), resolved = _stored_setup(
+        selection, options, judging, baseline, platform, echo
+    )
     if options.counters_only:
         stored = (base, path)
-        return _check_counters(cases, platform, options, judging, stored, selection, outputs)
-    outcome, first = _through_gate(cases, base, judging, platform, options, warm, echo)
+        return _check_counters(cases, platform, options, resolved, stored, selection, outputs)
+    outcome, first = _through_gate(cases, base, resolved, platform, options, warm, echo)
     results = outcome.results
     if outputs.results:
         write_results(outputs.results, results)
@@ -101,7 +103,7 @@ def check(
 def _through_gate(
     cases: list[Case],
     base: Baseline,
-    judging: JudgeOptions,
+    judging: Judging,
     platform: Platform,
     options: MeasureOptions,
     warm: Any,
@@ -162,9 +164,10 @@ def _stored_setup(
     baseline: str | None,
     platform: Platform,
     echo: Echo,
-) -> tuple[list[Case], Baseline, str]:
-    """The cases, the baseline and its path of a check against a stored baseline; what
-    can be wrong with the baseline fails here, before anything runs."""
+) -> tuple[list[Case], tuple[Baseline, str], Judging]:
+    """The cases, the baseline and its path of a check against a stored baseline, and
+    `judging` resolved against it once (the profile it names: `JudgeOptions.against`);
+    what can be wrong with the baseline fails here, before anything runs."""
     from perfguard.measurement.comparable import check_threads
     from perfguard.storage import baseline as store
 
@@ -172,17 +175,17 @@ def _stored_setup(
     path = baseline_path(baseline, platform.name, platform.hardware_slug())
     base = load_baseline(path)  # before running anything: a bad file fails fast
     store.check_platform(base, platform.name, path)
-    base.profile(judging.profile)
+    resolved = judging.against(base)
     cases = shard(cases, selection.shard, path, echo=echo)
     check_threads(cases, platform.name, base, path, options.threads)
-    return cases, base, path
+    return cases, (base, path), resolved
 
 
 def _check_counters(
     cases: Sequence[Case],
     platform: Platform,
     options: MeasureOptions,
-    judging: JudgeOptions,
+    judging: Judging,
     stored: tuple[Baseline, str],
     selection: Selection,
     outputs: Outputs,

@@ -51,6 +51,7 @@ from perfguard.decision.options import (  # noqa: F401  (re-exported)
     DEFAULT_MAX_RERUNS,
     RELATIVE_JUDGING,
     JudgeOptions,
+    Judging,
 )
 from perfguard.decision.verdict import (
     CONTENDED,
@@ -58,7 +59,7 @@ from perfguard.decision.verdict import (
     CaseVerdict,
     Judgement,
     contended,
-    judge_against,
+    judge_scenario,
     judge_with,
 )
 from perfguard.results import CaseResult, Results, pool
@@ -93,7 +94,7 @@ def _reference(baseline: Baseline, case_id: str) -> float | None:
 def run_gate(
     cases: Sequence[Case],
     baseline: Baseline,
-    judging: JudgeOptions,
+    judging: JudgeOptions | Judging,
     measure: Measure,
     *,
     confirm: Measure | None = None,
@@ -107,9 +108,12 @@ def run_gate(
     measurement already runs in workers); `max_repeats` is the first measurement's cap
     on runs when it samples adaptively, asking the gate after each run whether to stop
     (None: it does not); `on_event(case_id, message)` is told what the gate does and why
-    (a wait, a confirmation).
+    (a wait, a confirmation). `judging`: the check's options, or those options already
+    resolved against `baseline` (`JudgeOptions.against`); either way resolved once.
     """
     adaptive = max_repeats is not None
+    if not isinstance(judging, Judging):
+        judging = judging.against(baseline)
     gate = _Gate(baseline, judging, {c.id: c for c in cases}, on_event, adaptive)
     results = measure(cases, gate.until_for)
     first_runs = {cid: r.repeats for cid, r in results.cases.items()}
@@ -140,14 +144,14 @@ class _Gate:
     def __init__(
         self,
         baseline: Baseline,
-        judging: JudgeOptions,
+        judging: Judging,
         by_id: dict[str, Case],
         on_event: Callable[[str, str], None] | None,
         adaptive: bool,
     ) -> None:
-        self.baseline, self.judging, self.by_id, self.adaptive = baseline, judging, by_id, adaptive
+        self.baseline, self.resolved, self.by_id = baseline, judging, by_id
+        self.judging, self.adaptive = judging.options, adaptive
         self.tell = on_event or (lambda _cid, _msg: None)
-        self.profile = baseline.profile(judging.profile)
         self.waits: dict[str, int] = {}
         self.confirmations: dict[str, int] = {}
         self.notes: dict[str, str] = {}
@@ -157,13 +161,7 @@ class _Gate:
         """Cases whose confirmation failed to run: not confirmed again."""
 
     def verdict_of(self, cid: str, result: CaseResult) -> CaseVerdict:
-        return judge_against(
-            self.baseline,
-            self.profile,
-            cid,
-            result,
-            judging=self.judging,
-        )
+        return judge_scenario(self.resolved, cid, result, self.baseline.scenarios.get(cid))
 
     def until_for(self, case: Case) -> Until | None:
         if not self.adaptive or case.id not in self.baseline.scenarios:

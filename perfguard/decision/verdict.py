@@ -504,26 +504,27 @@ def judge_against(
 
 
 def judge_with(
-    judging: JudgeOptions,
+    judging: JudgeOptions | Judging,
     results: Results,
     baseline: Baseline,
     ignore_missing: Iterable[str] = (),
 ) -> Judgement:
-    """Judge every case of `results` against `baseline` under `judging`, passed whole and
-    resolved against the baseline once (`JudgeOptions.against`).
+    """Judge every case of `results` against `baseline` under `judging`, passed whole:
+    the options, or the options already resolved against this baseline (`Judging`, as
+    `JudgeOptions.against` gives it; a check resolves them once and passes that on).
 
     The run is advisory when `judging.advisory` says so, when the profile does, or when
     the baseline's metadata marks its platform advisory.
     """
-    resolved = judging.against(baseline)
-    ignored = tuple(ignore_missing)
+    resolved = judging if isinstance(judging, Judging) else judging.against(baseline)
+    options, ignored = resolved.options, tuple(ignore_missing)
     cases = tuple(
         judge_scenario(resolved, cid, res, baseline.scenarios.get(cid), ignored)
         for cid, res in sorted(results.cases.items())
     )
     profile = resolved.profile
-    advisory = judging.advisory or profile.advisory or bool(baseline.metadata.get("advisory"))
-    return Judgement(judging.profile, cases, judging.fail_on_missing, advisory)
+    advisory = options.advisory or profile.advisory or bool(baseline.metadata.get("advisory"))
+    return Judgement(options.profile, cases, options.fail_on_missing, advisory)
 
 
 def judge(
