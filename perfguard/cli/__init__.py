@@ -44,50 +44,19 @@ def main(argv: list[str] | None = None) -> None:
 def _resident_exit(argv: list[str]) -> bool:
     """Run `argv` through the resident server and exit with its status; False where it
     does not go through one. A bad `$PERFGUARD_SERVER_IDLE_S` is exit 2, like any usage
-    error."""
+    error. The one import of the command line from below the library's commands: it
+    runs before any of them is imported, so that a forked command pays for none."""
     from perfguard.errors import EXIT_USAGE, PerfguardError
     from perfguard.measurement.resident import run_command
 
     try:
-        code = _serve_warm(argv) if argv[:1] == ["serve"] else run_command(argv)
+        code = run_command(argv)
     except PerfguardError as exc:
         sys.stderr.write(f"perfguard: {exc}\n")
         sys.exit(EXIT_USAGE)
     if code is None:
         return False
     sys.exit(code)
-
-
-def _serve_warm(argv: list[str]) -> int | None:
-    """`perfguard serve` in a fork of the resident server, as a measuring command runs;
-    None where no resident server can serve it (it then imports here).
-
-    Why: a server case launches a fresh server for every round (docs/serving.md: the
-    launch is the unit of replication), and a fresh interpreter spends seconds importing
-    torch before it builds a pipeline that builds in well under a second. Unlike a
-    measuring command, a server goes through the resident server even from inside a
-    command that server forked (`$PERFGUARD_SERVER` set: a check launching its rounds'
-    servers): the same environment keys the same server, so the fork comes from the
-    process the check itself came from. The fork itself, whose parent is the server
-    `$PERFGUARD_SERVER` names, serves here.
-    """
-    import os
-
-    from perfguard.measurement import resident
-    from perfguard.measurement.launch import _forkserver_missing
-
-    forked_by = os.environ.get(resident.ENV_SOCKET, "").rpartition("#")[2]
-    if forked_by == str(os.getppid()) or {"--help", "-h"} & set(argv):
-        return None
-    if _forkserver_missing() is not None:
-        return None
-    if resident.idle_seconds(os.environ) <= 0:
-        return None
-    try:
-        return resident.serve(argv, resident.preload_modules())
-    except resident.Unavailable as exc:
-        sys.stderr.write(f"perfguard: no resident server ({exc}); importing here\n")
-        return None
 
 
 def __getattr__(name: str) -> Any:  # `from perfguard.cli import cli`, imported on first use

@@ -291,13 +291,35 @@ def preload_modules() -> list[str]:
 def run_command(argv: Sequence[str]) -> int | None:
     """Run `perfguard ARGV` in a fork of the resident server; its exit status, or None
     when this command line does not go through one (run it here)."""
-    if not wanted(argv, os.environ):
+    through = _serves(argv) if list(argv[:1]) == ["serve"] else wanted(argv, os.environ)
+    if not through:
         return None
     try:
         return serve(argv, preload_modules())
     except Unavailable as exc:
         sys.stderr.write(f"perfguard: no resident server ({exc}); importing here\n")
         return None
+
+
+def _serves(argv: Sequence[str]) -> bool:
+    """Whether `perfguard serve ARGV` runs in a fork of the resident server, as a
+    measuring command does.
+
+    Why: a server case launches a fresh server for every round (docs/serving.md: the
+    launch is the unit of replication), and a fresh interpreter spends seconds importing
+    torch before it builds a pipeline that builds in well under a second. Unlike a
+    measuring command, a server goes through the resident server even from inside a
+    command that server forked (`$PERFGUARD_SERVER` set: a check launching its rounds'
+    servers): the same environment keys the same server, so the fork comes from the
+    process the check itself came from. The fork itself, whose parent is the server
+    `$PERFGUARD_SERVER` names, serves where it is.
+    """
+    from perfguard.measurement.launch import _forkserver_missing
+
+    forked_by = os.environ.get(ENV_SOCKET, "").rpartition("#")[2]
+    if forked_by == str(os.getppid()) or {"--help", "-h"} & set(argv):
+        return False
+    return _forkserver_missing() is None and idle_seconds(os.environ) > 0
 
 
 def serve(argv: Sequence[str], preload: Sequence[str], call: str = "perfguard.cli:main") -> int:
