@@ -4,6 +4,7 @@ measurement, small modules, and a CLI reference (docs/cli.md) that is the click 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import re
 import subprocess
@@ -408,3 +409,35 @@ def test_the_file_jobs_install_the_file_commands_dependencies_without_torch(
     }
     assert "--no-deps -e ." in script and installed == wanted, (installed, wanted)
     assert not installed & measuring
+
+
+# ---- constants explain, docs/measurements/ remembers ---------------------------------------
+
+MAX_CONSTANT_SENTENCES = 3
+
+
+def _sentences(text: str) -> int:
+    flat = re.sub(r"\s+", " ", text.strip())
+    flat = re.sub(r"\b(e\.g|i\.e|etc|vs|cf|al)\.", r"\1", flat)
+    return len([s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z(`*])", flat) if s.strip()])
+
+
+def test_a_constants_docstring_says_what_it_is_in_at_most_three_sentences() -> None:
+    """What a constant is and the figure that justifies it; its history belongs in the
+    dated record under docs/measurements/."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        for node, doc in itertools.pairwise(body):
+            if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+            text = doc.value.value
+            if not (names and names[0].isupper() and isinstance(text, str)):
+                continue
+            if (n := _sentences(text)) > MAX_CONSTANT_SENTENCES:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {names[0]}: {n}")
+    assert not long, "\n".join(long)

@@ -39,14 +39,12 @@ what it does not know: it then counts, which costs time, not correctness)."""
 _WIRE_DEFAULTS = {"counters_only": False, "count_work": True}
 
 COUNTED_PROCESSES = 2
-"""How many of a case's K processes run the untimed counted run (`MeasureOptions.count_work`).
-
-Counts are exact: one build gives them, and a second cross-checks that they do not
-depend on the build (where they do, the baseline keeps their range). The counted run
-costs about as much as the timed runs of a smoke process, so counting in every process
-of a 6-process baseline would spend a third of its time recounting the same integers.
-The relative check counts in its first `COUNTED_PROCESSES` blocks only, for the same
-reason (`perfguard.measurement.relative.Side.later`)."""
+"""How many of a case's processes also make the untimed counted run (`count_work`): counts
+are exact, so one build gives them and a second checks that they do not depend on the
+build (where they do, the baseline keeps their range). A counted run costs about a smoke
+process's timed runs, so counting in all 6 processes of a baseline would spend a third of
+its time recounting; the relative check likewise counts in its first blocks only
+(`perfguard.measurement.paired_blocks.Side.later`)."""
 
 _MEASURED = ("repeats", "warmup", "timeout", "sync", "inject", "counters_only", "max_repeats")
 _REPORTED = ("repeats", "warmup", "sync", "inject", "devices", "start_method")
