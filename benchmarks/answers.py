@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfguard.decision.gate import JudgeOptions, run_gate
+from perfguard.decision.gate import run_gate
+from perfguard.decision.options import JudgeOptions
 from perfguard.decision.tolerances import SESSION_SD
 from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.baseline import new_baseline

@@ -101,7 +101,8 @@ def start_method_rows(args: argparse.Namespace) -> Rows:
     seconds each worker took from the request to ready (printed as it goes)."""
     import time
 
-    from perfguard.measurement.workers import WorkerStarter, preload_modules
+    from perfguard.measurement.worker_handle import WorkerStarter
+    from perfguard.measurement.workers import preload_modules
 
     platform, case, options, env = worker_setup(args)
     starters = {
@@ -137,7 +138,8 @@ def server_arm_rows(args: argparse.Namespace) -> tuple[Rows, dict[str, list[int]
     import shutil
     import time
 
-    from perfguard.measurement.workers import WorkerStarter, preload_modules
+    from perfguard.measurement.worker_handle import WorkerStarter
+    from perfguard.measurement.workers import preload_modules
 
     platform, case, options, env = worker_setup(args)
     env.pop("PYTHONHASHSEED", None)

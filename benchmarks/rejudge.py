@@ -54,10 +54,10 @@ from scipy.stats import beta
 from perfguard.api import load_baseline
 from perfguard.decision.comparison import Rule
 from perfguard.decision.contention import PROCESS_RATIO, ContentionPolicy
-from perfguard.decision.gate import JudgeOptions
-from perfguard.decision.normalize import is_timed
+from perfguard.decision.options import JudgeOptions
 from perfguard.decision.tolerances import SESSION_SD
 from perfguard.decision.verdict import judge_with
+from perfguard.metrics import is_timed
 from perfguard.results import CaseResult, Results
 from perfguard.storage.reports import read_results
 

@@ -130,8 +130,9 @@ def blocks_of(
     whole (the check's rule before it fitted the share). The base's runs come from the
     baseline's samples (stored `x * level / reference` when the baseline is normalized).
     """
-    from perfguard.decision.normalize import fitted_exponent, is_timed, powered
+    from perfguard.decision.normalize import fitted_exponent, powered
     from perfguard.decision.stats import split_groups
+    from perfguard.metrics import is_timed
     from perfguard.storage.baseline import load
     from perfguard.storage.reports import read_results
 

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from perfguard import api
-from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.options import JudgeOptions
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.serving.case import ServerRun
 from perfguard.measurement.serving.launch import Launched

@@ -54,7 +54,7 @@ class CaseResult:
     work_error: str | None = None
     """Why the run could not be counted (the case's timings still stand)."""
     output_sketch: dict[str, Any] | None = None
-    """A compact reference of the output (`perfguard.decision.counters.OutputSketch`)."""
+    """A compact reference of the output (`perfguard.decision.output.OutputSketch`)."""
 
     def add_counters(self, counts: dict[str, int]) -> None:
         """One measured run's counters; a counter a run did not report counts 0 there."""

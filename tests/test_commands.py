@@ -104,10 +104,10 @@ def test_rigorous_samples_more_with_the_same_rule(fake: Path, pg: PG) -> None:
 def test_attribution_traces_go_where_the_variable_says_else_beside_the_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perfguard.cli.check import Outputs, _traces_dir
+    from perfguard.api.common import Outputs
 
     monkeypatch.delenv("PERFGUARD_TRACES_DIR", raising=False)
-    assert _traces_dir(Outputs()) is None  # no report, no variable: no traces
-    assert _traces_dir(Outputs(report=str(tmp_path / "r.json"))) == str(tmp_path)
+    assert Outputs().traces_dir() is None  # no report, no variable: no traces
+    assert Outputs(report=str(tmp_path / "r.json")).traces_dir() == str(tmp_path)
     monkeypatch.setenv("PERFGUARD_TRACES_DIR", str(tmp_path / "traces"))
-    assert _traces_dir(Outputs(report=str(tmp_path / "r.json"))) == str(tmp_path / "traces")
+    assert Outputs(report=str(tmp_path / "r.json")).traces_dir() == str(tmp_path / "traces")

@@ -16,19 +16,21 @@ from typing import Any
 import pytest
 import torch
 
-from perfguard.decision import counters, verdict
-from perfguard.decision.counters import (
+from perfguard.decision import verdict
+from perfguard.decision.counters import judge_counter, judge_work
+from perfguard.decision.judgement import Judgement, contended, overall
+from perfguard.decision.options import JudgeOptions
+from perfguard.decision.output import (
     BIT_IDENTICAL,
     CHANGED,
+    SKETCH_VALUES,
     WITHIN_TOLERANCE,
     OutputSketch,
-    WorkCounts,
-    judge_counter,
     judge_output,
-    judge_work,
 )
+from perfguard.decision.records import CaseVerdict
 from perfguard.decision.tolerances import default_profiles
-from perfguard.decision.verdict import JudgeOptions
+from perfguard.decision.work_counts import WorkCounts
 from perfguard.device.timer import stage, step
 from perfguard.results import CaseResult
 
@@ -150,25 +152,25 @@ def test_more_work_is_a_regression_whatever_the_timings_say() -> None:
     assert by["ops:DenoisingStage"].verdict == "regression"
     assert by["ops:DenoisingStage"].to_json()["delta"] == 2
     assert case.verdict == "regression"
-    assert verdict.overall([case]) == ("fail", 1)
+    assert overall([case]) == ("fail", 1)
     # The gate confirms timings in fresh processes, not counts: a count cannot change.
     assert "ops:DenoisingStage" not in case.over
     # A busy runner does not excuse more work.
-    busy = verdict.contended(case, "the runner was contended")
-    assert busy.verdict == "regression" and verdict.overall([busy])[1] == 1
+    busy = contended(case, "the runner was contended")
+    assert busy.verdict == "regression" and overall([busy])[1] == 1
 
 
 def test_less_work_is_an_improvement_never_a_failure() -> None:
     case = verdict.judge_case("c", _result(6), _scenario(8), PROFILE)
     by = {m.metric: m.verdict for m in case.metrics}
     assert by["ops:DenoisingStage"] == "improvement"
-    assert verdict.overall([case]) == ("pass", 0)
+    assert overall([case]) == ("pass", 0)
 
 
 def test_a_changed_output_fails_unless_allowed() -> None:
     case = verdict.judge_case("c", _result(8, output=1.5), _scenario(8), PROFILE)
     assert case.output is not None and case.output["verdict"] == CHANGED
-    assert case.output_failed and verdict.overall([case])[1] == 1
+    assert case.output_failed and overall([case])[1] == 1
     allowed = verdict.judge_case(
         "c",
         _result(8, output=1.5),
@@ -176,10 +178,10 @@ def test_a_changed_output_fails_unless_allowed() -> None:
         PROFILE,
         judging=JudgeOptions(allow_output_change=True),
     )
-    assert not allowed.output_failed and verdict.overall([allowed])[1] == 0
+    assert not allowed.output_failed and overall([allowed])[1] == 0
     same = verdict.judge_case("c", _result(8), _scenario(8), PROFILE)
     assert same.output == {"verdict": BIT_IDENTICAL, "allowed": False}
-    again = verdict.CaseVerdict.from_json("c", case.to_json())
+    again = CaseVerdict.from_json("c", case.to_json())
     assert again.output_failed and again.work == case.work
 
 
@@ -215,7 +217,7 @@ def test_output_is_bit_identical_within_tolerance_or_changed() -> None:
 def test_a_sketch_round_trips_exactly() -> None:
     sketch = _sketch(torch.rand(2, 3, 100, 90))
     assert OutputSketch.from_json(sketch.to_json()) == sketch
-    assert math.prod(sketch.sketch_shape) <= counters.SKETCH_VALUES and not sketch.exact
+    assert math.prod(sketch.sketch_shape) <= SKETCH_VALUES and not sketch.exact
 
 
 # ---- end to end: check-work ---------------------------------------------------------------
@@ -448,12 +450,12 @@ def test_a_bad_counter_in_a_results_file_is_exit_2_naming_it(setup: Any, pg: Any
 def test_the_markdown_opens_with_the_work_and_escapes_what_came_from_files() -> None:
     import dataclasses
 
-    from perfguard.presentation.render import render_markdown
+    from perfguard.presentation.markdown import render_markdown
     from perfguard.storage.reports import build
 
     case = verdict.judge_case("c", _result(10), _scenario(8), PROFILE)
     hostile = dataclasses.replace(case, case_id="<b>x</b>|[y](z)")
-    judgement = verdict.Judgement("pr_test", (hostile,))
+    judgement = Judgement("pr_test", (hostile,))
     report = build(
         judgement,
         environment={"platform": "cpu", "hardware": "h"},

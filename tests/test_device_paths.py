@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from perfguard.decision.records import REGRESSION
 from perfguard.decision.stats import Summary
 from perfguard.decision.tolerances import default_profiles
-from perfguard.decision.verdict import REGRESSION, judge_metric
+from perfguard.decision.verdict import judge_metric
 from perfguard.device import platform as pf
 from perfguard.measurement import ab
 from perfguard.measurement.runner import tensor_hash

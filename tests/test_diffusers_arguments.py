@@ -23,7 +23,7 @@ from perfguard.decision.verdict import judge
 from perfguard.device.platform import probe
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.runner import run_case
-from perfguard.presentation import render
+from perfguard.presentation.markdown import render_markdown
 from perfguard.presentation.tables import cases_table
 from perfguard.results import Results
 from perfguard.storage import reports as rep
@@ -162,7 +162,7 @@ def test_options_pass_other_call_arguments_and_are_reported(flux: Path) -> None:
         settings={"source": "run", "inject": None},
         improvement_threshold=0.2,
     )
-    md = render.render_markdown(report)
+    md = render_markdown(report)
     assert "call arguments: " in md
     assert "max\\_sequence\\_length=16" in md and "true\\_cfg\\_scale=2.0" in md
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from perfguard.decision.records import PASS, REGRESSION
 from perfguard.decision.stats import summarize, t_quantile, z_quantile
 from perfguard.decision.tolerances import MIN_EFFECT, Band, default_profiles, sglang_profiles
-from perfguard.decision.verdict import PASS, REGRESSION, judge_metric
+from perfguard.decision.verdict import judge_metric
 from perfguard.device import threads
 from perfguard.device.platform import Platform
 from perfguard.measurement.options import MeasureOptions

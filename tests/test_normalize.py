@@ -16,6 +16,7 @@ from perfguard.decision.tolerances import default_profiles
 from perfguard.decision.verdict import judge
 from perfguard.errors import PerfguardError
 from perfguard.measurement.comparable import check_comparable
+from perfguard.metrics import NORMALIZED, RAW, timing_of
 from perfguard.results import CaseResult, Results
 from perfguard.storage import baseline as store
 from perfguard.storage import refresh
@@ -95,35 +96,35 @@ def test_runs_without_a_reference_time_each_cannot_be_normalized(reference: list
 
 
 def test_the_platform_default_is_normalized_on_cpu_only() -> None:
-    assert normalize.timing_of({"platform": "cpu"}, None) == normalize.NORMALIZED
-    assert normalize.timing_of({"platform": "cuda"}, None) == normalize.RAW
-    assert normalize.timing_of({"platform": "cpu"}, "raw") == normalize.RAW
+    assert timing_of({"platform": "cpu"}, None) == NORMALIZED
+    assert timing_of({"platform": "cuda"}, None) == RAW
+    assert timing_of({"platform": "cpu"}, "raw") == RAW
     with pytest.raises(ValueError, match="timing must be one of"):
-        normalize.timing_of({"platform": "cpu"}, "scaled")
+        timing_of({"platform": "cpu"}, "scaled")
 
 
 def test_a_normalized_baseline_stores_its_runs_at_its_own_reference_median() -> None:
     res = measured([1.0, 1.0, 2.0])  # one run in a spell twice as slow
-    scen = scenario_from_result(res, timing=normalize.NORMALIZED)
-    assert scen.timing == normalize.NORMALIZED
+    scen = scenario_from_result(res, timing=NORMALIZED)
+    assert scen.timing == NORMALIZED
     assert scen.reference.median == pytest.approx(LEVEL, rel=0.01)
     # Raw, the slow run is 200 ms; at the baseline's runner speed it is ~100 ms like the rest.
     assert max(scen.metrics["e2e"].samples) == pytest.approx(100.0, rel=0.03)
     assert scen.metrics["peak_memory"].median == 3.0
-    raw = scenario_from_result(res, timing=normalize.RAW)
+    raw = scenario_from_result(res, timing=RAW)
     assert raw.timing == "raw" and max(raw.metrics["e2e"].samples) > 190
 
 
 def test_a_result_with_no_reference_is_stored_raw_and_says_so() -> None:
     res = dataclasses.replace(measured([1.0] * 3), reference=[0.0, 0.0, 0.0])
-    assert scenario_from_result(res, timing=normalize.NORMALIZED).timing == "raw"
+    assert scenario_from_result(res, timing=NORMALIZED).timing == "raw"
 
 
 def test_a_slow_spell_of_the_runner_passes_unchanged_code_instead_of_no_verdict() -> None:
     spell = measured([1.15] * 10, seed=1)  # 15 % slower everywhere: under both screens
-    assert verdict_of(spell, normalize.NORMALIZED)[:2] == ("pass", "pass")
+    assert verdict_of(spell, NORMALIZED)[:2] == ("pass", "pass")
     # Raw, the runner's speed can only excuse the excess: no verdict either way.
-    assert verdict_of(spell, normalize.RAW)[1] == "contended"
+    assert verdict_of(spell, RAW)[1] == "contended"
 
 
 def test_a_process_whose_reference_reads_over_the_process_screen_is_no_verdict() -> None:
@@ -131,7 +132,7 @@ def test_a_process_whose_reference_reads_over_the_process_screen_is_no_verdict()
     # reference median is over the 1.2x process screen, where dividing by it was measured
     # to leave the runner's mode in the figures (contention.PROCESS_RATIO).
     spell = measured([1.25] * 10, seed=1)
-    verdict, _stage, runner = verdict_of(spell, normalize.NORMALIZED)
+    verdict, _stage, runner = verdict_of(spell, NORMALIZED)
     assert verdict == "contended"
     assert runner["slow_processes"] == 2 and runner["dropped_runs"] == 10  # both processes
 
@@ -139,17 +140,17 @@ def test_a_process_whose_reference_reads_over_the_process_screen_is_no_verdict()
 def test_a_real_slowdown_is_caught_in_a_slow_spell_and_in_a_fast_one() -> None:
     for speed in (1.15, 0.85):
         slow = measured([speed] * 10, slower=1.10, seed=2)
-        verdict, stage, runner = verdict_of(slow, normalize.NORMALIZED)
+        verdict, stage, runner = verdict_of(slow, NORMALIZED)
         assert (verdict, stage) == ("regression", "regression"), speed
-        assert runner["timing"] == normalize.NORMALIZED
+        assert runner["timing"] == NORMALIZED
     # Raw, a fast spell hides it: a faster runner excuses nothing, but it shows nothing.
-    assert verdict_of(measured([0.85] * 10, 1.10, 2), normalize.RAW)[1] == "pass"
+    assert verdict_of(measured([0.85] * 10, 1.10, 2), RAW)[1] == "pass"
 
 
 def test_memory_and_counters_are_judged_as_measured() -> None:
     res = measured([1.15] * 10, seed=3)
     res.samples["peak_memory"] = [3.6] * 10  # 20 % more memory: no runner speed excuses it
-    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    base = baseline_of(measured(BASELINE_SPEED), NORMALIZED)
     case = judge(Results({"platform": "cpu"}, {}, {"c": res}), base).cases[0]
     assert metric(case, "peak_memory").verdict == "regression"
 
@@ -157,20 +158,20 @@ def test_memory_and_counters_are_judged_as_measured() -> None:
 def test_a_check_of_results_without_reference_times_against_a_normalized_baseline_is_refused() -> (
     None
 ):
-    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    base = baseline_of(measured(BASELINE_SPEED), NORMALIZED)
     res = dataclasses.replace(measured([1.0] * 5), reference=[])
     with pytest.raises(PerfguardError, match=r"r\.json: case 'c': .*timing: normalized"):
         check_comparable(Results({"platform": "cpu"}, {}, {"c": res}), base, "r.json")
-    raw = baseline_of(measured(BASELINE_SPEED), normalize.RAW)
+    raw = baseline_of(measured(BASELINE_SPEED), RAW)
     check_comparable(Results({"platform": "cpu"}, {}, {"c": res}), raw, "r.json")
 
 
 def test_tighten_compares_two_normalized_scenarios_at_one_runner_speed() -> None:
-    old = scenario_from_result(measured(BASELINE_SPEED), timing=normalize.NORMALIZED)
+    old = scenario_from_result(measured(BASELINE_SPEED), timing=NORMALIZED)
     # The same code measured on a runner 20 % faster: its normalized figures are at that
     # runner's speed, 0.8x the old ones, which is no improvement of the code.
     faster = [0.8 * f for f in BASELINE_SPEED]
-    new = scenario_from_result(measured(faster, seed=4), timing=normalize.NORMALIZED)
+    new = scenario_from_result(measured(faster, seed=4), timing=NORMALIZED)
     merged = refresh.merge_scenario(old, new, tighten=True)
     assert merged.reference == new.reference
     # The old figure is kept, in the new scenario's units (its reference's speed).
@@ -180,12 +181,12 @@ def test_tighten_compares_two_normalized_scenarios_at_one_runner_speed() -> None
 def test_baselines_diff_of_a_regeneration_on_a_faster_runner_finds_no_change() -> None:
     from perfguard.decision.changes import diff
 
-    old = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
-    faster = baseline_of(measured([0.8 * f for f in BASELINE_SPEED], seed=4), normalize.NORMALIZED)
+    old = baseline_of(measured(BASELINE_SPEED), NORMALIZED)
+    faster = baseline_of(measured([0.8 * f for f in BASELINE_SPEED], seed=4), NORMALIZED)
     rows = [r for r in diff(old, faster).changed if r.metric == "e2e"]
     assert all(r.change not in ("slower", "faster") for r in rows)
-    raw_old = baseline_of(measured(BASELINE_SPEED), normalize.RAW)
-    raw_new = baseline_of(measured([0.8 * f for f in BASELINE_SPEED], seed=4), normalize.RAW)
+    raw_old = baseline_of(measured(BASELINE_SPEED), RAW)
+    raw_new = baseline_of(measured([0.8 * f for f in BASELINE_SPEED], seed=4), RAW)
     (row,) = [r for r in diff(raw_old, raw_new).changed if r.metric == "e2e"]
     assert row.change == "faster"  # raw, the faster runner reads as faster code
 
@@ -193,7 +194,7 @@ def test_baselines_diff_of_a_regeneration_on_a_faster_runner_finds_no_change() -
 def test_the_baseline_file_says_how_it_timed_and_refuses_normalized_without_a_reference(
     tmp_path,
 ) -> None:
-    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    base = baseline_of(measured(BASELINE_SPEED), NORMALIZED)
     path = tmp_path / "b.json"
     store.save(path, base)
     data = json.loads(path.read_text())
@@ -216,7 +217,7 @@ def test_one_slow_process_of_three_is_left_out_and_the_others_are_judged() -> No
     assert (scr.slow_processes, scr.dropped, scr.contended) == (1, 5, False)
     assert kept.groups == [5, 5] and len(kept.samples["e2e"]) == 10
     assert kept.samples["peak_memory"] == res.samples["peak_memory"][:10]
-    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    base = baseline_of(measured(BASELINE_SPEED), NORMALIZED)
     case = judge(Results({"platform": "cpu"}, {}, {"c": res}), base).cases[0]
     assert case.verdict == "pass" and case.runner["slow_processes"] == 1
     # Without the process screen the slow process's 1.2x normalized reading is pooled in.
@@ -280,7 +281,7 @@ def judged(result: CaseResult, base: Baseline):
 
 
 def test_a_yardstick_that_moves_on_its_own_is_not_divided_into_the_figures() -> None:
-    base = baseline_of(reference_of_its_own(1.0, seed=11, processes=10), normalize.NORMALIZED)
+    base = baseline_of(reference_of_its_own(1.0, seed=11, processes=10), NORMALIZED)
     assert base.scenarios["c"].groups == (5,) * 10
     same = judged(reference_of_its_own(1.0, seed=12, processes=9), base)
     slower = judged(reference_of_its_own(1.10, seed=12, processes=9), base)
@@ -301,14 +302,14 @@ def test_a_yardstick_that_moves_on_its_own_is_not_divided_into_the_figures() -> 
 def test_a_runner_that_moves_the_case_with_the_reference_is_still_divided_out() -> None:
     # The baseline's processes show the case following the reference: the exponent is
     # ~1, and a check on a runner 15 % slower throughout reads as unchanged code.
-    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    base = baseline_of(measured(BASELINE_SPEED), NORMALIZED)
     case = judged(measured([1.15] * 10, seed=1), base)
     assert case.runner["reference_exponents"]["e2e"] > 0.8
     assert case.verdict == "pass"
 
 
 def test_a_baseline_keeps_its_processes_and_refuses_groups_that_do_not_add_up(tmp_path) -> None:
-    base = baseline_of(measured(BASELINE_SPEED), normalize.NORMALIZED)
+    base = baseline_of(measured(BASELINE_SPEED), NORMALIZED)
     path = tmp_path / "b.json"
     store.save(path, base)
     data = json.loads(path.read_text())
@@ -323,7 +324,7 @@ def test_a_baseline_keeps_its_processes_and_refuses_groups_that_do_not_add_up(tm
 def test_the_report_says_what_share_of_the_reference_each_case_was_scaled_by() -> None:
     from perfguard.presentation.summary import runner_text
 
-    base = baseline_of(reference_of_its_own(1.0, seed=11, processes=10), normalize.NORMALIZED)
+    base = baseline_of(reference_of_its_own(1.0, seed=11, processes=10), NORMALIZED)
     res = reference_of_its_own(1.0, seed=12, processes=9)
     report = judge(Results({"platform": "cpu"}, {}, {"c": res}), base)
     share = report.cases[0].runner["reference_exponents"]["stage:DenoisingStage"]

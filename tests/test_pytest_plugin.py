@@ -15,7 +15,7 @@ import scipy.special  # noqa: F401  (the verdict's t quantiles: numpy.fft, a C e
 import torch  # noqa: F401
 
 import perfguard.measurement.work  # noqa: F401  (the counted run's imports, likewise)
-from perfguard.presentation.render import render_markdown
+from perfguard.presentation.markdown import render_markdown
 from perfguard.storage.reports import read_report, read_results
 
 pytest_plugins = ["pytester"]

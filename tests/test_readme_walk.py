@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from perfguard.presentation import render
+from perfguard.presentation.summary import summary_line
 from tests.helpers import reasons_report as _report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def test_the_readme_says_where_the_verdict_is_printed() -> None:
     out = io.StringIO()
     report = _report([201.0] * 5, [1.0] * 5)
     render.render_table(report, Console(file=out, width=200, no_color=True))
-    assert out.getvalue().splitlines()[0].strip() == render.summary_line(report)
+    assert out.getvalue().splitlines()[0].strip() == summary_line(report)
 
 
 def test_every_perfguard_path_the_baselines_readme_cites_exists() -> None:

@@ -25,21 +25,19 @@ from typing import Any
 import pytest
 
 from perfguard.decision import paired
+from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, paired_estimate
+from perfguard.decision.looks import alpha_per_look, look_points
 from perfguard.decision.options import RELATIVE_JUDGING
-from perfguard.decision.paired import (
-    DIFFERENT,
-    SAME,
-    UNKNOWN,
-    judge_relative_metric,
-    paired_estimate,
-)
+from perfguard.decision.paired import judge_relative_metric
+from perfguard.decision.records import IMPROVEMENT, PASS, REGRESSION, MetricVerdict
 from perfguard.decision.tolerances import relative_pad
-from perfguard.decision.verdict import IMPROVEMENT, PASS, REGRESSION, MetricVerdict
 from perfguard.errors import PerfguardError
 from perfguard.measurement import checkout, relative
+from perfguard.measurement.base_revision import Base, case_for_base
 from perfguard.measurement.options import MeasureOptions
-from perfguard.presentation.markdown import escape_md
-from perfguard.presentation.render import render_markdown, summary_line
+from perfguard.measurement.paired_blocks import base_side, head_side
+from perfguard.presentation.markdown import escape_md, render_markdown
+from perfguard.presentation.summary import summary_line
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 from perfguard.storage.reports import Report, build_relative, merge, read_report, write_report
@@ -137,11 +135,11 @@ def test_the_per_step_metrics_share_alpha_as_one_family() -> None:
 
 
 def test_look_schedule_and_the_level_per_look() -> None:
-    looks = paired.look_points(4, 24)
+    looks = look_points(4, 24)
     assert looks == (4, 6, 8, 12, 16, 24)
     for schedule in (looks, (8,)):
-        level = paired.alpha_per_look(0.01, schedule)
-        assert 0 < level < 0.005 and paired.alpha_per_look(0.01, schedule) == level
+        level = alpha_per_look(0.01, schedule)
+        assert 0 < level < 0.005 and alpha_per_look(0.01, schedule) == level
         # The family-wise rate of noise crossing at some look, measured through
         # `paired_estimate` itself on other random numbers than the level's own: at most
         # alpha less the budget look's share, give or take three Monte Carlo errors.
@@ -150,11 +148,11 @@ def test_look_schedule_and_the_level_per_look() -> None:
             xs = [rng.gauss(0.0, 0.03) for _ in range(schedule[-1])]
             crossed += any(paired_estimate(xs[:n], 0.0, level).low > 1.0 for n in schedule)
         assert crossed / checks <= 0.01 - level + 3 * math.sqrt(0.01 / checks), (schedule, crossed)
-    assert paired.look_points(2, 5) == (2, 4, 5)
+    assert look_points(2, 5) == (2, 4, 5)
     with pytest.raises(PerfguardError, match="--min-blocks"):
-        paired.look_points(1, 4)
+        look_points(1, 4)
     with pytest.raises(PerfguardError, match="--max-blocks"):
-        paired.look_points(6, 4)
+        look_points(6, 4)
 
 
 def test_block_orders_come_in_mirrored_pairs_from_the_seed() -> None:
@@ -654,28 +652,28 @@ def test_an_unknown_case_field_names_both_versions_and_writes_nothing(
 
 
 def test_a_field_at_its_default_is_dropped_for_an_older_base(tmp_path: Path) -> None:
-    base = relative.Base(
+    base = Base(
         root=tmp_path, import_dir=tmp_path, commit=None, dirty=None, version="0.0.9",
         protocol=1, perfguard_file=None,
         case_fields=frozenset(f for f in CASE.to_json() if f != "tolerance_overrides"),
         option_fields=frozenset(),
     )  # fmt: skip
-    assert "tolerance_overrides" not in relative.case_for_base(CASE, base)
+    assert "tolerance_overrides" not in case_for_base(CASE, base)
 
 
 def test_only_the_first_blocks_count_the_work_unless_the_base_cannot_be_told() -> None:
     options = MeasureOptions(repeats=3)
-    head = relative.head_side(options, "cpu", env={})
+    head = head_side(options, "cpu", env={})
     assert [head.for_block(i)[0].count_work for i in range(4)] == [True, True, False, False]
     assert head.for_block(3)[1]["count_work"] is False and "count_work" not in head.for_block(0)[1]
     fields = {f.name for f in dataclasses.fields(MeasureOptions)} | {"platform"}
     for known, counts_later in ((fields, False), (fields - {"count_work"}, True)):
-        base = relative.Base(
+        base = Base(
             root=Path("."), import_dir=Path("."), commit=None, dirty=None, version="0.0.9",
             protocol=1, perfguard_file=None, case_fields=frozenset(),
             option_fields=frozenset(known),
         )  # fmt: skip
-        later_options, later_json = relative.base_side(options, base, "cpu", env={}).for_block(5)
+        later_options, later_json = base_side(options, base, "cpu", env={}).for_block(5)
         assert later_options.count_work is counts_later
         assert ("count_work" in later_json) is not counts_later
 

@@ -15,6 +15,9 @@ from pathlib import Path
 from rich.console import Console
 
 from perfguard.presentation import render
+from perfguard.presentation.figures import fmt_evidence, fmt_ratio
+from perfguard.presentation.markdown import render_markdown
+from perfguard.presentation.summary import evidence_note
 from perfguard.results import component_changes
 from perfguard.storage import reports as rep
 from perfguard.storage.jsonio import validate
@@ -40,7 +43,7 @@ def test_a_slowdown_the_runners_speed_explains_is_no_verdict_and_says_why() -> N
     assert "(1) glm e2e contended: median 210.000 ms > bound 206.000 ms" in table
     assert "1.100x slower than at baseline time, which would explain it" in table
     assert "runner speed (reference workload now / at baseline time): glm 1.100x" in table
-    md = render.render_markdown(report)
+    md = render_markdown(report)
     assert "#### Reasons (1): what decided these verdicts" in md
     assert "glm e2e **contended**: median 210.000 ms &gt; bound 206.000 ms" in md
     assert "glm 1.100x" in md
@@ -60,7 +63,7 @@ def test_a_faster_runner_excuses_nothing() -> None:
 def test_a_pass_within_its_bound_needs_no_reason_but_the_runner_speed_is_shown() -> None:
     report = reasons_report([201.0] * 5, [1.0] * 5)
     table = _table(report)
-    assert "(1)" not in table and "Reasons" not in render.render_markdown(report)
+    assert "(1)" not in table and "Reasons" not in render_markdown(report)
     assert "glm 1.000x" in table
 
 
@@ -81,27 +84,27 @@ def _confirmed(report: rep.Report, n: int) -> rep.Report:
 
 def test_a_case_confirmed_within_bounds_does_not_read_like_a_confirmed_regression() -> None:
     report = _confirmed(reasons_report([201.0] * 5, [1.0] * 5), 2)
-    note = render.evidence_note(report)
+    note = evidence_note(report)
     assert "glm: over a bound at first, re-measured in 2 fresh processes: within bounds" in note
     assert "confirmed" not in note
-    assert "re-measured in 2 fresh processes: within bounds" in render.render_markdown(report)
+    assert "re-measured in 2 fresh processes: within bounds" in render_markdown(report)
 
 
 def test_a_confirmed_regression_says_so_and_names_the_metrics() -> None:
     report = _confirmed(reasons_report([230.0] * 5, [1.0] * 5), 1)
-    note = render.evidence_note(report)
+    note = evidence_note(report)
     assert "glm: over a bound, re-measured in 1 fresh process: regression confirmed (e2e)" in note
 
 
 def test_ratios_keep_three_significant_digits_of_the_change() -> None:
-    assert render.fmt_ratio(1.104) == "1.104x"
-    assert render.fmt_ratio(1.0) == "1.000x"
-    assert render.fmt_ratio(0.95) == "0.950x"
-    assert render.fmt_ratio(12.34) == "12.3x"
+    assert fmt_ratio(1.104) == "1.104x"
+    assert fmt_ratio(1.0) == "1.000x"
+    assert fmt_ratio(0.95) == "0.950x"
+    assert fmt_ratio(12.34) == "12.3x"
     report = reasons_report([230.0] * 5, [1.0] * 5)
     m = report.cases[0].metrics[0]
     m = dataclasses.replace(m, low=1.004, high=1.204, ratio=1.104)
-    assert render.fmt_evidence(m) == "1.104x (1.004-1.204)"
+    assert fmt_evidence(m) == "1.104x (1.004-1.204)"
 
 
 TRANSFORMER = "diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"
@@ -123,7 +126,7 @@ def test_a_changed_pipeline_is_named_against_the_baselines_components(tmp_path: 
         "glm: the pipeline differs from the one the baseline measured (transformer "
         "parameters 1000 -&gt; 2000; vae added (AutoencoderKL))"
     )
-    assert expected in render.render_markdown(report)
+    assert expected in render_markdown(report)
     assert "transformer parameters 1000 -> 2000" in _table(report)
     # The report keeps what the baseline recorded, so a re-render shows the same hint.
     path = tmp_path / "r.json"
@@ -137,4 +140,4 @@ def test_a_changed_pipeline_is_named_against_the_baselines_components(tmp_path: 
 def test_judgement_of_unchanged_components_adds_no_hint() -> None:
     same = {"transformer": {"class": TRANSFORMER, "parameters": 1000}}
     report = reasons_report([201.0] * 5, [1.0] * 5, baseline_components=same, components=same)
-    assert "differs from the one the baseline" not in render.render_markdown(report)
+    assert "differs from the one the baseline" not in render_markdown(report)

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from perfguard.decision.stats import Summary
 from perfguard.decision.tolerances import default_profiles
-from perfguard.decision.verdict import Summary, judge
+from perfguard.decision.verdict import judge
 from perfguard.errors import PerfguardError
 from perfguard.presentation import render
+from perfguard.presentation.markdown import append_step_summary, render_markdown
 from perfguard.results import CaseResult, Results
 from perfguard.storage import reports as rep
 from perfguard.storage.baseline import Baseline, Scenario
@@ -92,7 +94,7 @@ def test_a_report_whose_verdict_disagrees_with_its_cases_is_refused(tmp_path: Pa
 
 
 def test_markdown_has_a_summary_line_regressions_first_and_collapsed_details() -> None:
-    md = render.render_markdown(regressed())
+    md = render_markdown(regressed())
     lines = md.splitlines()
     assert lines[0].startswith("### ❌ perfguard FAIL: 2 regression")
     assert lines.index("#### Regressions (2)") < lines.index(
@@ -102,7 +104,7 @@ def test_markdown_has_a_summary_line_regressions_first_and_collapsed_details() -
 
 
 def test_markdown_improvements_come_with_the_exact_tighten_command() -> None:
-    md = render.render_markdown(regressed())
+    md = render_markdown(regressed())
     cmd = (
         "perfguard gen-baselines --tighten --platform cpu "
         "--baseline baselines/cpu/test-cpu.json --case b"
@@ -117,7 +119,7 @@ def test_markdown_escapes_case_ids_notes_and_errors_so_nothing_injects_markup() 
         notes=EVIL + "\n\n# heading",
         errors=(),
     )
-    md = render.render_markdown(report)
+    md = render_markdown(report)
     assert "<script>" not in md and "</script>" not in md
     assert md.count("</details>") == 1 and md.count("<details>") == 1
     assert "@team" not in md and "#1" not in md and "\n# heading" not in md
@@ -138,7 +140,7 @@ def test_markdown_names_an_injected_slowdown_and_failed_cases() -> None:
         errors=("broken",),
         inject="DenoisingStage=+50%",
     )
-    md = render.render_markdown(report)
+    md = render_markdown(report)
     assert "injected slowdown: DenoisingStage=+50%" in md
     assert "#### Cases that failed to run (1)" in md and "RuntimeError: boom" in md
 
@@ -188,6 +190,6 @@ def test_merge_refuses_overlapping_shards_and_different_baselines() -> None:
 def test_step_summary_is_appended_when_github_sets_it(tmp_path: Path) -> None:
     target = tmp_path / "summary.md"
     target.write_text("earlier step\n")
-    assert render.append_step_summary("# ours", {"GITHUB_STEP_SUMMARY": str(target)}) == target
+    assert append_step_summary("# ours", {"GITHUB_STEP_SUMMARY": str(target)}) == target
     assert target.read_text() == "earlier step\n# ours\n"
-    assert render.append_step_summary("# ours", {}) is None
+    assert append_step_summary("# ours", {}) is None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from perfguard.decision import answer as answers
-from perfguard.decision.gate import DEFAULT_MAX_RERUNS
+from perfguard.decision.options import DEFAULT_MAX_RERUNS
 from perfguard.decision.resolution import (
     ADVISE,
     AUTO,
@@ -26,7 +26,8 @@ from perfguard.decision.resolution import (
 from perfguard.decision.stats import summarize
 from perfguard.decision.tolerances import Band
 from perfguard.decision.verdict import judge
-from perfguard.presentation.render import render_markdown, summary_line
+from perfguard.presentation.markdown import render_markdown
+from perfguard.presentation.summary import summary_line
 from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import new_baseline
 from perfguard.storage.refresh import scenario_from_result, with_resolution

@@ -20,14 +20,14 @@ import httpx
 import pytest
 
 from perfguard import api
-from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.options import JudgeOptions
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.serving import scrape
 from perfguard.measurement.serving.case import run_coroutine
 from perfguard.measurement.serving.launch import Launched, LaunchFailed
 from perfguard.measurement.serving.load import Client, run_level
 from perfguard.presentation.html import render_report_html
-from perfguard.presentation.render import render_markdown
+from perfguard.presentation.markdown import render_markdown
 from perfguard.storage.cases import Selection
 from perfguard.storage.jsonio import validate
 

@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 
 from perfguard.decision.comparison import Rule
+from perfguard.decision.stats import Summary, summarize
 from perfguard.decision.tolerances import Band, Profile, default_profiles, sglang_profiles
-from perfguard.decision.verdict import (
-    Summary,
-    gated_steps,
-    judge,
-    judge_metric,
-    rule_of,
-    summarize,
-)
+from perfguard.decision.verdict import gated_steps, judge, judge_metric, rule_of
 from perfguard.errors import EXIT_CASE_FAILED, EXIT_OK, EXIT_REGRESSION
 from perfguard.results import CaseResult, Results
 from perfguard.storage.baseline import Baseline, Scenario

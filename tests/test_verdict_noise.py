@@ -19,12 +19,10 @@ import pytest
 import torch
 
 from perfguard.decision.answer import SAME_PROCESSES
-from perfguard.decision.gate import (
-    DEFAULT_CONFIRM_GAP_S,
-    DEFAULT_MAX_RERUNS,
-    JudgeOptions,
-    run_gate,
-)
+from perfguard.decision.comparison import Rule
+from perfguard.decision.gate import run_gate
+from perfguard.decision.options import DEFAULT_CONFIRM_GAP_S, DEFAULT_MAX_RERUNS, JudgeOptions
+from perfguard.decision.records import CONTENDED, PASS, REGRESSION
 from perfguard.decision.stats import log_ratio_noise, process_spread, summarize
 from perfguard.decision.tolerances import (
     SERVER_SESSION_SD,
@@ -33,7 +31,7 @@ from perfguard.decision.tolerances import (
     Profile,
     default_profiles,
 )
-from perfguard.decision.verdict import CONTENDED, PASS, REGRESSION, Rule, judge_case, judge_metric
+from perfguard.decision.verdict import judge_case, judge_metric
 from perfguard.device.platform import Platform
 from perfguard.device.timer import stage
 from perfguard.errors import EXIT_CONTENDED, PerfguardError
@@ -618,7 +616,7 @@ def test_adaptive_sampling_stops_as_soon_as_every_verdict_is_clear(level: float,
 
 
 def test_the_report_shows_the_evidence_and_the_reruns_and_round_trips() -> None:
-    from perfguard.presentation.render import render_markdown
+    from perfguard.presentation.markdown import render_markdown
     from perfguard.storage.reports import Report, build
 
     measure, _ = _scripted([15.0, 15.1])

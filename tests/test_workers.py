@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from perfguard.device.pinning import narrow_visible_devices as _narrow_visible_devices
+from perfguard.device.pinning import visible_devices_env
 from perfguard.device.platform import CudaPlatform, NpuPlatform, Platform, RocmPlatform, probe
 from perfguard.errors import PerfguardError
 from perfguard.measurement import workers
 from perfguard.measurement.options import COUNTED_PROCESSES, MeasureOptions, parse_devices
 from perfguard.measurement.runner import import_factory, run_case
+from perfguard.measurement.worker_handle import WarmPool, WorkerStarter, kill_grace_s
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 
@@ -158,7 +160,7 @@ def test_import_factory_names_what_is_wrong(fake: Path) -> None:
 def test_each_worker_and_rank_is_pinned_with_the_platforms_variable(
     platform: Platform, var: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert workers.visible_devices_env(platform.name) == var
+    assert visible_devices_env(platform.name) == var
     assert workers._env_for(platform, ["1"], 2)[var] == "1"
     assert workers._env_for(platform, ["2", "3"], 1)[var] == "2,3"
     # A rank keeps only its own device of those torchrun was given...
@@ -277,7 +279,7 @@ def test_isolate_kills_a_case_that_hangs_and_runs_the_rest_in_fresh_processes(
     assert results.cases["b_ok"].status == "ok"
     pids = [pid for _, pid, _ in log_lines(fake, "build")]
     assert len(set(pids)) == 2  # one process per case
-    assert elapsed < 1.0 + workers.kill_grace_s(1.0) + 30
+    assert elapsed < 1.0 + kill_grace_s(1.0) + 30
 
 
 def test_a_multi_device_case_needs_that_many_devices(fake: Path) -> None:
@@ -470,7 +472,7 @@ def test_a_worker_that_cannot_import_perfguard_says_why_in_one_line(
     broken = tmp_path / "root" / "perfguard"
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text('raise ImportError("broken on purpose")\n')
-    starter = workers.WorkerStarter(
+    starter = WorkerStarter(
         dict(os.environ), "worker", method, ["perfguard.measurement.runner"],
         root=str(tmp_path / "root"),
     )  # fmt: skip
@@ -534,8 +536,8 @@ def test_forked_workers_start_in_a_fraction_of_a_spawned_start(fake: Path) -> No
     workers of a warm server skip the imports, so they report ready sooner than a
     spawned worker, which imports torch first."""
     env = dict(os.environ)
-    forks = workers.WorkerStarter(env, "worker", "forkserver", ["perfguard.measurement.runner"])
-    spawns = workers.WorkerStarter(env, "worker", "spawn", [])
+    forks = WorkerStarter(env, "worker", "forkserver", ["perfguard.measurement.runner"])
+    spawns = WorkerStarter(env, "worker", "spawn", [])
     try:
         assert forks.ready() is None
         took: dict[str, float] = {}
@@ -567,7 +569,7 @@ def test_a_warm_pool_serves_several_calls_from_one_server(fake: Path, tmp_path: 
         isolate=True, repeats=1, warmup=0, factory="pg_parent_pipes:pipeline",
         start_method="forkserver",
     )  # fmt: skip
-    with workers.WarmPool() as warm:
+    with WarmPool() as warm:
         for i in range(2):
             res = workers.run_in_workers([fake_case(f"c{i}")], CPU, options, warm=warm)
             assert res.cases[f"c{i}"].status == "ok", res.cases[f"c{i}"].error
@@ -584,7 +586,7 @@ def test_a_parent_killed_outright_leaves_no_warm_server_nor_worker(tmp_path: Pat
 
     script = (
         "import os, sys, time\n"
-        "from perfguard.measurement.workers import WorkerStarter\n"
+        "from perfguard.measurement.worker_handle import WorkerStarter\n"
         "s = WorkerStarter(dict(os.environ), 'worker', 'forkserver', ['json'])\n"
         "w, why = s.new()\n"
         "print(s.server.proc.pid, w.proc.pid, flush=True)\n"
@@ -623,7 +625,7 @@ def test_the_warm_server_starts_before_the_command_and_ends_when_it_fails(
     @in_warm_pool(lambda options, kw: kw.get("wanted", True))
     def command(selection: object, options: MeasureOptions, **kw: object) -> None:
         pool = kw["warm"]
-        assert isinstance(pool, workers.WarmPool)
+        assert isinstance(pool, WarmPool)
         handed.extend(s.server for s in pool.starters.values())
         raise PerfguardError("baselines/x.json: unreadable")
 

@@ -180,7 +180,7 @@ def test_perf_runs_on_pull_requests_and_a_rigorous_nightly_without_a_profile() -
     [((0, 0), 0), ((4, 0), 4), ((4, 3), 3), ((3, 4), 3), ((4, 1, 3), 1), ((2, 4), 2), ((1, 2), 1)],
 )
 def test_perf_merges_shard_codes_in_perfguards_order(codes: tuple[int, ...], overall: int) -> None:
-    """1 (slower) over 3 (a failure) over 4 (can't tell) over 0, as `verdict.overall`."""
+    """1 (slower) over 3 (a failure) over 4 (can't tell) over 0, as `judgement.overall`."""
     perf = load("perf.yml")
     (script,) = [s for s in run_scripts(perf) if "worse()" in s]
     start = script.index("status=0")

@@ -112,8 +112,8 @@ def _open_target(
 ) -> _Target:
     """The selected cases and the baseline file; a bad timing or a file that cannot be
     read fails here, before measuring."""
-    from perfguard.decision.normalize import timing_of
     from perfguard.device.platform import fingerprint
+    from perfguard.metrics import timing_of
     from perfguard.storage import baseline as store
 
     path = baseline_path(baseline, platform.name, platform.hardware_slug())

@@ -127,7 +127,7 @@ def run_cases(
     warm: Any = None,
 ) -> Results:
     """Run `cases` here or in worker processes, as `options` say (`workers.execute`);
-    `warm` (a `workers.WarmPool`) keeps warm servers for later calls. Server cases run
+    `warm` (a `worker_handle.WarmPool`) keeps warm servers for later calls. Server cases run
     here, their rounds being their processes (`perfguard.measurement.serving.case`)."""
     from perfguard.measurement.serving.case import with_server_cases
     from perfguard.measurement.workers import execute

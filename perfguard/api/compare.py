@@ -7,7 +7,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from perfguard.api.common import NO_OUTPUTS, Echo, Outputs, probe, select_cases, to_stderr
-from perfguard.decision.gate import RELATIVE_JUDGING, JudgeOptions
+from perfguard.decision.options import RELATIVE_JUDGING, JudgeOptions
 from perfguard.errors import PerfguardError
 from perfguard.measurement.explain import attribute_regressions
 from perfguard.measurement.options import MeasureOptions
@@ -119,7 +119,7 @@ def _measure_relative(
     measure blocks of both sides until the verdicts are clear or the budget is spent:
     the base and the `RelativeOutcome`."""
     from perfguard.decision.paired import BASE, HEAD, Comparing
-    from perfguard.measurement import checkout, relative
+    from perfguard.measurement import base_revision, checkout, paired_blocks, relative
 
     timing = against.timing_on(platform.name)
     with contextlib.ExitStack() as stack:
@@ -127,14 +127,14 @@ def _measure_relative(
         if against.ref is not None:
             directory = str(stack.enter_context(checkout.temporary_worktree(against.ref)))
         assert directory is not None
-        base = relative.probe_base(
+        base = base_revision.probe_base(
             directory, subdir=against.subdir, factory=options.factory, ref=against.ref
         )
         for case in cases:
-            relative.case_for_base(case, base)  # an unknown field fails before any block
+            base_revision.case_for_base(case, base)  # an unknown field fails before any block
         sides = {
-            HEAD: relative.head_side(options, platform.name),
-            BASE: relative.base_side(options, base, platform.name),
+            HEAD: paired_blocks.head_side(options, platform.name),
+            BASE: paired_blocks.base_side(options, base, platform.name),
         }
         echo(
             f"perfguard: relative check of {len(cases)} case(s) against {base.describe()}, "
@@ -146,7 +146,9 @@ def _measure_relative(
             looked = f", {open_metrics} metric(s) unresolved" if open_metrics >= 0 else ""
             echo(f"perfguard: block {index + 1} ({block.order}) took {block.seconds:.1f} s{looked}")
 
-        blocks = stack.enter_context(relative.process_blocks(sides, platform.name, options.devices))
+        blocks = stack.enter_context(
+            paired_blocks.process_blocks(sides, platform.name, options.devices)
+        )
         outcome = relative.run_relative(
             cases,
             blocks,

@@ -7,7 +7,7 @@ from typing import Any
 
 from perfguard.api.check import warn_hardware
 from perfguard.api.common import Echo, baseline_path, load_baseline, to_stderr
-from perfguard.decision.gate import JudgeOptions
+from perfguard.decision.options import JudgeOptions
 from perfguard.decision.verdict import judge_with
 from perfguard.errors import PerfguardError
 from perfguard.results import Results

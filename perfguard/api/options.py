@@ -21,8 +21,7 @@ from perfguard.decision.comparison import (
     STORED_ALPHA,
     Rule,
 )
-from perfguard.decision.gate import DEFAULT_CONFIRM_GAP_S, DEFAULT_MAX_RERUNS, JudgeOptions
-from perfguard.decision.normalize import TIMINGS
+from perfguard.decision.options import DEFAULT_CONFIRM_GAP_S, DEFAULT_MAX_RERUNS, JudgeOptions
 from perfguard.decision.resolution import DEFAULT_TIMING_GATE, TIMING_GATES
 from perfguard.decision.tolerances import DEFAULT_PROFILE
 from perfguard.device.inject import inject_from
@@ -35,6 +34,7 @@ from perfguard.measurement.relative import (
     DEFAULT_MIN_BLOCKS,
     RelativeOptions,
 )
+from perfguard.metrics import TIMINGS
 from perfguard.storage.cases import PLATFORM_NAMES, Selection
 from perfguard.storage.refresh import RefreshOptions
 

@@ -219,11 +219,6 @@ def check(
     return _finish(report, outputs)
 
 
-def _traces_dir(outputs: Outputs) -> str | None:
-    """Where the per-op attribution's Chrome traces go (`api.Outputs.traces_dir`)."""
-    return outputs.traces_dir()
-
-
 def _finish(report: Report, outputs: Outputs) -> int:
     """Write the reports, print the table; the exit code."""
     report, _ = api.write_report(report, outputs.report, outputs.markdown)

@@ -9,7 +9,7 @@ import click
 from perfguard import api
 from perfguard.cli.common import CONTEXT_SETTINGS, console, file_option
 from perfguard.errors import EXIT_CODES_HELP, EXIT_OK, PerfguardError
-from perfguard.presentation import render
+from perfguard.presentation import markdown, render, summary
 from perfguard.presentation.escape import rich_markup as escape
 
 
@@ -39,7 +39,7 @@ def report_render(path: str, fmt: str, all_metrics: bool, out: str | None) -> in
 
             text = render_report_html(report, source=os.path.basename(path))
         elif fmt == "md":
-            text = render.render_markdown(report)
+            text = markdown.render_markdown(report)
         elif fmt == "json":
             text = api.render_json(report)
         else:
@@ -51,7 +51,7 @@ def report_render(path: str, fmt: str, all_metrics: bool, out: str | None) -> in
             click.echo(out)
         return EXIT_OK
     if fmt == "md":
-        click.echo(render.render_markdown(report), nl=False)
+        click.echo(markdown.render_markdown(report), nl=False)
     elif fmt == "json":
         click.echo(api.render_json(report), nl=False)
     else:
@@ -67,8 +67,8 @@ def merge_command(paths: tuple[str, ...], out: str, markdown_path: str | None) -
     """Combine the reports of shards (disjoint case sets) into one; exits with its code."""
     merged = api.merge_reports(paths, out)
     if markdown_path:
-        render.write_markdown(markdown_path, render.render_markdown(merged))
-    console().print(escape(render.summary_line(merged)))
+        markdown.write_markdown(markdown_path, markdown.render_markdown(merged))
+    console().print(escape(summary.summary_line(merged)))
     return merged.exit_code
 
 

@@ -40,9 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from perfguard.decision.comparison import DEFAULT_RULE, Rule
 from perfguard.decision.contention import DEFAULT_POLICY, screen
-from perfguard.decision.gate import DEFAULT_MAX_RERUNS
-from perfguard.decision.normalize import NORMALIZED, RAW, as_checked, default_timing, normalized
+from perfguard.decision.normalize import as_checked, normalized
+from perfguard.decision.options import DEFAULT_MAX_RERUNS
+from perfguard.decision.records import REGRESSION
 from perfguard.decision.stats import (
     MAD_TO_SD,
     MEDIAN_SE_FACTOR,
@@ -51,8 +53,8 @@ from perfguard.decision.stats import (
     summarize,
 )
 from perfguard.decision.tolerances import Band, Profile
-from perfguard.decision.verdict import DEFAULT_RULE, REGRESSION, Rule, judge_metric
-from perfguard.metrics import metric_class, metric_sort_key
+from perfguard.decision.verdict import judge_metric
+from perfguard.metrics import NORMALIZED, RAW, default_timing, metric_class, metric_sort_key
 from perfguard.results import CaseResult
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from perfguard.decision.tolerances import min_effect
 from perfguard.metrics import metric_sort_key
 
 if TYPE_CHECKING:
-    from perfguard.decision.counters import WorkCounts
+    from perfguard.decision.work_counts import WorkCounts
     from perfguard.storage.baseline import Baseline
 
 TIGHTEN_ALPHA = 0.01

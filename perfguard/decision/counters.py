@@ -28,19 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from perfguard.decision.output import (  # noqa: F401  (re-exported)
-    BIT_IDENTICAL,
-    CHANGED,
-    OUTPUT_PSNR_DB,
-    SKETCH_VALUES,
-    UNCOMPARED,
-    WITHIN_TOLERANCE,
-    OutputSketch,
-    OutputVerdict,
-    compare_sketches,
-    judge_output,
-    output_allowed,
-)
+from perfguard.decision.output import OutputSketch, OutputVerdict, judge_output, output_allowed
 from perfguard.decision.records import (
     IMPROVEMENT,
     MISSING_STAGE,
@@ -51,15 +39,7 @@ from perfguard.decision.records import (
 )
 from perfguard.decision.stats import Summary
 from perfguard.decision.tolerances import Band
-from perfguard.decision.work_counts import (  # noqa: F401  (re-exported)
-    CONTEXT_KEYS,
-    WorkCounts,
-    context_mismatch,
-    failure_counts,
-    flatten,
-    is_counter,
-    is_exact,
-)
+from perfguard.decision.work_counts import WorkCounts, context_mismatch, failure_counts
 from perfguard.metrics import metric_sort_key, work_kind
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -46,22 +46,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.contention import screen
-from perfguard.decision.options import (  # noqa: F401  (re-exported)
-    DEFAULT_CONFIRM_GAP_S,
-    DEFAULT_MAX_RERUNS,
-    RELATIVE_JUDGING,
-    JudgeOptions,
-    Judging,
-)
-from perfguard.decision.verdict import (
-    CONTENDED,
-    REGRESSION,
-    CaseVerdict,
-    Judgement,
-    contended,
-    judge_scenario,
-    judge_with,
-)
+from perfguard.decision.judgement import Judgement, contended
+from perfguard.decision.options import JudgeOptions, Judging
+from perfguard.decision.records import CONTENDED, REGRESSION, CaseVerdict
+from perfguard.decision.verdict import judge_scenario, judge_with
 from perfguard.results import CaseResult, Results, pool
 
 if TYPE_CHECKING:

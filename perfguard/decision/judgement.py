@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from perfguard.decision import answer as answers
-from perfguard.decision import counters
 from perfguard.decision.records import (
     CONTENDED,
     ERROR,
@@ -28,6 +27,7 @@ from perfguard.decision.records import (
     SEVERITY,
     CaseVerdict,
 )
+from perfguard.decision.work_counts import is_exact
 from perfguard.errors import (
     EXIT_CASE_FAILED,
     EXIT_CONTENDED,
@@ -116,11 +116,11 @@ def contended(case: CaseVerdict, why: str) -> CaseVerdict:
     """
     metrics = tuple(
         dataclasses.replace(m, verdict=CONTENDED, reason=f"{why}; {m.reason}")
-        if m.verdict == REGRESSION and not counters.is_exact(m.metric)
+        if m.verdict == REGRESSION and not is_exact(m.metric)
         else m
         for m in case.metrics
     )
     # A count or an output does not depend on how busy the runner was: they still fail.
-    exact = any(m.verdict == REGRESSION and counters.is_exact(m.metric) for m in metrics)
+    exact = any(m.verdict == REGRESSION and is_exact(m.metric) for m in metrics)
     verdict = REGRESSION if exact or case.output_failed else CONTENDED
     return dataclasses.replace(case, verdict=verdict, metrics=metrics, error=why)

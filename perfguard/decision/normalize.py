@@ -44,15 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfguard.decision.contention import DEFAULT_POLICY, ContentionPolicy, Screen, screen
 from perfguard.decision.stats import Summary, summarize
-from perfguard.metrics import (  # noqa: F401  (the timing vocabulary, re-exported)
-    NORMALIZED,
-    RAW,
-    TIMINGS,
-    default_timing,
-    is_timed,
-    metric_class,
-    timing_of,
-)
+from perfguard.metrics import is_timed
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfguard.results import CaseResult

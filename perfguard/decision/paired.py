@@ -18,32 +18,12 @@ from typing import Any
 
 from perfguard.decision import answer as answers
 from perfguard.decision import counters
-from perfguard.decision.estimate import (  # noqa: F401  (re-exported)
-    DIFFERENT,
-    PAIRED_TRIM,
-    SAME,
-    UNKNOWN,
-    PairedEstimate,
-    paired_estimate,
-)
-from perfguard.decision.looks import (  # noqa: F401  (re-exported)
-    LOOK_SCHEDULE,
-    alpha_per_look,
-    look_points,
-)
-from perfguard.decision.normalize import (
-    NORMALIZED,
-    RAW,
-    aligned,
-    fitted_exponent,
-    is_timed,
-    powered,
-)
+from perfguard.decision.estimate import PairedEstimate, paired_estimate
+from perfguard.decision.judgement import Judgement
+from perfguard.decision.looks import alpha_per_look
+from perfguard.decision.normalize import aligned, fitted_exponent, powered
 from perfguard.decision.options import RELATIVE_JUDGING, JudgeOptions
-from perfguard.decision.resolution import RESOLVED_CLASSES, judged_in_full
-from perfguard.decision.stats import summarize
-from perfguard.decision.tolerances import Band, min_effect, relative_pad
-from perfguard.decision.verdict import (
+from perfguard.decision.records import (
     ERROR,
     IMPROVEMENT,
     MISSING_STAGE,
@@ -51,11 +31,14 @@ from perfguard.decision.verdict import (
     PASS,
     REGRESSION,
     CaseVerdict,
-    Judgement,
     MetricVerdict,
     worst,
 )
-from perfguard.metrics import metric_class, metric_sort_key
+from perfguard.decision.resolution import RESOLVED_CLASSES, judged_in_full
+from perfguard.decision.stats import summarize
+from perfguard.decision.tolerances import Band, min_effect, relative_pad
+from perfguard.decision.work_counts import WorkCounts
+from perfguard.metrics import NORMALIZED, RAW, is_timed, metric_class, metric_sort_key
 from perfguard.results import CaseResult, pool
 
 
@@ -474,7 +457,7 @@ def _relative_case(
     judged against the base's exactly."""
     work, output = counters.judge_exact(
         head,
-        counters.WorkCounts.from_runs(base.work or []),
+        WorkCounts.from_runs(base.work or []),
         base.output_hash,
         base.output_sketch,
         overrides=[head.case.get("tolerance_overrides") or {}],

@@ -57,7 +57,7 @@ holds 90 % of the time when se <= d / (z_0.95 + z_0.9), and the resolution is
 
 CHECK_PROCESSES = 9
 """The processes a default stored check may take on one case: its first measurement and
-`gate.DEFAULT_MAX_RERUNS` (8) fresh ones. A baseline records the resolution that many
+`options.DEFAULT_MAX_RERUNS` (8) fresh ones. A baseline records the resolution that many
 reach; a check uses its own budget (`--rigorous` takes more, and resolves more)."""
 
 RESOLVED_CLASSES = TIMED_CLASSES

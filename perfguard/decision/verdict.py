@@ -30,26 +30,20 @@ from perfguard.decision import counters
 from perfguard.decision.answer import SAME_PROCESSES, Answer, Criteria
 from perfguard.decision.comparison import DEFAULT_RULE, Comparison, Rule
 from perfguard.decision.contention import ContentionPolicy, Screen
-from perfguard.decision.judgement import Judgement, contended, overall
-from perfguard.decision.normalize import (
-    NORMALIZED,
-    metric_pair,
-    scaled_runs,
-    screened_runs,
-)
+from perfguard.decision.judgement import Judgement, contended
+from perfguard.decision.normalize import metric_pair, scaled_runs, screened_runs
 from perfguard.decision.options import JudgeOptions, Judging
-from perfguard.decision.records import (  # noqa: F401  (MISSING, re-exported)
+from perfguard.decision.records import (
     CONTENDED,
     ERROR,
     IMPROVEMENT,
-    MISSING,
     MISSING_BASELINE,
     MISSING_STAGE,
     NEW_STAGE,
     PASS,
     REGRESSION,
-    SEVERITY,
     CaseVerdict,
+    CounterVerdict,
     MetricVerdict,
     _fmt,
     worst,
@@ -70,7 +64,7 @@ from perfguard.decision.tolerances import (
     Band,
     Profile,
 )
-from perfguard.metrics import metric_sort_key, unit
+from perfguard.metrics import NORMALIZED, metric_sort_key, unit
 from perfguard.results import CaseResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -430,7 +424,7 @@ def _at_resolution(
     return dataclasses.replace(m, answer=answers.below_resolution(a, res))
 
 
-def _exact(counter: counters.CounterVerdict) -> MetricVerdict:
+def _exact(counter: CounterVerdict) -> MetricVerdict:
     """A work counter's verdict, with its exact answer."""
     return MetricVerdict(**vars(counter), answer=answers.exact(counter.verdict == REGRESSION))
 
@@ -540,23 +534,3 @@ def judge(
     `timing_gate`): the keyword form of a check's judgement."""
     options = JudgeOptions(profile=profile_name, **judging)
     return judge_with(options, results, baseline, ignore_missing)
-
-
-__all__ = [
-    "CONTENDED",
-    "DEFAULT_RULE",
-    "SEVERITY",
-    "CaseVerdict",
-    "JudgeOptions",
-    "Judgement",
-    "MetricVerdict",
-    "Rule",
-    "contended",
-    "gated_steps",
-    "judge",
-    "judge_case",
-    "judge_metric",
-    "judge_with",
-    "overall",
-    "worst",
-]  # fmt: skip

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfguard.decision.counters import WorkCounts
-from perfguard.decision.verdict import REGRESSION
+from perfguard.decision.records import REGRESSION
+from perfguard.decision.work_counts import WorkCounts
 from perfguard.errors import PerfguardError
 from perfguard.measurement.checkout import git
 from perfguard.measurement.commit_counts import (
@@ -163,11 +163,11 @@ class Session:
     # timings ----------------------------------------------------------------------------
     def compare(self, commit: Commit) -> tuple[str, str, dict[str, Any]]:
         """The paired comparison of `commit` against GOOD on the metric (timings)."""
-        from perfguard.decision.gate import RELATIVE_JUDGING
-        from perfguard.decision.normalize import timing_of
+        from perfguard.decision.options import RELATIVE_JUDGING
         from perfguard.decision.paired import BASE, HEAD, Comparing
-        from perfguard.measurement import relative
+        from perfguard.measurement import base_revision, paired_blocks, relative
         from perfguard.measurement.options import MeasureOptions
+        from perfguard.metrics import timing_of
 
         assert self.good_dir is not None
         # Both sides fork from one warm server, as in the relative check, and each fork
@@ -179,18 +179,18 @@ class Session:
         with checked_out(commit.sha, self.repo) as root:
             sides, cases = {}, []
             for side, where in ((BASE, self.good_dir), (HEAD, root)):
-                base = relative.probe_base(self.import_dir(where))
+                base = base_revision.probe_base(self.import_dir(where))
                 own = {c.id: c for c in commit_cases(where, self.platform, self.selection,
                                                      self.options.cases_dir)}  # fmt: skip
-                made = relative.base_side(measure, base, self.platform)
-                encode = (lambda b, o: lambda c: relative.case_for_base(o.get(c.id, c), b))(
+                made = paired_blocks.base_side(measure, base, self.platform)
+                encode = (lambda b, o: lambda c: base_revision.case_for_base(o.get(c.id, c), b))(
                     base, own
                 )
                 sides[side] = _replace(made, encode_case=encode)
                 if side == BASE:
                     cases = list(own.values())
             timing = timing_of({"platform": self.platform}, None)
-            with relative.process_blocks(sides, self.platform) as blocks:
+            with paired_blocks.process_blocks(sides, self.platform) as blocks:
                 outcome = relative.run_relative(
                     cases, blocks, self.options.schedule, judging=RELATIVE_JUDGING,
                     compare=Comparing(timing, self.platform),

@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from perfguard.decision.counters import WorkCounts, judge_counter, op_changes
-from perfguard.decision.verdict import REGRESSION
+from perfguard.decision.counters import judge_counter, op_changes
+from perfguard.decision.records import REGRESSION
+from perfguard.decision.work_counts import WorkCounts
 from perfguard.errors import PerfguardError
 from perfguard.measurement.commit_range import BAD, GOOD
 from perfguard.metrics import metric_sort_key

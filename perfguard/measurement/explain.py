@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from perfguard.decision.attribution import Attribution, CaseAttribution, attribute, stages_of, timed
-from perfguard.decision.verdict import REGRESSION
+from perfguard.decision.records import REGRESSION
 from perfguard.errors import PerfguardError
 from perfguard.measurement.profiling import PROFILE_RUNS, ProfileSide, profile_case
 from perfguard.storage.cases import Case

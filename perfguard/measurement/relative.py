@@ -22,8 +22,8 @@ How it measures (each choice with its reason):
   workers are started together and wait idle while the other side runs. Only the first
   `COUNTED_PROCESSES` blocks count the work (one untimed counted run per case and
   side): the counts are exact, and the time buys blocks.
-- Paired per-block log ratios (`perfguard.decision.paired.paired_estimate`): the drift that the
-  two sides of a block share cancels in their ratio.
+- Paired per-block log ratios (`perfguard.decision.estimate.paired_estimate`): the drift
+  that the two sides of a block share cancels in their ratio.
 - Adaptive, Pinpoint-style. After the minimum number of blocks the verdicts are looked
   at on a fixed schedule of block counts. A metric found clearly different or clearly
   the same at a look keeps that verdict (a sequential test stops where it decides: the
@@ -32,7 +32,7 @@ How it measures (each choice with its reason):
   or when the next block pair would overrun `--budget-s`. Metrics still open then pass
   with a note.
 - Repeated looks cost false alarms, so the schedule is fixed and every look tests at one
-  level (`perfguard.decision.paired.alpha_per_look`): the largest at which noise alone
+  level (`perfguard.decision.looks.alpha_per_look`): the largest at which noise alone
   fails a metric at some scheduled look with probability `alpha` less that level (paid
   for the look a budget stop may add between two scheduled ones), found by simulating
   A/A checks through the same statistic (Pocock's boundary). However the check stops,
@@ -52,8 +52,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from perfguard.decision.gate import JudgeOptions
-from perfguard.decision.normalize import timing_of
+from perfguard.decision.looks import look_points
+from perfguard.decision.options import JudgeOptions
 from perfguard.decision.paired import (
     BASE,
     HEAD,
@@ -63,24 +63,10 @@ from perfguard.decision.paired import (
     Levels,
     RelativeOutcome,
     judge_blocks,
-    look_points,
 )
-from perfguard.decision.verdict import ERROR, MetricVerdict
+from perfguard.decision.records import ERROR, MetricVerdict
 from perfguard.errors import PerfguardError
-from perfguard.measurement.base_revision import (  # noqa: F401 (the base, re-exported)
-    PROBE_TIMEOUT_S,
-    Base,
-    case_for_base,
-    options_for_base,
-    probe_base,
-)
-from perfguard.measurement.paired_blocks import (  # noqa: F401 (the block's processes, re-exported)
-    ProcessBlocks,
-    Side,
-    base_side,
-    head_side,
-    process_blocks,
-)
+from perfguard.metrics import timing_of
 from perfguard.results import CaseResult
 from perfguard.storage.cases import Case
 

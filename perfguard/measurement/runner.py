@@ -78,7 +78,7 @@ def output_sketch(tensor: torch.Tensor) -> dict[str, Any]:
     """
     import math
 
-    from perfguard.decision.counters import SKETCH_VALUES, OutputSketch
+    from perfguard.decision.output import SKETCH_VALUES, OutputSketch
 
     t = tensor.detach().to("cpu", torch.float32)
     shape = tuple(int(x) for x in t.shape)

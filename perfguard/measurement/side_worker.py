@@ -112,7 +112,7 @@ def count(request: dict[str, Any]) -> dict[str, Any]:
     from perfguard.device.platform import probe
     from perfguard.measurement.options import MeasureOptions
     from perfguard.measurement.runner import run_case
-    from perfguard.measurement.workers import case_from_json
+    from perfguard.measurement.worker_handle import case_from_json
 
     platform = probe(request["platform"])
     options = MeasureOptions(counters_only=True)
@@ -152,7 +152,7 @@ def _warm_pipeline(request: dict[str, Any]) -> tuple[Any, Any]:
     from perfguard.device import threads
     from perfguard.device.platform import probe
     from perfguard.measurement import runner
-    from perfguard.measurement.workers import case_from_json
+    from perfguard.measurement.worker_handle import case_from_json
 
     case = case_from_json(request["case"])
     platform = probe(request["platform"])

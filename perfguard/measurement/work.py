@@ -295,7 +295,7 @@ class WorkRun:
 
     def metrics(self) -> dict[str, int]:
         """`<kind>`, `<kind>:<Stage>` and `<kind>_per_step` (`perfguard.metrics`)."""
-        from perfguard.decision.counters import flatten
+        from perfguard.decision.work_counts import flatten
 
         return flatten(self.to_json())
 
@@ -332,7 +332,7 @@ def refuse_another_context(
     """Before a work check runs: a case whose baseline counts were made under another
     context (torch, device type, dtype) is a `PerfguardError` (exit 2) naming the case
     and what differs. The work check judges counts only, and counts of another context are
-    not compared (`decision.counters.context_mismatch`), so every case would pass having
+    not compared (`decision.work_counts.context_mismatch`), so every case would pass having
     compared nothing; on a CI runner that installed another torch build that would be a
     gate that never fails."""
     from perfguard.errors import PerfguardError

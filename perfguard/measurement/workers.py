@@ -36,25 +36,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from perfguard.device.pinning import ENV_CPU_AFFINITY, die_with_parent, visible_devices_env  # noqa: F401 (re-exported)
 from perfguard.errors import PerfguardError
-from perfguard.measurement.distributed import TORCHRUN_STARTUP_S, run_distributed  # noqa: F401 (re-exported)
+from perfguard.measurement.distributed import run_distributed
 from perfguard.measurement.launch import Placement, child_environment
 from perfguard.measurement.options import MeasureOptions
 from perfguard.measurement.shard import expected_time_s
-from perfguard.measurement.worker_handle import (  # noqa: F401 (the worker handle, re-exported)
-    STARTUP_TIMEOUT_S,
-    WORKER_MODULE,
-    WarmPool,
-    Worker,
-    WorkerStarter,
-    _descendants,
-    case_from_json,
-    error_result,
-    kill_grace_s,
-    kill_tree,
-    resident_channel,
-)
+from perfguard.measurement.worker_handle import WarmPool, Worker, WorkerStarter, error_result
 from perfguard.results import CaseResult, Results, pool
 from perfguard.storage.cases import Case
 

@@ -5,8 +5,8 @@ renderers escape it). The answers themselves are `perfguard.decision.answer`'s."
 from __future__ import annotations
 
 from perfguard.decision.answer import CANT_TELL, LABELS, SAME, SLOWER, UNRESOLVED
-from perfguard.decision.counters import is_counter
-from perfguard.decision.verdict import CaseVerdict, MetricVerdict
+from perfguard.decision.records import CaseVerdict, MetricVerdict
+from perfguard.decision.work_counts import is_counter
 from perfguard.metrics import metric_class
 from perfguard.storage.reports import Report
 

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perfguard.decision.answer import UNRESOLVED
-from perfguard.decision.paired import UNKNOWN
-from perfguard.decision.verdict import PASS, REGRESSION, MetricVerdict
+from perfguard.decision.estimate import UNKNOWN
+from perfguard.decision.records import PASS, REGRESSION, MetricVerdict
 from perfguard.metrics import unit
 
 

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from perfguard.decision.verdict import (
+from perfguard.decision.records import (
     ERROR,
     IMPROVEMENT,
     MISSING,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfguard.decision.verdict import CaseVerdict
+from perfguard.decision.records import CaseVerdict
 from perfguard.metrics import failures_metric, server_metric
 
 

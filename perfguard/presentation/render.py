@@ -2,9 +2,7 @@
 
 Every value that came from a file or a case id is escaped before it reaches Markdown or
 the terminal (`perfguard.presentation.escape`: `md_text`, `md_code`, `console_text`): a
-hostile id renders inert, its control and bidi characters shown, not obeyed. The names
-callers reach through this module (`render.render_markdown`, `render.summary_line`, ...)
-are the Markdown's, the figures' and the summary's, imported here.
+hostile id renders inert, its control and bidi characters shown, not obeyed.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from perfguard.decision.verdict import (
+from perfguard.decision.records import (
     CONTENDED,
     ERROR,
     IMPROVEMENT,
@@ -26,23 +24,11 @@ from perfguard.presentation import summary
 from perfguard.presentation.answers import answer_lines
 from perfguard.presentation.attribution import console_lines
 from perfguard.presentation.escape import console_text
-from perfguard.presentation.figures import fmt_answer, fmt_evidence, fmt_ratio, fmt_value
-from perfguard.presentation.markdown import append_step_summary, render_markdown, write_markdown
+from perfguard.presentation.figures import fmt_answer, fmt_evidence, fmt_value
 from perfguard.presentation.observed import server_table_lines
 from perfguard.presentation.summary import evidence_note, runner_text, summary_line
 from perfguard.presentation.work_report import work_console_lines
 from perfguard.storage.reports import Report
-
-__all__ = [
-    "append_step_summary",
-    "evidence_note",
-    "fmt_evidence",
-    "fmt_ratio",
-    "render_markdown",
-    "render_table",
-    "summary_line",
-    "write_markdown",
-]
 
 _STYLE = {
     REGRESSION: "bold red",

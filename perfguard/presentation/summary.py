@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from perfguard.decision.counters import is_counter
-from perfguard.decision.verdict import (
+from perfguard.decision.records import (
     CONTENDED,
     ERROR,
     IMPROVEMENT,
@@ -23,6 +22,7 @@ from perfguard.decision.verdict import (
     CaseVerdict,
     MetricVerdict,
 )
+from perfguard.decision.work_counts import is_counter
 from perfguard.metrics import metric_sort_key
 from perfguard.presentation.answers import answer_phrase
 from perfguard.presentation.figures import fmt_evidence

@@ -13,14 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from perfguard.decision.counters import (
-    BIT_IDENTICAL,
-    CHANGED,
-    TOP_OPS,
-    OutputVerdict,
-    is_counter,
-)
-from perfguard.decision.verdict import IMPROVEMENT, REGRESSION, CaseVerdict, MetricVerdict
+from perfguard.decision.counters import TOP_OPS
+from perfguard.decision.output import BIT_IDENTICAL, CHANGED, OutputVerdict
+from perfguard.decision.records import IMPROVEMENT, REGRESSION, CaseVerdict, MetricVerdict
+from perfguard.decision.work_counts import is_counter
 from perfguard.metrics import DENOISING_STAGE, WORK_KINDS, work_kind, work_stage
 from perfguard.presentation.escape import Code, md_parts, md_text, plain_parts
 from perfguard.storage.reports import Report

@@ -51,7 +51,7 @@ from perfguard.storage.archive_schema import ensure_schema, tables
 if TYPE_CHECKING:  # sqlalchemy is imported when an archive is opened
     from sqlalchemy.engine import Connection, Engine
 
-    from perfguard.decision.verdict import MetricVerdict
+    from perfguard.decision.records import MetricVerdict
     from perfguard.storage.reports import Report
 
 LOCK_TIMEOUT_S = 10.0

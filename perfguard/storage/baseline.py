@@ -40,13 +40,14 @@ from typing import Any
 import filelock
 
 from perfguard import __version__
-from perfguard.decision.counters import OutputSketch, WorkCounts
+from perfguard.decision.output import OutputSketch
 from perfguard.decision.stats import Summary
 from perfguard.decision.tolerances import (
     DEFAULT_IMPROVEMENT_THRESHOLD,
     Profile,
     default_profiles,
 )
+from perfguard.decision.work_counts import WorkCounts
 from perfguard.errors import PerfguardError
 from perfguard.metrics import NORMALIZED, STAGE_PEAK_PREFIX, is_metric_name, metric_sort_key
 from perfguard.results import utc_now

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfguard.decision.changes import credibly_lower
-from perfguard.decision.counters import WorkCounts
 from perfguard.decision.normalize import at_speed_of, normalized
 from perfguard.decision.stats import Summary, summarize
+from perfguard.decision.work_counts import WorkCounts
 from perfguard.errors import PerfguardError
 from perfguard.metrics import NORMALIZED, RAW, metric_sort_key, timing_of
 from perfguard.results import CaseResult, utc_now
@@ -173,7 +173,7 @@ def record_case(
 
     The reference workload's version comes from `environment` (the fingerprint records
     it as `reference_workload`): a later check compares like with like. `timing` None is
-    the platform's default (`perfguard.decision.normalize.default_timing`). `busy`:
+    the platform's default (`perfguard.metrics.default_timing`). `busy`:
     why the runner was busy, for a session stored anyway (`Scenario.busy`).
     """
     version = environment.get("reference_workload")

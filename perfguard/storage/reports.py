@@ -9,7 +9,7 @@ renderings are `perfguard.presentation.markdown`'s (a PR comment) and
 `perfguard.presentation.render`'s (the console table).
 
 This module builds, reads, writes and combines; it decides nothing. The overall verdict
-of a merged report is recomputed by `perfguard.decision.verdict.overall`, from the same
+of a merged report is recomputed by `perfguard.decision.judgement.overall`, from the same
 rules as a single one.
 """
 
@@ -21,11 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfguard.decision.verdict import (
-    CaseVerdict,
-    Judgement,
-    MetricVerdict,
-)
+from perfguard.decision.judgement import Judgement
+from perfguard.decision.records import CaseVerdict, MetricVerdict
 from perfguard.errors import PerfguardError
 from perfguard.results import Results, utc_now
 from perfguard.storage.jsonio import (

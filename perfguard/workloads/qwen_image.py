@@ -64,9 +64,6 @@ from perfguard.workloads.attention import (
 from perfguard.workloads.graphs import is_in_breakable_cuda_graph, is_stream_capturing
 from perfguard.workloads.modulation_cache import ModulationKey, ModulationSlot, tensor_version
 
-__all__ = ["ModulationKey", "QwenImageTransformer2DModel", "QwenImageTransformerBlock"]
-
-
 # ----------------------------------------------------------------------------------------
 # Helpers: timestep embedding, RoPE, when the modulation cache may hit
 # ----------------------------------------------------------------------------------------
