@@ -241,7 +241,7 @@ def context_snapshot(env: Env) -> dict[str, Any]:
 
 def _compute_pids() -> list[int] | None:
     """Processes holding a context on any GPU (nvidia-smi), None where it cannot say."""
-    from perfguard.device.platform import nvidia_smi
+    from perfguard.device.gpu_clocks import nvidia_smi
 
     lines, _ = nvidia_smi("--query-compute-apps=pid", "--format=csv,noheader", timeout=20)
     return None if lines is None else [int(p) for p in lines if p.isdigit()]

@@ -17,9 +17,9 @@ import pytest
 
 import perfguard.storage.archive as archive
 from perfguard.errors import PerfguardError
-from perfguard.presentation.history import add_reports, changes, load
-from perfguard.storage.archive import locate
-from perfguard.storage.archive_schema import SCHEMA_VERSION
+from perfguard.presentation.history import changes, load
+from perfguard.storage.archive import add_reports, locate
+from perfguard.storage.archive_schema import MIGRATIONS, SCHEMA_VERSION
 from tests.helpers import history_report as _report  # a real report made by the library
 
 PG = Any
@@ -208,8 +208,8 @@ def test_a_failed_migration_leaves_the_old_archive_as_it_was(
     with closing(sqlite3.connect(db)) as conn:
         conn.executescript(V1_SCHEMA)
     before = db.read_bytes()
-    steps = (*archive.MIGRATIONS[2], "ALTER TABLE nowhere ADD COLUMN x TEXT")
-    monkeypatch.setitem(archive.MIGRATIONS, 2, steps)
+    steps = (*MIGRATIONS[2], "ALTER TABLE nowhere ADD COLUMN x TEXT")
+    monkeypatch.setitem(MIGRATIONS, 2, steps)
     with pytest.raises(PerfguardError, match="left unchanged"):
         add_reports(db, [_report(tmp_path / "new.json", 20.0, seed=1)])
     assert db.read_bytes() == before

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from perfguard.decision import changes
+from perfguard.decision.stats import Summary
 from perfguard.errors import PerfguardError
 from perfguard.results import CaseResult
 from perfguard.storage import baseline as store
@@ -142,7 +143,7 @@ def test_an_invalid_baseline_is_never_written(path: Path) -> None:
     refresh.record_case(path, ok("a"), ENV)
     before = path.read_bytes()
     b = store.load(path)
-    bad = store.Scenario(metrics={"e2e": store.Summary(median=-1.0, n=1)})
+    bad = store.Scenario(metrics={"e2e": Summary(median=-1.0, n=1)})
     with pytest.raises(PerfguardError, match=r"about to be written.*\$\.scenarios\.x\.e2e\.median"):
         store.save(path, b.with_scenario("x", bad))
     assert path.read_bytes() == before

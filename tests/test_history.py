@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from perfguard.cli import cli
 from perfguard.errors import PerfguardError
 from perfguard.presentation.changepoints import detect
-from perfguard.presentation.history import add_reports, changes, load
+from perfguard.presentation.history import changes, load
+from perfguard.storage.archive import add_reports
 from tests.helpers import history_report
 
 

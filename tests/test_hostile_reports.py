@@ -717,8 +717,8 @@ def test_the_html_checker_sees_a_vulnerable_page(tmp_path: Path) -> None:
 def pages(reports: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The HTML report and the history site of the clean and of the hostile report."""
     from perfguard.presentation import site
-    from perfguard.presentation.history import add_reports
     from perfguard.presentation.html import render_report_html
+    from perfguard.storage.archive import add_reports
     from perfguard.storage.reports import read_report
 
     out: dict[str, Any] = {}

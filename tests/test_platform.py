@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from perfguard.device import platform as pf
+from perfguard.device.gpu_clocks import gpu_clocks
 from perfguard.errors import PerfguardError
 from perfguard.results import slugify
 
@@ -274,7 +275,7 @@ class _FakeNvml(types.ModuleType):
 def test_gpu_clocks_come_from_nvml_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = _FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    clocks = pf.gpu_clocks()
+    clocks = gpu_clocks()
     assert clocks["available"] and clocks["source"] == "nvml"
     first, second = clocks["gpus"]
     assert first == {
@@ -313,7 +314,7 @@ def test_gpu_clocks_fall_back_to_nvidia_smi(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _fake_smi_on_path(tmp_path, monkeypatch, FAKE_SMI)
-    clocks = pf.gpu_clocks()
+    clocks = gpu_clocks()
     assert clocks["source"] == "nvidia-smi"
     assert clocks["gpus"][0]["power_limit_w"] == 700
     assert clocks["gpus"][1] == {
@@ -332,13 +333,13 @@ def test_gpu_clocks_unavailable_say_why(tmp_path: Path, monkeypatch: pytest.Monk
     _fake_smi_on_path(
         tmp_path, monkeypatch, "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n"
     )
-    clocks = pf.gpu_clocks()
+    clocks = gpu_clocks()
     assert clocks == {
         "available": False,
         "reason": "pynvml (nvidia-ml-py) is not installed; nvidia-smi: NVIDIA-SMI has failed",
     }
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert "nvidia-smi: " in pf.gpu_clocks()["reason"]  # not on PATH: recorded, not raised
+    assert "nvidia-smi: " in gpu_clocks()["reason"]  # not on PATH: recorded, not raised
 
 
 def test_cuda_fingerprint_records_gpu_clocks(

@@ -28,6 +28,7 @@ from perfguard.interop import sglang
 from perfguard.presentation import history
 from perfguard.results import Results
 from perfguard.storage import baseline as store
+from perfguard.storage.archive import add_reports
 from perfguard.storage.cases import load_registry
 from perfguard.storage.reports import read_report, read_results, write_results
 from tests.helpers import H100, NPU, record, write_log
@@ -144,7 +145,7 @@ def real_files() -> dict[str, bytes]:
     )
     log = write_log(tmp / "performance.log", [record("qwen_image_t2i", s) for s in (1, 1.01)])
     db = tmp / "h.sqlite"
-    history.add_reports(db, [rep])
+    add_reports(db, [rep])
     files = {
         "baseline": base.read_bytes(),
         "sglang_h100": H100.read_bytes(),
@@ -214,7 +215,7 @@ def test_history_reader_and_writer(tmp_path: Path, data: st.DataObject) -> None:
         _report(rep, 30.0, seed=7)
     db.write_bytes(raw)
     try:
-        history.add_reports(db, [rep])
+        add_reports(db, [rep])
     except PerfguardError as exc:
         assert exc.exit_code == 2 and "\n" not in str(exc) and "h.sqlite" in str(exc)
         assert db.read_bytes() == raw

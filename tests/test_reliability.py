@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-import perfguard.presentation.history
 import perfguard.storage.archive
 from perfguard.cli import main
 from perfguard.errors import EXIT_INTERNAL, EXIT_TERMINATED, EXIT_USAGE
@@ -368,7 +367,7 @@ def archive(tmp_path: Path) -> Path:
     levels = [20.0] * 10 + [26.0] * 10
     reports = [_report(tmp_path / f"r{i}.json", lv, seed=i) for i, lv in enumerate(levels)]
     for i, rep in enumerate(reports):
-        code = perfguard.presentation.history.add_reports(
+        code = perfguard.storage.archive.add_reports(
             db, [rep], commit=f"c{i:02d}", date=f"2026-01-{i + 1:02d}"
         )
         assert code == (1, 0)

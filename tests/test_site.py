@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 
 import perfguard.presentation.site as site_mod
-from perfguard.presentation.history import add_reports
-from perfguard.presentation.html import script_json
-from perfguard.storage.archive import ReportRecord, add_records
+from perfguard.presentation.escape import script_json
+from perfguard.storage.archive import ReportRecord, add_records, add_reports
 from tests.helpers import history_report as _report  # a real report made by the library
 
 PG = Any

@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfguard.errors import EXIT_CASE_FAILED, PerfguardError
-from perfguard.storage.archive_schema import MIGRATIONS as MIGRATIONS  # `archive.MIGRATIONS`
 from perfguard.storage.archive_schema import ensure_schema, tables
 
 if TYPE_CHECKING:  # sqlalchemy is imported when an archive is opened
