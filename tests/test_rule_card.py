@@ -11,8 +11,8 @@ import perfguard.decision as decision
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = (
-    "answer", "comparison", "contention", "gate", "paired", "resolution", "stats", "tolerances",
-    "verdict",
+    "answer", "comparison", "contention", "estimate", "gate", "options", "paired", "resolution",
+    "stats", "tolerances", "verdict",
 )  # fmt: skip
 
 
