@@ -29,7 +29,7 @@ from perfguard.api.baseline_files import (
     read_baseline,
 )
 from perfguard.api.baselines import BaselineUpdate, gen_baselines
-from perfguard.api.bisect import BisectOptions, bisect, write_bisect
+from perfguard.api.bisect import bisect, write_bisect
 from perfguard.api.calibrate import CalibrateOptions, Calibration, calibrate
 from perfguard.api.cases import case_entries, environment, listed_cases, registry_files
 from perfguard.api.check import MOVED_FROM_CHECK, check, write_report
@@ -46,16 +46,18 @@ from perfguard.api.common import (
     shard,
 )
 from perfguard.api.compare import check_relative
-from perfguard.api.explain import against_of, attribute_regressions, explain
+from perfguard.api.explain import against_of
 from perfguard.api.history import archive_label
 from perfguard.api.judge import check_perf_log, check_results, judge, judge_results
-from perfguard.api.reports import merge_reports, read_report, render_json
+from perfguard.api.reports import merge_reports
 from perfguard.api.run import run
 from perfguard.api.serve import ServeSettings, serve
-from perfguard.api.server import servers, stop_all
+from perfguard.measurement.bisect import BisectOptions
+from perfguard.measurement.explain import attribute_regressions, explain
+from perfguard.measurement.resident import servers, stop_all
 from perfguard.storage.jsonio import write_bytes_atomic, write_json_atomic, write_text_atomic
 from perfguard.storage.refresh import RefreshOptions
-from perfguard.storage.reports import Report
+from perfguard.storage.reports import Report, read_report, render_json
 
 __all__ = [
     "MOVED_FROM_CHECK",

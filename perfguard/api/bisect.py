@@ -9,8 +9,6 @@ from perfguard.api.common import Echo, probe, to_stderr
 from perfguard.measurement.bisect import BisectOptions
 from perfguard.storage.cases import Selection
 
-__all__ = ["BisectOptions", "bisect", "write_bisect"]
-
 
 def bisect(
     good: str,

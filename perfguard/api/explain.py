@@ -1,15 +1,13 @@
-"""`perfguard explain`: which ops a timing moved in, the selected cases profiled on a
-base and on this checkout (`perfguard.measurement.explain`)."""
+"""`perfguard explain`'s `--against DIR|REF`: the base its cases are profiled on beside this
+checkout. The attribution itself is `perfguard.measurement.explain` (`explain`,
+`attribute_regressions`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from perfguard.errors import PerfguardError
-from perfguard.measurement.explain import attribute_regressions, explain
 from perfguard.measurement.relative import RelativeOptions
-
-__all__ = ["against_of", "attribute_regressions", "explain"]
 
 
 def against_of(value: str, subdir: str | None) -> RelativeOptions:

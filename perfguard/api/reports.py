@@ -3,9 +3,7 @@ combined; nothing is measured and torch is never imported."""
 
 from __future__ import annotations
 
-from perfguard.storage.reports import Report, read_report, render_json
-
-__all__ = ["merge_reports", "read_report", "render_json"]
+from perfguard.storage.reports import Report, read_report
 
 
 def merge_reports(paths: tuple[str, ...], out: str) -> Report:

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from perfguard import api
-from perfguard.api.bisect import BisectOptions
+from perfguard.api import BisectOptions
 from perfguard.api.options import Selection, popped
 from perfguard.cli.common import (
     CONTEXT_SETTINGS,
