@@ -55,6 +55,7 @@ from perfguard.api.serve import ServeSettings, serve
 from perfguard.measurement.bisect import BisectOptions
 from perfguard.measurement.explain import attribute_regressions, explain
 from perfguard.measurement.resident import servers, stop_all
+from perfguard.storage.archive import add_reports
 from perfguard.storage.jsonio import write_bytes_atomic, write_json_atomic, write_text_atomic
 from perfguard.storage.refresh import RefreshOptions
 from perfguard.storage.reports import Report, read_report, render_json
@@ -72,6 +73,7 @@ __all__ = [
     "Report",
     "ServeSettings",
     "ab",
+    "add_reports",
     "against_of",
     "archive_label",
     "attribute_regressions",

@@ -101,9 +101,7 @@ def history_add(
     paths: tuple[str, ...], db: str, commit: str | None, date: str | None, allow_injected: bool
 ) -> int:
     """Store reports in the archive in one transaction; the same report twice is stored once."""
-    from perfguard.presentation.history import add_reports
-
-    added, skipped = add_reports(
+    added, skipped = api.add_reports(
         db, paths, commit=commit, date=_iso_date(date, "--date"), allow_injected=allow_injected
     )
     click.echo(f"{api.archive_label(db)}: {added} report(s) added, {skipped} already present")

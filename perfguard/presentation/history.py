@@ -13,18 +13,14 @@ from typing import Any
 
 import pandas as pd
 
-from perfguard.storage.archive import ReportRecord, add_reports, parse_report
 from perfguard.storage.archive_query import FRAME_COLUMNS, Filter, read_rows
 
 __all__ = [
     "SERIES",
-    "ReportRecord",
-    "add_reports",
     "changes",
     "latest_report",
     "load",
     "metric_names",
-    "parse_report",
     "short_series",
 ]
 
