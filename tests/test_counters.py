@@ -414,7 +414,7 @@ def test_baselines_merge_keeps_the_counts(setup: Any, pg: Any) -> None:
 
 
 def test_the_relative_check_gives_the_exact_counter_delta_between_base_and_head() -> None:
-    from perfguard.decision.paired import BASE, HEAD, Block, Levels, judge_blocks
+    from perfguard.decision.paired import BASE, HEAD, Block, LookLevels, judge_blocks
 
     def side(ops: int) -> CaseResult:
         res = _result(ops)
@@ -423,7 +423,7 @@ def test_the_relative_check_gives_the_exact_counter_delta_between_base_and_head(
         return res
 
     blocks = [Block("BH", 1.0, {BASE: {"c": side(8)}, HEAD: {"c": side(10)}}) for _ in range(2)]
-    judgement, _ = judge_blocks(["c"], blocks, levels=Levels(0.01, (2,)), final=True)
+    judgement, _ = judge_blocks(["c"], blocks, levels=LookLevels(0.01, (2,)), final=True)
     (case,) = judgement.cases
     by = {m.metric: m for m in case.metrics}
     assert by["ops:DenoisingStage"].verdict == "regression"

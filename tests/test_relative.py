@@ -112,7 +112,7 @@ def test_the_per_step_metrics_share_alpha_as_one_family() -> None:
         res.samples = {f"step:{i}": [step0 if i == 0 else 1.0] for i in range(steps)}
         return res
 
-    levels = paired.Levels(0.01, (12,))
+    levels = paired.LookLevels(0.01, (12,))
     assert (
         levels.of("step:0", 10) < levels.alpha_look / 5
         and levels.of("e2e", 10) == levels.alpha_look
@@ -172,7 +172,7 @@ def test_block_orders_come_in_mirrored_pairs_from_the_seed() -> None:
 # ---- the schedule on a virtual clock ------------------------------------------------------
 
 
-NORMALIZED = paired.Comparing("normalized")
+NORMALIZED = paired.BlockComparison("normalized")
 CASE = Case(id="sleepy", workload="qwen_image", preset="tiny")
 OTHER = Case(id="other", workload="qwen_image", preset="tiny")
 
@@ -357,12 +357,12 @@ def test_normalized_timing_divides_out_a_spell_that_moved_one_side_of_a_block() 
     normalized = run_virtual(
         SpellBlocks({"DenoisingStage": 1.05}, spell=0.15),
         budget_s=1000,
-        compare=NORMALIZED,
+        comparison=NORMALIZED,
     )
     found = verdicts(normalized)
     assert found["stage:DenoisingStage"] == REGRESSION and found["stage:DecodingStage"] == PASS
     # Unchanged code under the same spells: clearly the same, normalized.
-    same = run_virtual(SpellBlocks(spell=0.15), budget_s=1000, compare=NORMALIZED)
+    same = run_virtual(SpellBlocks(spell=0.15), budget_s=1000, comparison=NORMALIZED)
     assert same.judgement.exit_code == 0 and same.stopped == "resolved"  # type: ignore[attr-defined]
 
 
@@ -407,7 +407,7 @@ def test_normalized_timing_scales_by_the_share_of_the_reference_fitted_on_the_ch
     assert statistics.stdev(fitted) < 0.3 * statistics.stdev(whole)
     assert statistics.stdev(fitted) < 1.2 * statistics.stdev(raw)
     slowed = SpellBlocks({"DenoisingStage": 1.05}, spell=0.0, own=0.08, process=0.005)
-    outcome = run_virtual(slowed, budget_s=1000, compare=NORMALIZED)
+    outcome = run_virtual(slowed, budget_s=1000, comparison=NORMALIZED)
     (case,) = outcome.judgement.cases  # type: ignore[attr-defined]
     stage = next(m for m in case.metrics if m.metric == metric)
     assert stage.verdict == REGRESSION

@@ -118,7 +118,7 @@ def _measure_relative(
     """Probe the base (in a temporary worktree of `against.ref`, always removed) and
     measure blocks of both sides until the verdicts are clear or the budget is spent:
     the base and the `RelativeOutcome`."""
-    from perfguard.decision.paired import BASE, HEAD, Comparing
+    from perfguard.decision.paired import BASE, HEAD, BlockComparison
     from perfguard.measurement import base_revision, checkout, paired_blocks, relative
 
     timing = against.timing_on(platform.name)
@@ -155,6 +155,6 @@ def _measure_relative(
             against.schedule,
             judging=judging,
             on_block=on_block,
-            compare=Comparing(timing, platform.name),
+            comparison=BlockComparison(timing, platform.name),
         )
     return base, outcome

@@ -290,7 +290,7 @@ def per_reference(result: CaseResult, metric: str, exponent: float = 1.0) -> lis
 
 
 @dataclass(frozen=True)
-class Comparing:
+class BlockComparison:
     """How a block's two sides are compared: `timing` raw or normalized (`log_ratios`),
     and the `platform` whose floor a difference must clear (`tolerances.relative_pad`)."""
 
@@ -299,7 +299,7 @@ class Comparing:
 
 
 @dataclass(frozen=True)
-class Levels:
+class LookLevels:
     """The level each metric of a relative check is tested at, at each of the `looks`.
 
     Every metric at `alpha_look` (`alpha_per_look(alpha, looks)`), except the per-step
@@ -310,7 +310,7 @@ class Levels:
 
     alpha: float
     looks: tuple[int, ...]
-    compare: Comparing = field(default_factory=Comparing)
+    comparison: BlockComparison = field(default_factory=BlockComparison)
 
     @property
     def alpha_look(self) -> float:
@@ -325,7 +325,7 @@ def judge_blocks(
     case_ids: Sequence[str],
     blocks: Sequence[Block],
     *,
-    levels: Levels,
+    levels: LookLevels,
     final: bool,
     errors: Mapping[str, str] | None = None,
     latched: Mapping[tuple[str, str], MetricVerdict] | None = None,
@@ -333,8 +333,8 @@ def judge_blocks(
 ) -> tuple[Judgement, dict[str, dict[str, CaseResult]]]:
     """The judgement on the blocks so far, and each side's results pooled over them.
 
-    Each metric is judged at its level (`Levels`), its sides compared as
-    `levels.compare` says; the pooled results stay as measured. `judging` gives what
+    Each metric is judged at its level (`LookLevels`), its sides compared as
+    `levels.comparison` says; the pooled results stay as measured. `judging` gives what
     fails (`fail_on_missing`, `advisory`, `allow_output_change`) and, at the last look
     (`final`), which figures the blocks could not resolve (`timing_gate`: a figure still
     can't tell whose detectable slowdown is over `resolution.RESOLVABLE` times its
@@ -411,7 +411,7 @@ def _relative_metrics(
     base: CaseResult,
     blocks: Sequence[Block],
     *,
-    levels: Levels,
+    levels: LookLevels,
     final: bool,
     latched: Mapping[tuple[str, str], MetricVerdict],
 ) -> list[MetricVerdict]:
@@ -419,13 +419,13 @@ def _relative_metrics(
     judged on the blocks' log ratios at its level."""
     names = sorted(set(head.samples) | set(base.samples), key=metric_sort_key)
     steps = answers.step_count(names)
-    compare = levels.compare
+    comparison = levels.comparison
     out = []
     for metric in names:
         if (cid, metric) in latched:
             out.append(latched[(cid, metric)])
             continue
-        ratios, exponent = compared(blocks, cid, metric, compare.timing)
+        ratios, exponent = compared(blocks, cid, metric, comparison.timing)
         figure = PairedFigure(
             head.samples.get(metric),
             base.samples.get(metric),
@@ -439,7 +439,7 @@ def _relative_metrics(
             figure,
             alpha=levels.of(metric, steps),
             final=final,
-            pad=relative_pad(metric, compare.platform),
+            pad=relative_pad(metric, comparison.platform),
         )
         out.append(verdict)
     return out

@@ -164,7 +164,7 @@ class Session:
     def compare(self, commit: Commit) -> tuple[str, str, dict[str, Any]]:
         """The paired comparison of `commit` against GOOD on the metric (timings)."""
         from perfguard.decision.options import RELATIVE_JUDGING
-        from perfguard.decision.paired import BASE, HEAD, Comparing
+        from perfguard.decision.paired import BASE, HEAD, BlockComparison
         from perfguard.measurement import base_revision, paired_blocks, relative
         from perfguard.measurement.options import MeasureOptions
         from perfguard.metrics import timing_of
@@ -193,7 +193,7 @@ class Session:
             with paired_blocks.process_blocks(sides, self.platform) as blocks:
                 outcome = relative.run_relative(
                     cases, blocks, self.options.schedule, judging=RELATIVE_JUDGING,
-                    compare=Comparing(timing, self.platform),
+                    comparison=BlockComparison(timing, self.platform),
                 )  # fmt: skip
         return timed_verdict(outcome.judgement, metric)
 

@@ -59,8 +59,8 @@ from perfguard.decision.paired import (
     HEAD,
     SIDES,
     Block,
-    Comparing,
-    Levels,
+    BlockComparison,
+    LookLevels,
     RelativeOutcome,
     judge_blocks,
 )
@@ -168,7 +168,7 @@ def run_relative(
     schedule: Schedule = Schedule(),
     *,
     judging: JudgeOptions | None = None,
-    compare: Comparing | None = None,
+    comparison: BlockComparison | None = None,
     on_block: OnBlock | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> RelativeOutcome:
@@ -177,12 +177,12 @@ def run_relative(
     `on_block` is told after each block. A case that fails on either side in a block is
     reported as that case's error and not measured again; the others go on. Of
     `judging`, `fail_on_missing`, `advisory`, `allow_output_change` and the rule's alpha
-    apply; `compare` says how each block's sides compare (raw by default, on CPU's floor).
+    apply; `comparison` says how each block's sides compare (raw by default, on CPU's floor).
     """
     judging = judging or JudgeOptions()
     alpha = judging.rule.alpha
     looks = look_points(schedule.min_blocks, schedule.max_blocks)
-    levels = Levels(alpha, looks, compare or Comparing())
+    levels = LookLevels(alpha, looks, comparison or BlockComparison())
     seed = schedule.seed
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
@@ -218,7 +218,7 @@ class _Blocks:
     case's error, and the verdicts latched at a look (a sequential test stops where it
     decides)."""
 
-    def __init__(self, cases: Sequence[Case], levels: Levels) -> None:
+    def __init__(self, cases: Sequence[Case], levels: LookLevels) -> None:
         self.ids = [c.id for c in cases]
         self.levels = levels
         self.active = list(cases)
