@@ -130,7 +130,7 @@ def blocks_of(
     whole (the check's rule before it fitted the share). The base's runs come from the
     baseline's samples (stored `x * level / reference` when the baseline is normalized).
     """
-    from perfguard.decision.normalize import fitted_exponent, powered
+    from perfguard.decision.normalize import fitted_exponent, scaled_to_reference
     from perfguard.decision.stats import split_groups
     from perfguard.metrics import is_timed
     from perfguard.storage.baseline import load
@@ -157,7 +157,10 @@ def blocks_of(
                         if timing == "normalized":
                             fitted = fitted_exponent([(xs, refs), (bx, brefs)])
                             exponent = 1.0 if fitted is None else fitted
-                        xs, bx = powered(xs, refs, 1.0, exponent), powered(bx, brefs, 1.0, exponent)
+                        xs, bx = (
+                            scaled_to_reference(xs, refs, 1.0, exponent),
+                            scaled_to_reference(bx, brefs, 1.0, exponent),
+                        )
                     base_blocks = [_median(g) for g in split_groups(bx, groups)] if bx else []
                 per_block = [_median(g) for g in split_groups(xs, groups)]
             else:

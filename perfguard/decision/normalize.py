@@ -64,7 +64,7 @@ def normalized(result: Any, level: float) -> Any | None:
         return None
     samples: dict[str, list[float]] = {}
     for metric, xs in result.samples.items():
-        scaled = divided(xs, reference, level) if is_timed(metric) else list(xs)
+        scaled = over_reference(xs, reference, level) if is_timed(metric) else list(xs)
         if scaled is None:
             return None
         samples[metric] = scaled
@@ -77,11 +77,12 @@ def aligned(xs: Sequence[float], reference: Sequence[float]) -> bool:
     return bool(xs) and len(xs) == len(reference) and min(reference) > 0
 
 
-def divided(
+def over_reference(
     xs: Sequence[float], reference: Sequence[float], level: float = 1.0
 ) -> list[float] | None:
-    """Run `i` as `xs[i] * level / reference[i]`, or None when the runs and the reference
-    readings do not align or a reading is not positive (`aligned`)."""
+    """Runs `xs` over the reference reading beside each, at `level`: run `i` as
+    `xs[i] * level / reference[i]`, or None when the runs and the reference readings do
+    not align or a reading is not positive (`aligned`)."""
     if not aligned(xs, reference):
         return None
     return [x * level / r for x, r in zip(xs, reference, strict=True)]
@@ -163,21 +164,24 @@ def fitted_exponent(sides: Sequence[tuple[Sequence[float], Sequence[float]]]) ->
     return min(1.0, max(0.0, num / den))
 
 
-def powered(
+def scaled_to_reference(
     xs: Sequence[float], reference: Sequence[float], level: float, exponent: float
 ) -> list[float]:
-    """Run `i` as `xs[i] * (level / reference[i]) ** exponent`."""
+    """Runs `xs` scaled to the reference reading beside each by its share `exponent`:
+    run `i` as `xs[i] * (level / reference[i]) ** exponent`."""
     return [x * (level / r) ** exponent for x, r in zip(xs, reference, strict=True)]
 
 
-def adjusted(
+def fitted_pair(
     samples: Sequence[float],
     reference: Sequence[float],
     base: Summary,
     scenario: Any,
 ) -> tuple[list[float], Summary, float] | None:
-    """A check's `samples` of one timed metric (its raw runs, `reference` beside them) and
-    the baseline's `base`, both scaled by the exponent fitted on the two
+    """The pair one timed metric is judged on, scaled by the reference's fitted share.
+
+    A check's `samples` of the metric (its raw runs, `reference` beside them) and the
+    baseline's `base`, both scaled by the exponent fitted on the two
     (`fitted_exponent`), at the runner speed of the baseline's reference median: the
     check's runs, the baseline's summary with its per-process medians, and the
     exponent. None when it cannot be fitted: a baseline without its runs, its
@@ -200,8 +204,8 @@ def adjusted(
     exponent = fitted_exponent([(raw, ref.samples), (samples, reference)])
     if exponent is None:
         return None
-    scaled_base = summarize(powered(raw, ref.samples, level, exponent), True, groups)
-    return powered(samples, reference, level, exponent), scaled_base, exponent
+    scaled_base = summarize(scaled_to_reference(raw, ref.samples, level, exponent), True, groups)
+    return scaled_to_reference(samples, reference, level, exponent), scaled_base, exponent
 
 
 def metric_pair(
@@ -210,12 +214,12 @@ def metric_pair(
     """The runs and the baseline summary `metric` is judged on, and the reference's
     exponent when one was fitted: for a timed metric of a normalized baseline that
     keeps its processes, both sides scaled by the fitted share of the reference
-    (`normalize.adjusted`); otherwise the check's `checked` runs (divided whole) and the
+    (`normalize.fitted_pair`); otherwise the check's `checked` runs (divided whole) and the
     stored summary."""
     samples, base = checked.samples.get(metric), scenario.metrics.get(metric)
     if base is None or samples is None or not is_timed(metric) or not scenario.normalized:
         return samples, base, None
-    fitted = adjusted(raw.samples[metric], raw.reference or [], base, scenario)
+    fitted = fitted_pair(raw.samples[metric], raw.reference or [], base, scenario)
     return (samples, base, None) if fitted is None else fitted
 
 

@@ -21,7 +21,7 @@ from perfguard.decision import counters
 from perfguard.decision.estimate import PairedEstimate, paired_estimate
 from perfguard.decision.judgement import Judgement
 from perfguard.decision.looks import alpha_per_look
-from perfguard.decision.normalize import aligned, fitted_exponent, powered
+from perfguard.decision.normalize import aligned, fitted_exponent, scaled_to_reference
 from perfguard.decision.options import RELATIVE_JUDGING, JudgeOptions
 from perfguard.decision.records import (
     ERROR,
@@ -224,7 +224,7 @@ def compared(
     apart, but on a shared runner its spells still move one of them and not the other
     (docs/relative.md). Scaled by the share of the reference fitted on the check's own
     runs (`reference_exponent`), as the stored check scales them
-    (`perfguard.decision.normalize.adjusted`): divided whole, a process whose reference
+    (`perfguard.decision.normalize.fitted_pair`): divided whole, a process whose reference
     read fast for reasons of its own, not the machine's, moved the stage's ratio by as
     much (docs/verdicts.md, det18). A block where either side's runs cannot be aligned
     with reference times compares the raw medians.
@@ -286,7 +286,7 @@ def per_reference(result: CaseResult, metric: str, exponent: float = 1.0) -> lis
     xs, refs = result.samples.get(metric) or [], result.reference or []
     if not aligned(xs, refs):
         return None
-    return powered(xs, refs, 1.0, exponent)
+    return scaled_to_reference(xs, refs, 1.0, exponent)
 
 
 @dataclass(frozen=True)

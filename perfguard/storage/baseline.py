@@ -107,7 +107,7 @@ class Scenario:
     groups: tuple[int, ...] | None = None
     """Runs of each process, in the order of the samples (those the screen kept): a
     check re-weighs the reference's share per metric and needs the processes
-    (`perfguard.decision.normalize.adjusted`). None in files from before it."""
+    (`perfguard.decision.normalize.fitted_pair`). None in files from before it."""
     resolution: Mapping[str, float] | None = None
     """Per timed class, the smallest slowdown a default check against these figures
     catches on the runner that made them (`perfguard.decision.resolution`); a check
