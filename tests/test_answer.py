@@ -52,7 +52,7 @@ def test_slower_and_faster_come_from_the_rule_and_work_is_exact() -> None:
 
 
 def test_too_little_data_is_never_the_same() -> None:
-    a = assess(1.0, 0.001, 0, Criteria(0.001, 1.03, 0.03), slower=False, enough=False)
+    a = assess(1.0, 0.001, 0, Criteria(0.001, 1.03, 0.03), slower=False, enough_processes=False)
     assert a.answer == CANT_TELL
 
 

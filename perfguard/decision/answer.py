@@ -186,25 +186,25 @@ def assess(
     *,
     slower: bool,
     faster: bool = False,
-    enough: bool = True,
+    enough_processes: bool = True,
 ) -> Answer:
     """The answer on a figure read at `ratio` (median over baseline, or head over base)
     with log-scale standard error `se` on `dof` degrees of freedom, under `criteria`.
 
     `slower` / `faster` are what the regression rule decided. `detectable`: `catches`.
     `dof` is the degrees of freedom of `se` (`stats.Noise.dof`: a session term in it
-    counts as known, Welch-Satterthwaite). `enough`: the data may support a *same*
-    (`SAME_PROCESSES`); without it the answer is at best can't tell, and the gate
-    measures more. Nor is it *same* when the check could not have caught a slowdown of
-    `SAME_PRECISION` times the margin. With no spread known (`se` 0) the band alone
-    decides, and sameness is the point's.
+    counts as known, Welch-Satterthwaite). `enough_processes`: the check has the
+    processes a *same* needs (`SAME_PROCESSES`); without them the answer is at best
+    can't tell, and the gate measures more. Nor is it *same* when the check could not
+    have caught a slowdown of `SAME_PRECISION` times the margin. With no spread known
+    (`se` 0) the band alone decides, and sameness is the point's.
     """
     within, high = criteria.within(ratio, se, dof, faster)
     detectable = catches(se, dof, alpha=criteria.alpha, threshold=criteria.threshold)
     precise = detectable is None or detectable <= SAME_PRECISION * criteria.margin
     if slower:
         answer = SLOWER
-    elif within and enough and precise:
+    elif within and enough_processes and precise:
         answer = FASTER if faster else SAME
     else:
         answer = CANT_TELL

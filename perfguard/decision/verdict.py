@@ -193,7 +193,8 @@ def _answer(c: Comparison, verdict: str, same_band: Band) -> Answer:
         criteria,
         slower=verdict == REGRESSION,
         faster=verdict == IMPROVEMENT,
-        enough=c.noise.processes_baseline < 2 or c.noise.processes_current >= SAME_PROCESSES,
+        enough_processes=c.noise.processes_baseline < 2
+        or c.noise.processes_current >= SAME_PROCESSES,
     )
 
 
