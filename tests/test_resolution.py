@@ -77,13 +77,13 @@ def test_resolution_follows_the_spread_between_processes() -> None:
     )
     noisy_ = summarize(_session(0.20).samples["stage:DenoisingStage"], groups=[5] * 10)
     band = Band(0.03, 0.0)
-    q = resolution(quiet, band, alpha=0.001, session=0.0)
-    n = resolution(noisy_, band, alpha=0.001, session=0.007)
+    q = resolution(quiet, band, alpha=0.001, session_sd=0.0)
+    n = resolution(noisy_, band, alpha=0.001, session_sd=0.007)
     assert q is not None and n is not None
     assert q < RESOLVABLE * 0.03 < n  # quiet: within 3 d; noisy: beyond
     # More processes resolve more, and a check of one process less than of the default.
-    more = resolution(noisy_, band, alpha=0.001, session=0.007, processes=30)
-    one = resolution(noisy_, band, alpha=0.001, session=0.007, processes=1)
+    more = resolution(noisy_, band, alpha=0.001, session_sd=0.007, processes=30)
+    one = resolution(noisy_, band, alpha=0.001, session_sd=0.007, processes=1)
     assert more is not None and one is not None and more < n < one
     assert CHECK_PROCESSES == 1 + DEFAULT_MAX_RERUNS
 

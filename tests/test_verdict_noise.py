@@ -162,7 +162,7 @@ def test_a_stricter_alpha_needs_more_evidence() -> None:
 def test_a_session_offset_widens_the_interval_once_for_each_side() -> None:
     base = summarize(processes([10.0, 10.1, 9.9, 10.05]), groups=[10] * 4)
     cur = summarize(processes([10.8, 10.9, 10.85]), groups=[10] * 3)
-    plain, wide = log_ratio_noise(base, cur), log_ratio_noise(base, cur, session=0.04)
+    plain, wide = log_ratio_noise(base, cur), log_ratio_noise(base, cur, session_sd=0.04)
     assert wide.se == pytest.approx(math.sqrt(plain.se**2 + 2 * 0.04**2))
     assert (wide.within, wide.between, wide.between_dof) == (
         plain.within,
@@ -178,15 +178,17 @@ def test_a_session_offset_widens_the_interval_once_for_each_side() -> None:
     samples = processes([10.8, 10.9, 10.85])
     band = Band(0.05, 0.0)
     assert judge_metric(M, samples, base, band, groups=[10] * 3).verdict == REGRESSION
-    v = judge_metric(M, samples, base, band, groups=[10] * 3, session=0.04)
+    v = judge_metric(M, samples, base, band, groups=[10] * 3, session_sd=0.04)
     assert v.verdict == PASS and not v.significant
 
 
 def test_a_profiles_session_offsets_are_per_class_kept_in_the_file_and_validated() -> None:
     profile = default_profiles("cpu")["pr_test"]
-    assert profile.session("stage:TextEncodingStage") == SESSION_SD["cpu"]["non_denoise_stage"]
-    assert profile.session("stage:DenoisingStage") == SESSION_SD["cpu"]["denoise_stage"] > 0
-    assert profile.session("step:3") == 0.0 and profile.session("peak_memory") == 0
+    assert (
+        profile.session_sd_of("stage:TextEncodingStage") == SESSION_SD["cpu"]["non_denoise_stage"]
+    )
+    assert profile.session_sd_of("stage:DenoisingStage") == SESSION_SD["cpu"]["denoise_stage"] > 0
+    assert profile.session_sd_of("step:3") == 0.0 and profile.session_sd_of("peak_memory") == 0
     assert Profile.from_json("pr_test", profile.to_json()) == profile
     assert default_profiles("cuda")["pr_test"].session_sd == {}
     data = new_baseline({"platform": "cpu", "hardware": "amd-epyc"}).to_json()
@@ -198,8 +200,8 @@ def test_a_profiles_session_offsets_are_per_class_kept_in_the_file_and_validated
         "cpu"
     ]
     latency = "stage:c1/latency_p50"
-    assert profile.session(latency) == SESSION_SD["cpu"]["e2e"]
-    assert profile.session(latency, shared_server=True) == SERVER_SESSION_SD["cpu"]["e2e"]
+    assert profile.session_sd_of(latency) == SESSION_SD["cpu"]["e2e"]
+    assert profile.session_sd_of(latency, shared_server=True) == SERVER_SESSION_SD["cpu"]["e2e"]
     data["tolerances"]["pr_test"]["session_sd"] = {"ops": 0.1}
     with pytest.raises(PerfguardError, match=r"b\.json.*session_sd"):
         validate(data, "baseline", "b.json")

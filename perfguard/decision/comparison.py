@@ -93,10 +93,10 @@ class Comparison:
         baseline: Summary,
         band: Band,
         rule: Rule,
-        session: float = 0.0,
+        session_sd: float = 0.0,
     ) -> Comparison:
-        """`session`: the sd of one session's offset on this metric (`Profile.session`)."""
-        noise = log_ratio_noise(baseline, measured, session)
+        """`session_sd`: the sd of one session's offset on this metric (`Profile.session_sd_of`)."""
+        noise = log_ratio_noise(baseline, measured, session_sd)
         low, high = bound(measured.median / baseline.median, noise.se, noise.dof, rule.alpha)
         return cls(metric, measured, baseline, band, rule, noise, low, high)
 

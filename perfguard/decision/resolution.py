@@ -69,7 +69,7 @@ def resolution(
     band: Band,
     *,
     alpha: float,
-    session: float = 0.0,
+    session_sd: float = 0.0,
     processes: int = CHECK_PROCESSES,
 ) -> float | None:
     """The smallest slowdown (ratio - 1) a check of `processes` fresh processes catches
@@ -95,8 +95,8 @@ def resolution(
         dof = between_dof + processes - 1
     if within <= 0 and between <= 0:
         return None
-    se = math.sqrt(max(within, between) ** 2 + 2.0 * session**2)
-    dof = satterthwaite(se, math.sqrt(2.0) * session, dof)
+    se = math.sqrt(max(within, between) ** 2 + 2.0 * session_sd**2)
+    dof = satterthwaite(se, math.sqrt(2.0) * session_sd, dof)
     return catches(se, dof, alpha=alpha, threshold=band.bound(b) / b)
 
 
@@ -159,6 +159,6 @@ def of_scenario(scenario: Any, profile: Any) -> dict[str, float]:
             else STORED_ALPHA
         )
         band = profile.noise_band(profile.band(name, overrides), summary)
-        session = profile.session(name, shared_server=shared)
-        figures.append((name, resolution(summary, band, alpha=alpha, session=session)))
+        session_sd = profile.session_sd_of(name, shared_server=shared)
+        figures.append((name, resolution(summary, band, alpha=alpha, session_sd=session_sd)))
     return by_class(figures)

@@ -230,9 +230,9 @@ class Noise:
     `within` is what the samples alone show (each median's standard error from its
     spread); `between` is what the per-process medians show (zero when neither side has
     two processes); `se` is the larger of the two, since the process medians already
-    contain the within-process noise, widened by `session`: the sd of the offset one
+    contain the within-process noise, widened by `session_sd`: the sd of the offset one
     session of the runner leaves on a figure that no process of it shows (a stored
-    baseline is one session, a check another, so it enters twice: se^2 + 2 session^2;
+    baseline is one session, a check another, so it enters twice: se^2 + 2 session_sd^2;
     `Profile.session_sd`). `source` says which one the verdict used, and
     `dof` how many degrees of freedom estimated it: an interval must use Student's t
     with them, not the normal quantile (with 3 processes, dof 2, the one-sided 99 %
@@ -246,7 +246,7 @@ class Noise:
     processes_current: int
     between_dof: int = 0
     within_dof: int = 0
-    session: float = 0.0
+    session_sd: float = 0.0
 
     @property
     def dof(self) -> int:
@@ -265,7 +265,7 @@ class Noise:
         of unchanged code (the detection runs in docs/verdicts.md).
         """
         estimated = self.between_dof if self.between_dof > 0 else self.within_dof
-        return satterthwaite(self.se, math.sqrt(2.0) * self.session, estimated)
+        return satterthwaite(self.se, math.sqrt(2.0) * self.session_sd, estimated)
 
     @property
     def source(self) -> str:
@@ -277,8 +277,8 @@ class Noise:
             where = "within-process spread"
         else:
             where = "no spread known"
-        if self.session > 0:
-            where += f" and a session offset of {self.session:.1%} on each side"
+        if self.session_sd > 0:
+            where += f" and a session offset of {self.session_sd:.1%} on each side"
         return where
 
     def to_json(self) -> dict[str, Any]:
@@ -291,7 +291,7 @@ class Noise:
             "dof": self.dof,
             "within_dof": self.within_dof,
             "between_dof": self.between_dof,
-            "session": round(self.session, 5),
+            "session": round(self.session_sd, 5),
         }
 
     @classmethod
@@ -307,11 +307,11 @@ class Noise:
             processes_current=int(data["processes_current"]),
             between_dof=int(data.get("between_dof", dof)),
             within_dof=int(data.get("within_dof", dof)),
-            session=float(data.get("session", 0.0)),
+            session_sd=float(data.get("session", 0.0)),
         )
 
 
-def log_ratio_noise(baseline: Summary, current: Summary, session: float = 0.0) -> Noise:
+def log_ratio_noise(baseline: Summary, current: Summary, session_sd: float = 0.0) -> Noise:
     """How uncertain log(current.median / baseline.median) is, from both sides' data.
 
     Within processes: each median's standard error is sqrt(pi/2) x its per-sample noise
@@ -321,7 +321,7 @@ def log_ratio_noise(baseline: Summary, current: Summary, session: float = 0.0) -
     each side's median varies by s^2 / (its number of processes); a side measured in one
     process counts as one. When no side has two processes this part is 0, and the bands
     must cover the drift between processes (`perfguard calibrate` measures it).
-    `session` (an sd on the log scale) is the offset of one session of the runner that
+    `session_sd` (an sd on the log scale) is the offset of one session of the runner that
     neither side's processes show: it is added once for each side.
     """
     wb, wc = log_spread(baseline), log_spread(current)
@@ -339,8 +339,8 @@ def log_ratio_noise(baseline: Summary, current: Summary, session: float = 0.0) -
     if spread is not None:
         s, dof = spread
         between = s * math.sqrt(1.0 / kb + 1.0 / kc)
-    se = math.sqrt(max(within, between) ** 2 + 2.0 * session**2)
-    return Noise(se, within, between, kb, kc, dof, within_dof, session)
+    se = math.sqrt(max(within, between) ** 2 + 2.0 * session_sd**2)
+    return Noise(se, within, between, kb, kc, dof, within_dof, session_sd)
 
 
 @functools.lru_cache(maxsize=256)

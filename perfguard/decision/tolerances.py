@@ -163,7 +163,7 @@ class Profile:
     noise_pad: float = 0.0
     session_sd: Mapping[str, float] = field(default_factory=dict)
 
-    def session(self, metric: str, *, shared_server: bool = False) -> float:
+    def session_sd_of(self, metric: str, *, shared_server: bool = False) -> float:
         """`session_sd` of `metric`'s class (0 where the profile has none); with
         `shared_server` (a server case whose rounds all ran on one server it did not
         start: `url`), the class's server term (`SERVER_SESSION_SD`) where it has one."""

@@ -90,14 +90,14 @@ class Standard:
     """What one figure is held to: its `band` (the profile's, its pad raised for a noisy
     baseline), the band *same* is stated within (`same_band`: the profile's own, without
     that pad: a noisier baseline must not make sameness easier), the evidence `rule`,
-    the offset one session of the runner leaves on it (`session`, `Profile.session`:
+    the offset one session of the runner leaves on it (`session_sd`, `Profile.session_sd_of`:
     counted once for the baseline's session and once for this one's), and the
     baseline's `improvement_threshold`."""
 
     band: Band
     same_band: Band
     rule: Rule = DEFAULT_RULE
-    session: float = 0.0
+    session_sd: float = 0.0
     improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD
 
 
@@ -110,11 +110,11 @@ def judge_metric(
     improvement_threshold: float = DEFAULT_IMPROVEMENT_THRESHOLD,
     rule: Rule = DEFAULT_RULE,
     groups: Sequence[int] | None = None,
-    session: float = 0.0,
+    session_sd: float = 0.0,
 ) -> MetricVerdict:
     """`judge_figure` on `samples` against `baseline` under `band` (*same* stated within
     it too) and `rule`: the keyword form of one metric's verdict."""
-    standard = Standard(band, band, rule, session, improvement_threshold)
+    standard = Standard(band, band, rule, session_sd, improvement_threshold)
     return judge_figure(Figure(metric, samples, baseline, groups), standard)
 
 
@@ -155,7 +155,7 @@ def judge_figure(figure: Figure, standard: Standard, speed: float | None = None)
         return MetricVerdict(metric, NEW_STAGE, measured=measured, reason="not in the baseline")
     if baseline.median <= 0 or measured.median <= 0:
         return _judge_on_the_band_alone(metric, measured, baseline, band)
-    c = Comparison.of(metric, measured, baseline, band, standard.rule, standard.session)
+    c = Comparison.of(metric, measured, baseline, band, standard.rule, standard.session_sd)
     verdict, reason = _outcome(c, standard.improvement_threshold, speed)
     return _compared(c, verdict, reason, _answer(c, verdict, standard.same_band))
 
@@ -393,7 +393,7 @@ def _judge_timed(
             judging.profile.noise_band(own, figure.baseline),
             own,
             rule_of(metric, judged, judging.options.rule),
-            judging.profile.session(metric, shared_server=shared),
+            judging.profile.session_sd_of(metric, shared_server=shared),
             judging.improvement_threshold,
         )
         verdict = judge_figure(figure, standard, runs.speed)
@@ -417,7 +417,7 @@ def _at_resolution(
         stored,
         judging.profile.noise_band(standard.same_band, stored),
         alpha=standard.rule.alpha,
-        session=standard.session,
+        session_sd=standard.session_sd,
         processes=1 + judging.options.max_reruns,
     )
     if judged_in_full(gate, res, a.margin):
