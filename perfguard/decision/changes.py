@@ -166,19 +166,19 @@ class BaselineDiff:
         }
 
 
-def diff(a: Baseline, b: Baseline) -> BaselineDiff:
+def diff(older: Baseline, newer: Baseline) -> BaselineDiff:
     """Scenarios added and removed, medians that changed (and how credibly), tolerances.
 
-    Two normalized scenarios are compared at one runner speed: `a`'s timed figures are
-    rescaled to `b`'s reference median (`perfguard.decision.normalize.at_speed_of`), so
+    Two normalized scenarios are compared at one runner speed: `older`'s timed figures are
+    rescaled to `newer`'s reference median (`perfguard.decision.normalize.at_speed_of`), so
     a regeneration on a faster or slower runner does not read as a change of the code.
     """
-    added = tuple(sorted(set(b.scenarios) - set(a.scenarios)))
-    removed = tuple(sorted(set(a.scenarios) - set(b.scenarios)))
+    added = tuple(sorted(set(newer.scenarios) - set(older.scenarios)))
+    removed = tuple(sorted(set(older.scenarios) - set(newer.scenarios)))
     rows: list[DiffRow] = []
-    for cid in sorted(set(a.scenarios) & set(b.scenarios)):
-        ma = at_speed_of(a.scenarios[cid], b.scenarios[cid]).metrics
-        mb = b.scenarios[cid].metrics
+    for cid in sorted(set(older.scenarios) & set(newer.scenarios)):
+        ma = at_speed_of(older.scenarios[cid], newer.scenarios[cid]).metrics
+        mb = newer.scenarios[cid].metrics
         for metric in sorted(set(ma) | set(mb), key=metric_sort_key):
             sa, sb = ma.get(metric), mb.get(metric)
             old = None if sa is None else sa.median
@@ -193,18 +193,18 @@ def diff(a: Baseline, b: Baseline) -> BaselineDiff:
                 rows.append(DiffRow(cid, metric, old, new, change=UNKNOWN))
             else:
                 rows.append(DiffRow(cid, metric, old, new, *judged))
-    for cid in sorted(set(a.scenarios) & set(b.scenarios)):
-        rows += _work_rows(cid, a.scenarios[cid].work, b.scenarios[cid].work)
+    for cid in sorted(set(older.scenarios) & set(newer.scenarios)):
+        rows += _work_rows(cid, older.scenarios[cid].work, newer.scenarios[cid].work)
     tol: list[str] = []
-    for name in sorted(set(a.profiles) | set(b.profiles)):
-        pa = a.profiles[name].to_json() if name in a.profiles else None
-        pb = b.profiles[name].to_json() if name in b.profiles else None
+    for name in sorted(set(older.profiles) | set(newer.profiles)):
+        pa = older.profiles[name].to_json() if name in older.profiles else None
+        pb = newer.profiles[name].to_json() if name in newer.profiles else None
         if pa != pb:
             tol.append(name)
-    if a.improvement_threshold != b.improvement_threshold:
+    if older.improvement_threshold != newer.improvement_threshold:
         tol.append("improvement_threshold")
-    for cid in sorted(set(a.scenarios) & set(b.scenarios)):
-        if a.scenarios[cid].tolerance_overrides != b.scenarios[cid].tolerance_overrides:
+    for cid in sorted(set(older.scenarios) & set(newer.scenarios)):
+        if older.scenarios[cid].tolerance_overrides != newer.scenarios[cid].tolerance_overrides:
             tol.append(f"scenarios.{cid}.tolerance_overrides")
     return BaselineDiff(added, removed, tuple(rows), tuple(tol))
 

@@ -156,7 +156,7 @@ class Comparison:
         return not (low * b <= limit < high * b) or m * reach <= limit or m / reach > limit
 
 
-def median_reach(current: Summary, other: Summary | None, alpha: float) -> float:
+def median_reach(current: Summary, baseline: Summary | None, alpha: float) -> float:
     """How far (a factor >= 1) more runs of the process that measured `current` could
     still move its median: `bound` on its own standard error, one-sided at `alpha`.
 
@@ -165,12 +165,12 @@ def median_reach(current: Summary, other: Summary | None, alpha: float) -> float
     number of further runs of this process can shrink, so a stop that waits for the
     interval to clear the bound waits for ever (unchanged code ran every case to
     `--max-repeats`). The per-sample noise is `current`'s (`log_spread`), else
-    `other`'s; with neither known (one sample each: a memory figure, an exact count)
+    `baseline`'s; with neither known (one sample each: a memory figure, an exact count)
     the median cannot move and the reach is 1.
     """
     spread = log_spread(current)
-    if spread is None and other is not None:
-        spread = log_spread(other)
+    if spread is None and baseline is not None:
+        spread = log_spread(baseline)
     if not spread or current.n < 1:
         return 1.0
     se = MEDIAN_SE_FACTOR * spread / math.sqrt(current.n)

@@ -126,9 +126,9 @@ def decision_of(answer: Answer) -> str:
     return SAME if answer.answer == answers.SAME else UNKNOWN
 
 
-def kept_blocks(n: int, trim: float = PAIRED_TRIM) -> int:
-    """The blocks left of `n` once `trim` of them is cut from each end."""
-    return n - 2 * math.floor(trim * n)
+def kept_blocks(blocks: int, trim: float = PAIRED_TRIM) -> int:
+    """The blocks left of `blocks` once `trim` of them is cut from each end."""
+    return blocks - 2 * math.floor(trim * blocks)
 
 
 def paired_estimate(
