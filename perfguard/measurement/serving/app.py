@@ -54,6 +54,7 @@ import torch
 
 from perfguard.device.timer import StageTimer
 from perfguard.errors import PerfguardError
+from perfguard.measurement.serving.load import WARMUP_HEADER
 
 try:  # the `serve` extra; FastAPI resolves the handlers' annotations in this module
     import uvicorn
@@ -330,10 +331,6 @@ def _figures(answer: Answer) -> dict[str, Any]:
     if answer.peak_memory_mb is not None:
         out["peak_memory_mb"] = round(answer.peak_memory_mb, 3)
     return out
-
-
-WARMUP_HEADER = "x-perfguard-warmup"
-"""A request with this header set to `1` is a warm-up: served, not counted."""
 
 
 def create_app(worker: Worker, options: ServeOptions) -> Any:

@@ -26,6 +26,10 @@ POLL_S = 0.01
 """How often a video job is polled: well under a tiny job's time, so that latency is
 the job's and not the poll's."""
 
+WARMUP_HEADER = "x-perfguard-warmup"
+"""The request header (value `1`) that marks a warm-up request: `perfguard serve` counts it
+under `is_warmup="true"` in its request counter, as sglang labels its warm-up requests."""
+
 
 class Unreachable(Exception):
     """The server did not answer at all (refused, reset, timed out while connecting)."""
@@ -106,7 +110,7 @@ class Client:
 
     async def one(self, *, warmup: bool = False) -> Outcome:
         """Send one request and wait for its answer (a video job: until it is done)."""
-        headers = {"x-perfguard-warmup": "1"} if warmup else {}
+        headers = {WARMUP_HEADER: "1"} if warmup else {}
         path = "/v1/videos" if self.api == "videos" else "/v1/images/generations"
         t0 = time.perf_counter()
         try:
