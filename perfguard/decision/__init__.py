@@ -59,8 +59,8 @@ The relative check (`perfguard compare --against DIR|REF`; `paired.py`):
     false-alarm rate over all looks at 1 % (RELATIVE_ALPHA; found by 100,000 simulated
     A/A checks, `looks.alpha_per_look`).
  4. Slower: the ratio is over 1 + d (and f) and its lower bound over 1. Same: its
-    interval lies within +-d (`answer.assess`, two-sided, at the look's level). It
-    stops once every figure is one or the other.
+    interval lies within +-d (`answer.Criteria.sides` / `inside`, at the look's level).
+    It stops once every figure is one or the other.
  5. Past 50 s of measuring (DEFAULT_BUDGET_S) or 24 blocks a figure still open is can't
     tell (exit 4), or below resolution (exit 0) where the blocks could not have caught
     4/3 of its minimum effect (RESOLVABLE, as 8.). Work and output as 10.; exits as 11.

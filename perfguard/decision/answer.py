@@ -157,16 +157,42 @@ class Criteria:
 
     `alpha` and `threshold` are the regression rule's: its one-sided level and the ratio
     the point estimate must exceed (the band's bound over the baseline, or 1 + the
-    minimum effect side by side). `margin` is the minimum effect *same* is stated
-    within (a ratio minus 1). `two_sided`: *same* is the relative check's, the
-    (1 - alpha) interval within [1 / (1 + margin), 1 + margin]; else the stored check's,
-    the one-sided (1 - `SAME_ALPHA`) upper bound within 1 + margin.
+    minimum effect and the floor side by side). `margin` is the minimum effect *same* is
+    stated within (a ratio minus 1). `two_sided`: *same* is the relative check's, the
+    (1 - alpha) interval within [1 / (1 + margin), 1 + margin], or within +-`floor` (the
+    timer floor over the base, linear); else the stored check's, the one-sided
+    (1 - `SAME_ALPHA`) upper bound within 1 + margin.
     """
 
     alpha: float
     threshold: float
     margin: float
     two_sided: bool = False
+    floor: float = 0.0
+
+    @property
+    def reach(self) -> float:
+        """The smallest difference that matters: the margin, or the floor where larger."""
+        return max(self.margin, self.floor)
+
+    def within_floor(self, low: float, high: float) -> bool:
+        """The interval lies within the floor: what moved is under the timer's floor."""
+        return self.floor > 0 and max(high - 1.0, 1.0 - low) <= self.floor
+
+    def inside(self, low: float, high: float) -> bool:
+        """The two-sided statement of *same*: the interval within +-margin (or the floor)."""
+        edge = 1.0 + self.margin
+        return (low > 1.0 / edge and high < edge) or self.within_floor(low, high)
+
+    def sides(self, ratio: float, low: float, high: float) -> tuple[bool, bool]:
+        """Two-sided: (slower, faster). Slower: the ratio over the threshold and its lower
+        bound over 1; faster: under 1 / (1 + margin) and by more than the floor, its
+        upper bound under 1; neither where the interval lies within the floor."""
+        if self.within_floor(low, high):
+            return False, False
+        slower = ratio > self.threshold and low > 1.0
+        faster = ratio < 1.0 / (1.0 + self.margin) and 1.0 - ratio > self.floor and high < 1.0
+        return slower, faster
 
     def within(self, ratio: float, se: float, dof: int, faster: bool) -> tuple[bool, float]:
         """Whether the figure is within the margin, and the upper bound that says so. A
@@ -175,7 +201,7 @@ class Criteria:
             high = bound(ratio, se, dof, SAME_ALPHA)[1]
             return high <= 1.0 + self.margin, high
         low, high = bound(ratio, se, dof, self.alpha)
-        return high <= 1.0 + self.margin and (faster or low >= 1.0 / (1.0 + self.margin)), high
+        return faster or self.inside(low, high), high
 
 
 def assess(
@@ -201,14 +227,14 @@ def assess(
     """
     within, high = criteria.within(ratio, se, dof, faster)
     detectable = catches(se, dof, alpha=criteria.alpha, threshold=criteria.threshold)
-    precise = detectable is None or detectable <= SAME_PRECISION * criteria.margin
+    precise = detectable is None or detectable <= SAME_PRECISION * criteria.reach
     if slower:
         answer = SLOWER
     elif within and enough_processes and precise:
         answer = FASTER if faster else SAME
     else:
         answer = CANT_TELL
-    return Answer(answer, criteria.margin, high, detectable)
+    return Answer(answer, criteria.reach, high, detectable)
 
 
 def catches(se: float, dof: int, *, alpha: float, threshold: float) -> float | None:

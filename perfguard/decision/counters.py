@@ -18,8 +18,8 @@ statistics:
   `gen-baselines` refreshes the counts. A torch upgrade never reads as a regression.
 
 The output is judged beside them (`perfguard.decision.output`: bit-identical, within
-tolerance or changed). `perfguard.decision.verdict.judge_case` calls `judge_scenario`
-and adds both verdicts to the case; nothing here is about time.
+tolerance or changed). `perfguard.decision.verdict.judge_scenario` calls this module's
+`judge_scenario` and adds both verdicts to the case; nothing here is about time.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfguard.decision import answer as answers
 from perfguard.decision.answer import Answer, Criteria, assess, bound, log_se
 
 PAIRED_TRIM = 0.2
@@ -59,28 +58,45 @@ class PairedEstimate:
     reference_exponent: float | None = None
     """The share of the reference workload the blocks' runs were scaled by (normalized
     timing; `perfguard.decision.paired.reference_exponent`), None when compared raw."""
+    recorded: str | None = None
+    """The decision a report holds, for an estimate read back from one (`from_json`): its
+    rounded figures are not what it was decided on."""
 
     @property
     def margin(self) -> float:
         return max(self.min_effect, self.floor)
 
+    @property
+    def criteria(self) -> Criteria:
+        """The one rule's two-sided statement for this figure (`answer.Criteria`): over
+        1 + the minimum effect and the floor, or within +-the minimum effect or the floor."""
+        return Criteria(
+            self.alpha, 1.0 + self.margin, self.min_effect, two_sided=True, floor=self.floor
+        )
+
     @functools.cached_property
     def answer(self) -> Answer:
-        """The figure's answer by the one rule (`answer.assess`): slower when the ratio is
-        over 1 + margin and its lower bound over 1, faster the mirror image, same when
-        the interval lies within +-margin (`Criteria.two_sided`)."""
-        criteria = Criteria(self.alpha, 1.0 + self.margin, self.margin, two_sided=True)
-        slower = self.ratio > criteria.threshold and self.low > 1.0
-        faster = self.ratio < 1.0 / criteria.threshold and self.high < 1.0
-        return assess(self.ratio, self.se, self.dof, criteria, slower=slower, faster=faster)
+        """The figure's answer by the one rule (`answer.assess`)."""
+        slower, faster = self.criteria.sides(self.ratio, self.low, self.high)
+        return assess(self.ratio, self.se, self.dof, self.criteria, slower=slower, faster=faster)
 
     @property
     def slower(self) -> bool:
-        return self.answer.answer == answers.SLOWER
+        return self.criteria.sides(self.ratio, self.low, self.high)[0]
 
     @property
     def decision(self) -> str:
-        return decision_of(self.answer)
+        """Pinpoint's three words for what the blocks show (`different`: credibly slower or
+        faster; `same`: the interval within the margin; else `unknown`), by the one rule's
+        two-sided statement; a figure may stop measuring once it is not `unknown`. Its
+        answer adds what a *same* answer needs besides (`answer.assess`: precision). Read
+        back from a report, the decision the report holds."""
+        if self.recorded is not None:
+            return self.recorded
+        slower, faster = self.criteria.sides(self.ratio, self.low, self.high)
+        if slower or faster:
+            return DIFFERENT
+        return SAME if self.criteria.inside(self.low, self.high) else UNKNOWN
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -115,15 +131,8 @@ class PairedEstimate:
             min_effect=float(paired["min_effect"]),
             floor=pad / float(base) if base and pad > 0 else 0.0,
             reference_exponent=None if exponent is None else float(exponent),
+            recorded=str(paired["decision"]),
         )
-
-
-def decision_of(answer: Answer) -> str:
-    """A report's `paired.decision` from the figure's answer: slower or faster is
-    `different`, same is `same`, anything else (can't tell, below resolution) `unknown`."""
-    if answer.answer in (answers.SLOWER, answers.FASTER):
-        return DIFFERENT
-    return SAME if answer.answer == answers.SAME else UNKNOWN
 
 
 def kept_blocks(blocks: int, trim: float = PAIRED_TRIM) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from perfguard.decision import answer as answers
 from perfguard.decision import counters
-from perfguard.decision.estimate import PairedEstimate, paired_estimate
+from perfguard.decision.estimate import DIFFERENT, SAME, UNKNOWN, PairedEstimate, paired_estimate
 from perfguard.decision.judgement import Judgement
 from perfguard.decision.looks import alpha_per_look
 from perfguard.decision.normalize import aligned, fitted_exponent, scaled_to_reference
@@ -84,8 +84,10 @@ def judge_paired(
     (the stored gate's floor, `tolerances.MEASURED_FLOOR_MS`: a 5 us stage that reads
     1.3x has moved by less than the timer and dispatch jitter). Faster by more than the
     minimum effect and the pad, and credibly, is an improvement (never a failure). A
-    metric the one rule still can't tell when the check stops (`final`) passes, with the
-    reason saying it was not resolved; it is `clear` once its answer is anything else.
+    metric whose decision is still `unknown` when the check stops (`final`) passes, with
+    the reason saying it was not resolved; it is `clear` once its decision is `same` or
+    `different` (`PairedEstimate.decision`). Its answer is the one rule's
+    (`PairedEstimate.answer`), which asks of a *same* what the stored check's does.
     A metric only one side produced is `new-stage` or `missing-stage`.
     """
     if not figure.head or not figure.base:
@@ -116,7 +118,7 @@ def judge_paired(
         low=est.low,
         high=est.high,
         significant=est.low > 1.0,
-        clear=est.answer.answer != answers.CANT_TELL,
+        clear=est.decision != UNKNOWN,
         paired=est,
         answer=est.answer,
     )
@@ -149,19 +151,19 @@ def floored(est: PairedEstimate, base: float, pad: float) -> PairedEstimate:
 
 
 def _verdict_of(est: PairedEstimate, pad: float, final: bool) -> tuple[str, str]:
-    """The metric verdict a paired estimate's answer gives, and its reason."""
-    effect, answer = est.min_effect, est.answer.answer
+    """The metric verdict a paired estimate's decision gives, and its reason."""
+    effect = est.min_effect
     interval = f"{1 - est.alpha:.2%} bounds {est.low:.3f}-{est.high:.3f}x over {est.blocks} blocks"
-    if answer == answers.SLOWER:
+    if est.slower:
         return REGRESSION, (
             f"{est.ratio:.3f}x the base, above 1 + {effect:g} and credibly > 1 ({interval})"
         )
-    if answer == answers.FASTER:
+    if est.decision == DIFFERENT:
         return IMPROVEMENT, (
             f"{est.ratio:.3f}x the base: faster by more than {effect:g} ({interval})"
         )
-    if answer == answers.SAME or not final:
-        return PASS, "" if answer == answers.SAME else "unresolved"
+    if est.decision == SAME or not final:
+        return PASS, "" if est.decision == SAME else "unresolved"
     return PASS, (
         f"can't tell: {est.ratio:.3f}x the base ({interval}) is neither credibly slower "
         f"by {effect:g} (and {pad:g} in all) nor within +-{effect:g}"

@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from perfguard.decision.answer import catches
+from perfguard.decision.answer import catches, step_count, step_level
 from perfguard.decision.stats import (
     MEDIAN_SE_FACTOR,
     Summary,
@@ -144,7 +144,7 @@ def of_scenario(scenario: Any, profile: Any) -> dict[str, float]:
     from perfguard.decision.comparison import STORED_ALPHA
 
     metrics: Mapping[str, Summary] = scenario.metrics
-    steps = sum(1 for name in metrics if metric_class(name) == "denoise_step")
+    steps = step_count(metrics)
     overrides = [scenario.tolerance_overrides or {}]
     case = scenario.case or {}
     # A server case at a url: its rounds share one server, whose offset the check adds.
@@ -153,11 +153,7 @@ def of_scenario(scenario: Any, profile: Any) -> dict[str, float]:
     for name, summary in metrics.items():
         if metric_class(name) not in RESOLVED_CLASSES:
             continue
-        alpha = (
-            STORED_ALPHA / steps
-            if metric_class(name) == "denoise_step" and steps > 1
-            else STORED_ALPHA
-        )
+        alpha = step_level(name, STORED_ALPHA, steps)
         band = profile.noise_band(profile.band(name, overrides), summary)
         session_sd = profile.session_sd_of(name, shared_server=shared)
         figures.append((name, resolution(summary, band, alpha=alpha, session_sd=session_sd)))

@@ -480,24 +480,6 @@ def _metrics_to_judge(
     ]
 
 
-def judge_against(
-    baseline: Baseline,
-    profile: Profile,
-    case_id: str,
-    result: CaseResult,
-    *,
-    judging: JudgeOptions = DEFAULT_JUDGING,
-    ignore_missing: Iterable[str] = (),
-) -> CaseVerdict:
-    """`judge_scenario` with the case's scenario, improvement threshold and step fractions
-    taken from `baseline`, and `profile` the one `judging` names there (looked up once by
-    the caller): what the gate asks after each look."""
-    resolved = Judging(judging, profile, baseline.improvement_threshold, baseline.step_fractions)
-    return judge_scenario(
-        resolved, case_id, result, baseline.scenarios.get(case_id), ignore_missing
-    )
-
-
 def judge_with(
     judging: JudgeOptions | Judging,
     results: Results,

@@ -4,11 +4,11 @@ This is how a PR author proves a win. Both variants are built once, warmed up, t
 in ABBA order (A B B A A B B A ...): interleaving puts both variants under the same drift
 (thermal state, other tenants, clock boosts), and the ABBA pattern cancels a linear trend
 that plain ABAB would attribute to the second variant. Each adjacent A/B pair of runs is
-a block, and the comparison is the relative check's paired engine on the blocks' log
-ratios B/A (`perfguard.decision.paired`: Yuen's trimmed mean, its t-interval at the
-relative level) with the same three answers: B is *slower*, the *same* (or *faster*),
-or *can't tell*, with the smallest slowdown the pairs could have shown. A ratio below 1
-means B is faster.
+a block, and the comparison is the relative check's paired estimate on the blocks' log
+ratios B/A (`perfguard.decision.estimate`: Yuen's trimmed mean, its t-interval at the
+relative level), answered by the one rule (`perfguard.decision.answer`): B is *slower*,
+the *same* (or *faster*), or *can't tell*, with the smallest slowdown the pairs could
+have shown. A ratio below 1 means B is faster.
 
 When the variants differ only in optimization toggles and the pipeline can switch them
 (`set_toggles`, as the built-in pipelines do), one pipeline is built and its toggles are
