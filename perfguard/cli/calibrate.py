@@ -29,7 +29,7 @@ from perfguard.presentation.escape import rich_markup as escape
 from perfguard.presentation.tables import ab_table, calibration_table
 
 if TYPE_CHECKING:
-    from perfguard.api.calibrate import CheckSetup
+    from perfguard.decision.calibrate import CheckSetup
 
 
 _CHECK_SETUP_OPTIONS = [

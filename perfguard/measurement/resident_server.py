@@ -9,8 +9,8 @@ and stderr, a status pipe and a lifeline (`forkserver._run_command`). What a cli
 started is killed when it leaves; the server leaves when idle, when asked
 (`{"stop": true}`) or when a newer server takes its socket's name.
 
-Like `forkserver.py`, this file is run by path (`forkserver.main` loads it beside
-itself) and imports only the standard library: the child set-up, the preload and the
+Like `forkserver.py`, this file is run by path (`forkserver.serve_resident` loads it
+beside itself) and imports only the standard library: the child set-up, the preload and the
 reaping are `forkserver.py`'s, passed in as `fork`.
 """
 

@@ -43,6 +43,17 @@ import traceback
 from typing import Any
 
 
+def _case_from_json() -> Any:
+    """The side's `case_from_json`: in `measurement/worker_handle.py` since 7 December,
+    in `measurement/workers.py` in the revisions before (a bisected commit, an older
+    merge base), whose perfguard this process imports."""
+    try:
+        from perfguard.measurement.worker_handle import case_from_json
+    except ImportError:
+        from perfguard.measurement.workers import case_from_json  # type: ignore[attr-defined]
+    return case_from_json
+
+
 def serve(result_fd: int) -> int:
     out = os.fdopen(result_fd, "w", buffering=1, encoding="utf-8")
 
@@ -112,7 +123,8 @@ def count(request: dict[str, Any]) -> dict[str, Any]:
     from perfguard.device.platform import probe
     from perfguard.measurement.options import MeasureOptions
     from perfguard.measurement.runner import run_case
-    from perfguard.measurement.worker_handle import case_from_json
+
+    case_from_json = _case_from_json()
 
     platform = probe(request["platform"])
     options = MeasureOptions(counters_only=True)
@@ -152,7 +164,8 @@ def _warm_pipeline(request: dict[str, Any]) -> tuple[Any, Any]:
     from perfguard.device import threads
     from perfguard.device.platform import probe
     from perfguard.measurement import runner
-    from perfguard.measurement.worker_handle import case_from_json
+
+    case_from_json = _case_from_json()
 
     case = case_from_json(request["case"])
     platform = probe(request["platform"])

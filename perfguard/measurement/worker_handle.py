@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 from perfguard.errors import PerfguardError
 from perfguard.measurement.launch import (
@@ -58,6 +58,9 @@ relative check may name another: `perfguard.measurement.base_revision.Base.worke
 STARTUP_TIMEOUT_S = 300.0
 """How long a worker may take to import torch and report ready (a cold start on a
 loaded CI machine takes tens of seconds); a worker that does not is treated as dead."""
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Self  # Python 3.11
 
 
 def kill_grace_s(timeout: float) -> float:

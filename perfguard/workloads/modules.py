@@ -62,6 +62,8 @@ COMMANDS = (
     "perfguard.decision.gate",
     "perfguard.interop.diffusers",
     "perfguard.measurement.relative",
+    "perfguard.measurement.base_revision",
+    "perfguard.measurement.paired_blocks",
     "perfguard.measurement.workers",
     "perfguard.presentation.render",
     "perfguard.presentation.work_report",

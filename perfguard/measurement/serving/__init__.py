@@ -9,3 +9,7 @@
 
 docs/serving.md has the figures, the rule and a real report.
 """
+
+WARMUP_HEADER = "x-perfguard-warmup"
+"""The request header (value `1`) that marks a warm-up request: `perfguard serve` counts it
+under `is_warmup="true"` in its request counter, as sglang labels its warm-up requests."""

@@ -54,7 +54,7 @@ import torch
 
 from perfguard.device.timer import StageTimer
 from perfguard.errors import PerfguardError
-from perfguard.measurement.serving.load import WARMUP_HEADER
+from perfguard.measurement.serving import WARMUP_HEADER
 
 try:  # the `serve` extra; FastAPI resolves the handlers' annotations in this module
     import uvicorn

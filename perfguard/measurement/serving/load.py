@@ -22,13 +22,11 @@ from typing import Any
 
 import httpx
 
+from perfguard.measurement.serving import WARMUP_HEADER
+
 POLL_S = 0.01
 """How often a video job is polled: well under a tiny job's time, so that latency is
 the job's and not the poll's."""
-
-WARMUP_HEADER = "x-perfguard-warmup"
-"""The request header (value `1`) that marks a warm-up request: `perfguard serve` counts it
-under `is_warmup="true"` in its request counter, as sglang labels its warm-up requests."""
 
 
 class Unreachable(Exception):
