@@ -441,3 +441,26 @@ def test_a_constants_docstring_says_what_it_is_in_at_most_three_sentences() -> N
             if (n := _sentences(text)) > MAX_CONSTANT_SENTENCES:
                 long.append(f"{path.relative_to(ROOT)}:{node.lineno} {names[0]}: {n}")
     assert not long, "\n".join(long)
+
+
+def test_the_module_map_in_the_architecture_page_is_the_package() -> None:
+    """docs/architecture.md draws every module of each layer; the drawing is the tree."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = page.split("The modules of each layer", 1)[1].split("```\n", 1)[1]
+    block = block.split("```", 1)[0]
+    drawn: set[str] = set()
+    folder = ""
+    for line in block.splitlines():
+        words = line.split()
+        if not line.startswith(" "):
+            folder, words = words[1].rstrip("/"), words[2:]
+        drawn |= {f"{folder}/{w}" for w in words}
+    real = set()
+    for path in PACKAGE.rglob("*.py"):
+        name = path.relative_to(PACKAGE).with_suffix("").as_posix()
+        if path.parent == PACKAGE:  # the bottom layer; the entry points are drawn above
+            if name in ("errors", "metrics", "results"):
+                real.add(f"perfguard/{name}")
+        elif path.name != "__init__.py":
+            real.add(name)
+    assert drawn == real, (sorted(drawn - real), sorted(real - drawn))
