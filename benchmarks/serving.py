@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from noise import one_way  # benchmarks/noise.py, beside this script
+
 from perfguard import api
 from perfguard.decision.options import JudgeOptions
 from perfguard.measurement.options import MeasureOptions
@@ -111,13 +113,9 @@ def offsets(root: Path, args: argparse.Namespace) -> None:
     by_class: dict[str, list[float]] = {}
     for metric in sorted(set.intersection(*(set(r) for rs in per_server for r in rs))):
         groups = [[math.log(r[metric]) for r in rs] for rs in per_server]
-        k, n = len(groups), len(groups[0])
-        grand = statistics.fmean(v for g in groups for v in g)
-        msb = n * sum((statistics.fmean(g) - grand) ** 2 for g in groups) / (k - 1)
-        msw = sum((v - statistics.fmean(g)) ** 2 for g in groups for v in g) / (k * (n - 1))
-        sd = math.sqrt(max(msb - msw, 0.0) / n)
+        within, sd, _, _ = one_way(groups)  # the sd a server adds, and within one
         by_class.setdefault(metric_class(metric), []).append(sd)
-        print(f"  {metric}: server offset sd {sd:.3f}, within {math.sqrt(msw):.3f}", flush=True)
+        print(f"  {metric}: server offset sd {sd:.3f}, within {within:.3f}", flush=True)
     for cls, sds in sorted(by_class.items()):
         shape = f"{args.offsets} servers x {args.offset_rounds} rounds"
         print(f"offset {cls}: median {statistics.median(sds):.3f} max {max(sds):.3f} "

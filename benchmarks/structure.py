@@ -1,10 +1,12 @@
-"""The code's structure in figures: modules over the size target, functions over the
-length and parameter targets, and import cycles (docs/architecture.md, "Targets").
+"""The code's structure in figures: modules over the size limit, functions over the
+length and parameter limits (docs/architecture.md, "Rules the layout keeps");
+`tests/test_architecture.py` holds the code to these figures with this file's rules.
 
     python benchmarks/structure.py [--list]
 
-Model files (`perfguard/workloads/`) may be long, as diffusers' are; their model
-signatures (`__init__` / `forward` of an `nn.Module`) may take many parameters.
+Model files (`perfguard/workloads/`) may be long, as diffusers' are (MODEL_FILE_LINES);
+a function whose docstring says "Over the house limits because" and why (a model's
+`__init__` / `forward` taking diffusers' signature) is not counted.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "perfguard"
 FILE_LINES = 600
+MODEL_FILE_LINES = 800
 FUNCTION_LINES = 60
 PARAMETERS = 8
 MODELS = PACKAGE / "workloads"
+EXEMPT = "Over the house limits because"
 
 
 def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -31,8 +35,11 @@ def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     return len(positional) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
 
 
-def model_signature(path: Path, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    return MODELS in path.parents and fn.name in ("__init__", "forward")
+def exempt(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The docstring says why: "Over the house limits because" and a reason after it."""
+    doc = ast.get_docstring(fn) or ""
+    at = doc.find(EXEMPT)
+    return at >= 0 and bool(doc[at + len(EXEMPT) :].strip(" .\n"))
 
 
 def figures() -> dict[str, list[str]]:
@@ -41,15 +48,15 @@ def figures() -> dict[str, list[str]]:
         rel = path.relative_to(ROOT)
         text = path.read_text(encoding="utf-8")
         lines = len(text.splitlines())
-        if lines > FILE_LINES and MODELS not in path.parents:
+        if lines > (MODEL_FILE_LINES if MODELS in path.parents else FILE_LINES):
             out["files"].append(f"{rel} {lines}")
         for fn in ast.walk(ast.parse(text)):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or exempt(fn):
                 continue
             span = (fn.end_lineno or fn.lineno) - fn.lineno + 1
             if span > FUNCTION_LINES:
                 out["long"].append(f"{rel}:{fn.lineno} {fn.name} {span} lines")
-            if (n := parameters(fn)) > PARAMETERS and not model_signature(path, fn):
+            if (n := parameters(fn)) > PARAMETERS:
                 out["wide"].append(f"{rel}:{fn.lineno} {fn.name} {n} parameters")
     return out
 
@@ -60,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     found = figures()
     titles = {
-        "files": f"modules over {FILE_LINES} lines (outside workloads/)",
-        "long": f"functions over {FUNCTION_LINES} lines",
-        "wide": f"functions over {PARAMETERS} parameters (outside model signatures)",
+        "files": f"modules over {FILE_LINES} lines ({MODEL_FILE_LINES} in workloads/)",
+        "long": f"functions over {FUNCTION_LINES} lines (not counting those that say why)",
+        "wide": f"functions over {PARAMETERS} parameters (not counting those that say why)",
     }
     for key, title in titles.items():
         print(f"{len(found[key]):4d}  {title}")

@@ -360,7 +360,8 @@ def check(
     """Judge `results` against a baseline file as `perfguard judge --results` does
     (`perfguard.api.judge_results`); the Report, also written to `report_path`."""
     from perfguard import api
-    from perfguard.api.options import DEFAULT_PROFILE, JudgeOptions
+    from perfguard.decision.options import JudgeOptions
+    from perfguard.decision.tolerances import DEFAULT_PROFILE
 
     report = api.judge_results(
         results,

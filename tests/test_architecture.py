@@ -4,6 +4,7 @@ measurement, small modules, and a CLI reference (docs/cli.md) that is the click 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import itertools
 import json
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -23,14 +25,21 @@ from perfguard.storage.reports import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "perfguard"
-MAX_LINES = 600
-"""A module's lines, outside the models (`workloads/`: a model file may be long, as
-diffusers' are, up to MODEL_MAX_LINES). `benchmarks/structure.py` prints the same figures."""
-MODEL_MAX_LINES = 800
-MAX_PARAMS = 8
-MAX_FUNCTION_LINES = 60
-EXEMPT = "Over the house limits because"
-MODELS = PACKAGE / "workloads"
+
+
+def _structure() -> Any:
+    """benchmarks/structure.py, loaded by path: the house limits (600 lines a module, 800
+    a model file; 60 lines and 8 parameters a function, unless its docstring says why)
+    and the one way they are counted, which this test and the benchmark share."""
+    path = ROOT / "benchmarks" / "structure.py"
+    spec = importlib.util.spec_from_file_location("structure", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+STRUCTURE = _structure()
 
 # A module may import modules of its own rank or below, never above.
 RANKS = {
@@ -139,14 +148,7 @@ def test_there_is_no_import_cycle() -> None:
 
 
 def test_no_module_is_over_the_size_limit() -> None:
-    def limit(p: Path) -> int:
-        return MODEL_MAX_LINES if MODELS in p.parents else MAX_LINES
-
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in PACKAGE.rglob("*.py")
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > limit(p)
-    }
+    long = STRUCTURE.figures()["files"]
     assert not long, long
 
 
@@ -172,35 +174,11 @@ def test_the_command_line_imports_only_the_library_commands_and_presentation() -
     assert not wrong, "\n".join(wrong)
 
 
-def _parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    """Parameters as the house rule counts them: self/cls do not count, *args/**kwargs
-    count one each."""
-    a = fn.args
-    positional = [*a.posonlyargs, *a.args]
-    if positional and positional[0].arg in ("self", "cls"):
-        positional = positional[1:]
-    return len(positional) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
-
-
-def _exempt(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """The docstring says why: "Over the house limits because" and a reason after it."""
-    doc = ast.get_docstring(fn) or ""
-    at = doc.find(EXEMPT)
-    return at >= 0 and bool(doc[at + len(EXEMPT) :].strip(" .\n"))
-
-
 def test_no_function_is_over_the_house_limits() -> None:
-    """No function takes more than MAX_PARAMS parameters or spans more than
-    MAX_FUNCTION_LINES lines, unless its docstring says why."""
-    over = []
-    for p in sorted(PACKAGE.rglob("*.py")):
-        for fn in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or _exempt(fn):
-                continue
-            params = _parameter_count(fn)
-            lines = (fn.end_lineno or fn.lineno) - fn.lineno + 1
-            if params > MAX_PARAMS or lines > MAX_FUNCTION_LINES:
-                over.append(f"{p.relative_to(ROOT)}:{fn.lineno} {fn.name} {params}/{lines}")
+    """No function takes more than 8 parameters or spans more than 60 lines, unless its
+    docstring says why."""
+    found = STRUCTURE.figures()
+    over = found["long"] + found["wide"]
     assert not over, "\n".join(over)
 
 

@@ -80,7 +80,7 @@ def test_resolution_follows_the_spread_between_processes() -> None:
     q = resolution(quiet, band, alpha=0.001, session_sd=0.0)
     n = resolution(noisy_, band, alpha=0.001, session_sd=0.007)
     assert q is not None and n is not None
-    assert q < RESOLVABLE * 0.03 < n  # quiet: within 3 d; noisy: beyond
+    assert q < RESOLVABLE * 0.03 < n  # quiet: within 4/3 d; noisy: beyond
     # More processes resolve more, and a check of one process less than of the default.
     more = resolution(noisy_, band, alpha=0.001, session_sd=0.007, processes=30)
     one = resolution(noisy_, band, alpha=0.001, session_sd=0.007, processes=1)

@@ -14,7 +14,8 @@ The stored check (`perfguard check`, against a committed baseline; `verdict.py`,
  3. Per timed figure: r = median / baseline median. Its log-scale standard error is the
     larger of the samples' and the process medians' spread, plus twice the offset one
     session of the runner leaves (SESSION_SD: 0.7 % on e2e and the denoising figures,
-    4 % on other stages); Student's t on the processes' degrees of freedom
+    4 % on other stages; a server case at a url, whose rounds share one server:
+    SERVER_SESSION_SD, 5-6 %); Student's t on the processes' degrees of freedom
     (`answer.bound`).
  4. The minimum effect d (MIN_EFFECT): 3 % for e2e, the denoising stage and the step
     aggregates, 10 % for a step, 20 % for other stages. Bound: max(b (1 + d), b + pad),
@@ -39,8 +40,9 @@ The stored check (`perfguard check`, against a committed baseline; `verdict.py`,
     measures more. `gate` judges every figure in full, `advise` none.
  9. A case over a bound or that can't tell is measured in fresh processes, one at a
     time, at most 8 (DEFAULT_MAX_RERUNS), pooled; it stops once nothing is either.
-10. Work (aten ops, FLOPs, bytes allocated, host syncs per stage and step) and the
-    output hash are exact: any growth, or a changed output, is slower.
+10. Work (aten ops, FLOPs, bytes allocated, host syncs per stage and step), the
+    output hash and a server case's failed requests (failures:cN) are exact: any
+    growth, or a changed output, is slower, whatever the runner's load.
 11. A case answers its worst figure's answer, the check its worst case's: slower exits 1,
     can't tell (or a contended runner) 4, same or below resolution 0; a case that
     failed to run exits 3.

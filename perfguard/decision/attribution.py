@@ -43,9 +43,9 @@ from perfguard.metrics import DENOISING_STAGE, is_work_metric
 ATTRIBUTION_VERSION = 1
 """The layout version of the report's attribution section (`Attribution.to_json`)."""
 NOISE_FLOOR_SHARE = 0.02
-"""Of a stage's base time: the smallest change of one op called real, 2 %. With it, 1 of
-2,535 rows of the two smoke cases' unchanged code came out outside noise on a 2-core
-runner at load ~4.5 (see the module)."""
+"""Of a stage's base time: the smallest change of one op called real, 2 %. With it, 0 of
+2,608 rows of the two smoke cases' unchanged code came out outside noise on a 2-core
+runner at load ~1.6-2.2 (docs/bisect.md), 1 of 2,535 at load ~4.5 (commit 3630e19)."""
 NOISE_FLOOR_US = 20.0
 """The floor's least value: below a few tens of microseconds the profiler's own per-op
 cost (~1-2 us a call on CPU) and the timer's resolution dominate a row."""

@@ -23,7 +23,7 @@ whole process hardly moved. So the screen works run by run:
 
 `speed` is the quiet runs' reference median over the baseline's: the runner's speed
 relative to baseline time, which the verdict uses to keep a uniformly slower runner
-from reading as slower code (`perfguard.decision.verdict.judge_metric`).
+from reading as slower code (`perfguard.decision.verdict.judge_figure`).
 """
 
 from __future__ import annotations

@@ -75,14 +75,19 @@ class PairedEstimate:
         )
 
     @functools.cached_property
+    def sides(self) -> tuple[bool, bool]:
+        """(slower, faster) by the one rule's two-sided statement (`Criteria.sides`)."""
+        return self.criteria.sides(self.ratio, self.low, self.high)
+
+    @functools.cached_property
     def answer(self) -> Answer:
         """The figure's answer by the one rule (`answer.assess`)."""
-        slower, faster = self.criteria.sides(self.ratio, self.low, self.high)
+        slower, faster = self.sides
         return assess(self.ratio, self.se, self.dof, self.criteria, slower=slower, faster=faster)
 
     @property
     def slower(self) -> bool:
-        return self.criteria.sides(self.ratio, self.low, self.high)[0]
+        return self.sides[0]
 
     @property
     def decision(self) -> str:
@@ -93,8 +98,7 @@ class PairedEstimate:
         back from a report, the decision the report holds."""
         if self.recorded is not None:
             return self.recorded
-        slower, faster = self.criteria.sides(self.ratio, self.low, self.high)
-        if slower or faster:
+        if any(self.sides):
             return DIFFERENT
         return SAME if self.criteria.inside(self.low, self.high) else UNKNOWN
 

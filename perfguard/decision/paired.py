@@ -34,11 +34,11 @@ from perfguard.decision.records import (
     MetricVerdict,
     worst,
 )
-from perfguard.decision.resolution import RESOLVED_CLASSES, judged_in_full
+from perfguard.decision.resolution import judged_in_full
 from perfguard.decision.stats import summarize
 from perfguard.decision.tolerances import Band, min_effect, relative_pad
 from perfguard.decision.work_counts import WorkCounts
-from perfguard.metrics import NORMALIZED, RAW, is_timed, metric_class, metric_sort_key
+from perfguard.metrics import NORMALIZED, RAW, is_timed, metric_sort_key
 from perfguard.results import CaseResult, pool
 
 
@@ -387,7 +387,7 @@ def _at_resolution(m: MetricVerdict, timing_gate: str) -> MetricVerdict:
     """`m` at the relative check's last look: can't tell with a detectable slowdown the
     timing gate does not judge in full is below the resolution the blocks reached."""
     a = m.answer
-    if a is None or a.answer != answers.CANT_TELL or metric_class(m.metric) not in RESOLVED_CLASSES:
+    if a is None or a.answer != answers.CANT_TELL or not is_timed(m.metric):
         return m
     if judged_in_full(timing_gate, a.detectable, a.margin):
         return m

@@ -40,7 +40,7 @@ from perfguard.decision.stats import (
     process_spread,
     satterthwaite,
 )
-from perfguard.decision.tolerances import Band
+from perfguard.decision.tolerances import Band, shared_server
 from perfguard.metrics import TIMED_CLASSES, metric_class
 
 AUTO, GATE, ADVISE = "auto", "gate", "advise"
@@ -59,9 +59,6 @@ CHECK_PROCESSES = 9
 """The processes a default stored check may take on one case: its first measurement and
 `options.DEFAULT_MAX_RERUNS` (8) fresh ones. A baseline records the resolution that many
 reach; a check uses its own budget (`--rigorous` takes more, and resolves more)."""
-
-RESOLVED_CLASSES = TIMED_CLASSES
-"""The classes a baseline records a resolution for: the times (memory is a count of bytes)."""
 
 
 def resolution(
@@ -123,18 +120,14 @@ def by_class(figures: Iterable[tuple[str, float | None]]) -> dict[str, float]:
     found: dict[str, list[float]] = {}
     for metric, value in figures:
         cls = metric_class(metric)
-        if value is not None and cls in RESOLVED_CLASSES:
+        if value is not None and cls in TIMED_CLASSES:
             found.setdefault(cls, []).append(value)
-    return {
-        cls: round(statistics.median(found[cls]), 4) for cls in RESOLVED_CLASSES if cls in found
-    }
+    return {cls: round(statistics.median(found[cls]), 4) for cls in TIMED_CLASSES if cls in found}
 
 
 def describe(classes: Mapping[str, Any]) -> str:
     """`e2e +12%, denoise_stage +38%, ...` in class order."""
-    return ", ".join(
-        f"{cls} +{float(classes[cls]):.0%}" for cls in RESOLVED_CLASSES if cls in classes
-    )
+    return ", ".join(f"{cls} +{float(classes[cls]):.0%}" for cls in TIMED_CLASSES if cls in classes)
 
 
 def of_scenario(scenario: Any, profile: Any) -> dict[str, float]:
@@ -146,12 +139,10 @@ def of_scenario(scenario: Any, profile: Any) -> dict[str, float]:
     metrics: Mapping[str, Summary] = scenario.metrics
     steps = step_count(metrics)
     overrides = [scenario.tolerance_overrides or {}]
-    case = scenario.case or {}
-    # A server case at a url: its rounds share one server, whose offset the check adds.
-    shared = case.get("workload") == "server" and bool(case.get("url"))
+    shared = shared_server(scenario.case)
     figures = []
     for name, summary in metrics.items():
-        if metric_class(name) not in RESOLVED_CLASSES:
+        if metric_class(name) not in TIMED_CLASSES:
             continue
         alpha = step_level(name, STORED_ALPHA, steps)
         band = profile.noise_band(profile.band(name, overrides), summary)

@@ -260,6 +260,13 @@ MEASURED_REL: dict[str, dict[str, float]] = {
 }
 
 
+def shared_server(case: Mapping[str, Any] | None) -> bool:
+    """Whether `case` (a case definition) is a server case at a `url`: its rounds all ran
+    on one server it did not start, whose offset no round shows (`Profile.session_sd_of`)."""
+    case = case or {}
+    return case.get("workload") == "server" and bool(case.get("url"))
+
+
 MEASURED_FLOOR_MS = {"cpu": 0.01, "device": 0.05}
 """The smallest pad on a time (ms): timer and dispatch jitter that no median removes.
 

@@ -50,7 +50,6 @@ from perfguard.decision.records import (
 )
 from perfguard.decision.resolution import (
     GATE,
-    RESOLVED_CLASSES,
     judged_in_full,
     resolution,
 )
@@ -63,8 +62,9 @@ from perfguard.decision.tolerances import (
     DEFAULT_PROFILE,
     Band,
     Profile,
+    shared_server,
 )
-from perfguard.metrics import NORMALIZED, metric_sort_key, unit
+from perfguard.metrics import NORMALIZED, TIMED_CLASSES, metric_sort_key, unit
 from perfguard.results import CaseResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -381,8 +381,7 @@ def _judge_timed(
 ) -> tuple[list[MetricVerdict], dict[str, float]]:
     """The verdict on each of the `judged` metrics, and the reference's exponent fitted
     for each that has one."""
-    # A server case at a url: its rounds shared one server, whose offset no round shows.
-    shared = runs.result.case.get("workload") == "server" and bool(runs.result.case.get("url"))
+    shared = shared_server(runs.result.case)
     out, exponents = [], {}
     for metric in judged:
         figure, exponent = runs.figure(metric, scenario)
@@ -411,7 +410,7 @@ def _at_resolution(
     to this check's runner speed."""
     a = m.answer
     gate = judging.options.timing_gate
-    if a is None or stored is None or m.metric_class not in RESOLVED_CLASSES or gate == GATE:
+    if a is None or stored is None or m.metric_class not in TIMED_CLASSES or gate == GATE:
         return m
     res = resolution(
         stored,

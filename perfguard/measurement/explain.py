@@ -136,6 +136,10 @@ def explain_cases(
     return Attribution(cases=tuple(out), runs=runs)
 
 
+Slow = Mapping[str, Sequence[str]]
+"""Case id -> its timed metrics a report calls regressions (`regressed_timings`)."""
+
+
 def regressed_timings(report: Any) -> dict[str, list[str]]:
     """case id -> its timed metrics the report calls regressions (work and memory are
     judged exactly or per stage and need no profile)."""
@@ -147,22 +151,13 @@ def regressed_timings(report: Any) -> dict[str, list[str]]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class BaseCode:
-    """Where the base side's code is, as a check names it: a `directory` (a checkout) or
-    a `ref` (a revision of this repository), and its import root inside it (`subdir`,
-    sglang: `python`)."""
-
-    directory: str | None = None
-    ref: str | None = None
-    subdir: str | None = None
-
-    @contextlib.contextmanager
-    def side(self) -> Iterator[ProfileSide]:
-        """The profiled base side, its code checked out while it is used (a ref: in a
-        temporary worktree, always removed)."""
-        with base_directory(self.directory, self.ref) as root:
-            yield ProfileSide("base", root / self.subdir if self.subdir else root)
+@contextlib.contextmanager
+def base_side(against: Any) -> Iterator[ProfileSide]:
+    """The profiled base side of `against` (a `RelativeOptions`: a directory or a ref, and
+    the import root inside it, sglang: `python`), its code checked out while it is used
+    (a ref: in a temporary worktree, always removed)."""
+    with base_directory(against.directory, against.ref) as root:
+        yield ProfileSide("base", root / against.subdir if against.subdir else root)
 
 
 @contextlib.contextmanager
@@ -192,17 +187,18 @@ class Profiling:
     echo: Echo | None = None
 
 
-def attribute_report(report: Any, cases: Sequence[Case], base: BaseCode, how: Profiling) -> Any:
-    """`report` with the attribution of its regressed timings; itself when none regressed
-    (nothing is profiled). The base is a directory or a ref (and its import
-    subdirectory), as the check names it; the head is this process's code with the
-    check's injection."""
-    slow = regressed_timings(report)
+def attribute_report(
+    report: Any, cases: Sequence[Case], against: Any, how: Profiling, slow: Slow
+) -> Any:
+    """`report` with the attribution of its regressed timings `slow`
+    (`regressed_timings`); itself when none of `cases` regressed (nothing is profiled).
+    The base is `against` (a `RelativeOptions`: a directory or a ref, and its import
+    subdirectory); the head is this process's code with the check's injection."""
     todo = [c for c in cases if c.id in slow]
     if not todo:
         return report
     head = ProfileSide("head", None, dict(how.inject))
-    with base.side() as side:
+    with base_side(against) as side:
         found = explain_cases(
             todo, side, head, platform=how.platform, traces_dir=how.traces_dir, runs=how.runs,
             metrics=slow, echo=how.echo,
@@ -228,15 +224,15 @@ def stored_base_ref(baseline_path: str) -> tuple[str | None, str]:
     return found.stdout.strip(), ""
 
 
-def attribute_stored(report: Any, cases: Sequence[Case], how: Profiling) -> Any:
+def attribute_stored(report: Any, cases: Sequence[Case], how: Profiling, slow: Slow) -> Any:
     """A stored check's `attribute_report`: the base is the baseline's revision, in a
     temporary worktree; where the repository lacks it, each regressed case says so."""
-    if not regressed_timings(report):
-        return report
+    from perfguard.measurement.relative import RelativeOptions
+
     ref, why = stored_base_ref(str(report.baseline.get("path")))
     if ref is None:
-        return unattributed(report, why, how.runs)
-    return attribute_report(report, cases, BaseCode(ref=ref), how)
+        return unattributed(report, why, how.runs, slow)
+    return attribute_report(report, cases, RelativeOptions(ref=ref), how, slow)
 
 
 ENV_ATTRIBUTION = "PERFGUARD_ATTRIBUTION"
@@ -263,7 +259,8 @@ def attribute_regressions(
     baseline's revision, `attribute_stored`). Traces go to `traces_dir`, else
     `$PERFGUARD_TRACES_DIR`, else nowhere. A side that cannot be profiled is that
     case's `error` in the section, never the check's failure."""
-    if os.environ.get(ENV_ATTRIBUTION, "1").strip() == "0" or not regressed_timings(report):
+    slow = regressed_timings(report)
+    if os.environ.get(ENV_ATTRIBUTION, "1").strip() == "0" or not slow:
         return report
     how = Profiling(
         platform,
@@ -273,16 +270,14 @@ def attribute_regressions(
     )
     try:
         if against is None:
-            return attribute_stored(report, cases, how)
-        base = BaseCode(against.directory, against.ref, against.subdir)
-        return attribute_report(report, cases, base, how)
+            return attribute_stored(report, cases, how, slow)
+        return attribute_report(report, cases, against, how, slow)
     except PerfguardError as exc:  # a base that cannot be checked out again, say
-        return unattributed(report, str(exc), PROFILE_RUNS)
+        return unattributed(report, str(exc), PROFILE_RUNS, slow)
 
 
-def unattributed(report: Any, why: str, runs: int) -> Any:
-    """`report` whose attribution says, for each regressed case, why it has none."""
-    slow = regressed_timings(report)
+def unattributed(report: Any, why: str, runs: int, slow: Slow) -> Any:
+    """`report` whose attribution says, for each regressed case (`slow`), why it has none."""
     failed = [CaseAttribution(case_id=c, metrics=tuple(m), error=why) for c, m in slow.items()]
     return dataclasses.replace(report, attribution=Attribution(tuple(failed), runs).to_json())
 
@@ -324,7 +319,7 @@ def explain(
     out.mkdir(parents=True, exist_ok=True)
     inject = dict(getattr(options, "inject", None) or {})
     head = ProfileSide("head", None, inject)
-    with BaseCode(against.directory, against.ref, against.subdir).side() as base:
+    with base_side(against) as base:
         found = explain_cases(cases, base, head, platform=chosen.name, traces_dir=out, runs=runs,
                               echo=echo)  # fmt: skip
     section = found.to_json()

@@ -42,8 +42,8 @@ COUNTED_PROCESSES = 2
 """How many of a case's processes also make the untimed counted run (`count_work`): counts
 are exact, so one build gives them and a second checks that they do not depend on the
 build (where they do, the baseline keeps their range). A counted run costs about a smoke
-process's timed runs, so counting in all 6 processes of a baseline would spend a third of
-its time recounting; the relative check likewise counts in its first blocks only
+process's timed runs, so counting in every process of a 6-process baseline would spend a
+third of its time recounting; the relative check likewise counts in its first blocks only
 (`perfguard.measurement.paired_blocks.Side.later`)."""
 
 _MEASURED = ("repeats", "warmup", "timeout", "sync", "inject", "counters_only", "max_repeats")

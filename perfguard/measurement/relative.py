@@ -29,8 +29,8 @@ How it measures (each choice with its reason):
   the same at a look keeps that verdict (a sequential test stops where it decides: the
   blocks that follow cannot undo it, as a later contention episode otherwise would);
   the check stops as soon as every metric is decided, when `--max-blocks` is reached,
-  or when the next block pair would overrun `--budget-s`. Metrics still open then pass
-  with a note.
+  or when the next block pair would overrun `--budget-s`. Metrics still open then read
+  can't tell (exit 4), or below resolution where the blocks could not have resolved them.
 - Repeated looks cost false alarms, so the schedule is fixed and every look tests at one
   level (`perfguard.decision.looks.alpha_per_look`): the largest at which noise alone
   fails a metric at some scheduled look with probability `alpha` less that level (paid

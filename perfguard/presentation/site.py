@@ -409,7 +409,7 @@ class _Site:
             "<h2>What moved most recently</h2>",
             *self._moved_table(moved),
             *self._newest_table(),
-            "</tbody></table><h2>Cases</h2><ul>",
+            "<h2>Cases</h2><ul>",
         ]
         for c in self.cases:
             n = self.frame[self.frame["case"] == c]["metric"].nunique()
@@ -453,8 +453,7 @@ class _Site:
         return body
 
     def _newest_table(self) -> list[str]:
-        """Each hardware's newest report with its verdict and regression count (the table
-        is closed by the caller)."""
+        """Each hardware's newest report with its verdict and regression count."""
         body = [
             "<h2>Newest report of each hardware</h2><table><thead><tr><th>hardware</th>"
             "<th>date</th><th>commit</th><th>verdict</th><th>regressions</th></tr></thead><tbody>"
@@ -471,6 +470,7 @@ class _Site:
                 f'<td class="{attr(verdict)}"><a href="{attr(self.href[rid])}">{esc(verdict)}</a>'
                 f'</td><td class="num">{n_reg}</td></tr>'
             )
+        body.append("</tbody></table>")
         return body
 
 

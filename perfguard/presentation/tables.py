@@ -212,8 +212,9 @@ def baseline_tables(baseline: Baseline, case_ids: list[str]) -> list[Table]:
 def resolution_caption(baseline: Baseline, scenario: Any) -> str:
     """What a default check against `scenario` resolves per timed class, and which classes
     it judges in full (`perfguard.decision.resolution`; computed for older files)."""
-    from perfguard.decision.resolution import RESOLVED_CLASSES, of_scenario, resolvable
+    from perfguard.decision.resolution import of_scenario, resolvable
     from perfguard.decision.tolerances import DEFAULT_PROFILE
+    from perfguard.metrics import TIMED_CLASSES
 
     if DEFAULT_PROFILE not in baseline.profiles:
         return ""
@@ -222,7 +223,7 @@ def resolution_caption(baseline: Baseline, scenario: Any) -> str:
     if not found:
         return "resolution: no timed figure with a spread"
     parts = []
-    for cls in RESOLVED_CLASSES:
+    for cls in TIMED_CLASSES:
         if cls in found:
             full = resolvable(found[cls], float(profile.rel[cls]))
             parts.append(f"{cls} +{found[cls]:.0%}{'' if full else ' (below: slower only)'}")

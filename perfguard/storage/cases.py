@@ -86,7 +86,7 @@ class Case:
     pipeline's `__call__` arguments of the same name (`steps` to `num_inference_steps`),
     `guidance_scale` only when the case sets it (else None: the pipeline's own default),
     and its `options` are further `__call__` arguments, passed as written
-    (`perfguard.interop.diffusers.call_arguments`).
+    (`perfguard.interop.diffusers.arguments.call_arguments`).
 
     A `server` case measures a server over HTTP (docs/serving.md): a running one at `url`
     or one perfguard starts from `launch` (an argv with `{port}`, ready when `GET

@@ -24,28 +24,16 @@ does not take the case's fields fails that case only (exit 3).
 
 from __future__ import annotations
 
-from perfguard.interop.diffusers.arguments import call_arguments, check_options
+from perfguard.interop.diffusers.arguments import check_options
 from perfguard.interop.diffusers.case import DiffusersCase, build_diffusers_pipeline
-from perfguard.interop.diffusers.dit import PERFGUARD_DITS, swap_dit
-from perfguard.interop.diffusers.saved import (
-    component_roles,
-    load_pipeline,
-    model_path,
-    preflight,
-    preflight_all,
-    read_model_index,
-)
+from perfguard.interop.diffusers.dit import swap_dit
+from perfguard.interop.diffusers.saved import component_roles, preflight_all, read_model_index
 
 __all__ = [
-    "PERFGUARD_DITS",
     "DiffusersCase",
     "build_diffusers_pipeline",
-    "call_arguments",
     "check_options",
     "component_roles",
-    "load_pipeline",
-    "model_path",
-    "preflight",
     "preflight_all",
     "read_model_index",
     "swap_dit",

@@ -105,7 +105,6 @@ class ServerRun:
     def __init__(self, case: Case, echo: Echo) -> None:
         self.case, self.echo = case, echo
         self.url = case.url
-        self.launches = 0
         self.launch_s: list[float] = []
         self.rounds: list[dict[str, float]] = []
         self.answers: dict[int, Counter[str]] = {c: Counter() for c in case.concurrency}
@@ -126,7 +125,6 @@ class ServerRun:
             try:
                 self.url = server.start()
                 self.launch_s.append(time.perf_counter() - t0)
-                self.launches += 1
                 run_coroutine(self._round(r))
             finally:
                 server.stop()
@@ -263,7 +261,7 @@ class ServerRun:
             "levels": levels,
             "problems": len(self.problems),
             "rounds": len(self.rounds),
-            "servers": self.launches if self.case.launch else 1,
+            "servers": len(self.launch_s) if self.case.launch else 1,
         }
         if self.launch_s:
             out["launch_s"] = round(statistics.median(self.launch_s), 3)

@@ -117,9 +117,6 @@ class Launched:
         shown = f"; its last log lines:\n{last}" if last else " (its log is empty)"
         return f"launched server `{' '.join(self.argv)}` {what}{shown}"
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def stop(self) -> None:
         """SIGTERM the server's session, then SIGKILL whatever is left of its tree."""
         _LIVE.pop(id(self), None)
@@ -143,7 +140,7 @@ def _is_perfguard_serve(argv: Sequence[str]) -> bool:
     """`perfguard serve ...` or `python -m perfguard serve ...`: a server that starts
     warm from the resident server (`perfguard.cli`)."""
     for i, arg in enumerate(argv[:-1]):
-        if (os.path.basename(arg) == "perfguard" or arg == "perfguard") and argv[i + 1] == "serve":
+        if os.path.basename(arg) == "perfguard" and argv[i + 1] == "serve":
             return True
     return False
 
